@@ -1,0 +1,139 @@
+/* dump.c: the graph as text (tgen check --dump) and the check summary. */
+#include "ir.h"
+
+#include <string.h>
+
+static void put_node_ref(Buf *b, const Node *x) {
+  if (!x)
+    buf_printf(b, "none");
+  else
+    buf_printf(b, "%%%d", x->id);
+}
+
+/* One line per node: %id = op(operands) attrs : dtype[shape]  # binding @line */
+void dump_graph(const Graph *g, Buf *b) {
+  for (int i = 0; i < g->nnodes; i++) {
+    const Node *n = g->nodes[i];
+    buf_printf(b, "%%%d = %s", n->id, op_info[n->op].name);
+    if (n->op == OP_INPUT || n->op == OP_PARAM)
+      buf_printf(b, " %s", n->name);
+    else if (n->op == OP_CONST && n->is_dimval)
+      buf_printf(b, " %s", dim_str(g, &n->lo));
+    else if (n->op == OP_CONST)
+      buf_printf(b, " %.17g", n->f[0]);
+    if (n->nin) {
+      buf_printf(b, "(");
+      for (int k = 0; k < n->nin; k++) {
+        if (k)
+          buf_printf(b, ", ");
+        put_node_ref(b, n->in[k]);
+      }
+      buf_printf(b, ")");
+    }
+    switch (n->op) {
+    case OP_SUM: case OP_MEAN: case OP_AMAX: case OP_VAR: case OP_LOGSUMEXP:
+      buf_printf(b, " axes=0x%x keepdim=%d", n->axes, n->keepdim);
+      if (n->op == OP_VAR)
+        buf_printf(b, " correction=%g", n->f[0]);
+      break;
+    case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_CONCAT: case OP_UNSQUEEZE: case OP_SQUEEZE:
+      buf_printf(b, " axis=%d", n->axis);
+      break;
+    case OP_TRANSPOSE:
+      buf_printf(b, " axes=%d,%d", n->axis, n->axis2);
+      break;
+    case OP_PERMUTE:
+      buf_printf(b, " perm=");
+      for (int k = 0; k < n->shape.rank; k++)
+        buf_printf(b, "%s%d", k ? "," : "", n->perm[k]);
+      break;
+    case OP_SLICE:
+      buf_printf(b, " axis=%d [%s:%s]", n->axis, dim_str(g, &n->lo), dim_str(g, &n->hi));
+      break;
+    case OP_LAYER_NORM: case OP_RMS_NORM:
+      buf_printf(b, " eps=%g", n->f[0]);
+      break;
+    case OP_GELU:
+      buf_printf(b, "%s", n->flag ? " tanh" : "");
+      break;
+    case OP_POW: case OP_DROPOUT: case OP_FULL:
+      buf_printf(b, " %g", n->f[0]);
+      break;
+    case OP_CLAMP:
+      if (n->has_f[0]) buf_printf(b, " min=%g", n->f[0]);
+      if (n->has_f[1]) buf_printf(b, " max=%g", n->f[1]);
+      break;
+    case OP_ATTENTION:
+      buf_printf(b, "%s", n->flag ? " causal" : "");
+      if (n->has_f[0]) buf_printf(b, " scale=%g", n->f[0]);
+      break;
+    case OP_CROSS_ENTROPY:
+      buf_printf(b, " ignore_index=%lld", (long long)n->ignore_index);
+      break;
+    default:
+      break;
+    }
+    buf_printf(b, " : %s%s", dtype_names[n->dtype], shape_str(g, &n->shape));
+    if (n->name && n->op != OP_INPUT && n->op != OP_PARAM)
+      buf_printf(b, "  # %s%s%s", n->scope[0] ? n->scope : "", n->scope[0] ? "/" : "", n->name);
+    buf_printf(b, " @%d:%d\n", n->loc.line, n->loc.col);
+  }
+}
+
+static void human_bytes(Buf *b, int64_t n) {
+  if (n >= 10 * 1000 * 1000)
+    buf_printf(b, "%.1f MB", (double)n / 1e6);
+  else if (n >= 10 * 1000)
+    buf_printf(b, "%.1f kB", (double)n / 1e3);
+  else
+    buf_printf(b, "%lld B", (long long)n);
+}
+
+/* The summary printed by `tgen check`. */
+void print_summary(const Graph *g, Buf *b) {
+  const Spec *s = g->spec;
+  buf_printf(b, "model %s (%s): dtype %s, seed %llu\n", s->name, s->file, dtype_names[s->dtype],
+             (unsigned long long)s->seed);
+  buf_printf(b, "dims:");
+  for (int i = 0; i < s->ndims; i++) {
+    const DimDecl *d = &s->dims[i];
+    if (d->dynamic)
+      buf_printf(b, " %s<=%lld (dynamic)", d->name, (long long)d->size);
+    else
+      buf_printf(b, " %s=%lld", d->name, (long long)d->size);
+  }
+  buf_printf(b, "%s\n", s->ndims ? "" : " none");
+  buf_printf(b, "inputs:\n");
+  for (int i = 0; i < g->ninputs; i++)
+    buf_printf(b, "  %-12s %s%s\n", g->inputs[i].name, dtype_names[g->inputs[i].dtype], shape_str(g, &g->inputs[i].shape));
+  int64_t bytes = 0;
+  for (int i = 0; i < g->nparams; i++)
+    bytes += g->params[i].numel * dtype_size(g->params[i].dtype);
+  buf_printf(b, "params: %d tensors, %lld elements, ", g->nparams, (long long)g->param_numel);
+  human_bytes(b, bytes);
+  buf_printf(b, "\n");
+  for (int i = 0; i < g->nparams && i < 12; i++) {
+    const Param *p = &g->params[i];
+    buf_printf(b, "  %-24s %s%s %s", p->name, dtype_names[p->dtype], shape_str(g, &p->shape), init_names[p->init]);
+    if (strcmp(p->ckpt, p->name))
+      buf_printf(b, "  (checkpoint name %s)", p->ckpt);
+    buf_printf(b, "\n");
+  }
+  if (g->nparams > 12)
+    buf_printf(b, "  ... %d more\n", g->nparams - 12);
+  int ops = 0;
+  for (int i = 0; i < g->nnodes; i++)
+    ops += g->nodes[i]->op > OP_CONST;
+  buf_printf(b, "ops: %d\n", ops);
+  buf_printf(b, "outputs:");
+  for (int i = 0; i < g->noutputs; i++)
+    buf_printf(b, " %s %s%s", g->output_names[i], dtype_names[g->outputs[i]->dtype], shape_str(g, &g->outputs[i]->shape));
+  buf_printf(b, "\n");
+  if (g->loss) {
+    const Train *t = &s->train;
+    buf_printf(b, "train: loss %s, %s lr %g", s->train.loss.name, t->opt == OPT_SGD ? "sgd" : "adamw", t->lr);
+    if (t->has_clip)
+      buf_printf(b, ", grad_clip %g", t->grad_clip);
+    buf_printf(b, "\n");
+  }
+}

@@ -1,0 +1,224 @@
+/* ir.h: tgen's graph IR and the passes over it.
+ *
+ * Files:   dim.c     symbolic sizes: polynomials over the dynamic dims
+ *          build.c   Spec -> Graph (names resolved, blocks expanded, calls bound
+ *                    to op signatures); calls infer for every node
+ *          infer.c   shape and dtype rules, one per op-table rule
+ *          verify.c  structural checks of a Graph (a bug if they fail)
+ *          init.c    Philox-based parameter initialisation
+ *          interp.c  the double-precision reference interpreter
+ *          dump.c    printing a Graph (tgen check --dump)
+ *          main.c    the command line
+ */
+#ifndef TGEN_IR_H
+#define TGEN_IR_H
+
+#include "../spec/spec.h"
+
+#define MAXRANK 8   /* tensor rank limit */
+#define MAXSYM 8    /* dynamic dims + derived quotients per model */
+#define MAXTERMS 4  /* terms in one symbolic size */
+
+/* ---------------------------------------------------------------- dim.c */
+
+/* A size: a polynomial over symbols with int64 coefficients, kept canonical
+ * (terms sorted by exponents, no zero coefficients, n == 0 means 0), so two
+ * sizes are equal iff their structs compare equal term by term. Static dims are
+ * constants; each dynamic dim is a symbol. */
+typedef struct Term {
+  int64_t c;
+  uint8_t e[MAXSYM]; /* exponent of each symbol */
+} Term;
+
+typedef struct Dim {
+  int n;
+  Term t[MAXTERMS];
+} Dim;
+
+typedef struct Sym {
+  const char *name; /* "B", or "(B*T)/12" for a derived quotient */
+  Loc loc;
+  int derived;      /* value = num / den, checked to divide at run time */
+  Dim num, den;
+  int64_t max;      /* dynamic dims: the declared max */
+} Sym;
+
+typedef struct Graph Graph;
+
+Dim dim_const(int64_t c);
+Dim dim_sym(int s);
+Dim dim_add(Dim a, Dim b, Loc l);       /* error_at on overflow or too many terms */
+Dim dim_sub(Dim a, Dim b, Loc l);
+Dim dim_mul(Dim a, Dim b, Loc l);
+Dim dim_div(Graph *g, Dim a, Dim b, Loc l); /* exact, or a derived symbol; static: must divide */
+int dim_eq(const Dim *a, const Dim *b);
+int dim_is_const(const Dim *a, int64_t *v);
+const char *dim_str(const Graph *g, const Dim *a);
+/* Value for the given symbol values (vals[i] for symbol i; derived symbols are
+ * computed). Returns 0 and sets *err on overflow or a quotient that does not
+ * divide. */
+int dim_eval(const Graph *g, const Dim *a, const int64_t *vals, int64_t *out, const char **err);
+/* Bounds of a size over 1 <= sym <= max (corners; exact for the monotone
+ * sizes the language produces). Returns 0 on int64 overflow. */
+int dim_bounds(const Graph *g, const Dim *a, int64_t *lo, int64_t *hi);
+
+/* ---------------------------------------------------------------- nodes */
+
+typedef enum {
+#define OP(e, name, sig, rule, flags) OP_##e,
+#include "ops.def"
+#undef OP
+  NUM_OPS
+} Op;
+
+enum { F_FLOAT = 1, F_NUMERIC = 2, F_BOOL_OUT = 4, F_NO_GRAD = 8 };
+
+typedef struct OpInfo {
+  const char *name;
+  const char *sig;
+  int flags;
+} OpInfo;
+extern const OpInfo op_info[NUM_OPS];
+int op_lookup(const char *name); /* -1 if none */
+const char *op_param_name(int op, int k); /* name of signature param k */
+
+typedef struct Shape {
+  int rank;
+  Dim d[MAXRANK];
+} Shape;
+
+typedef struct Node Node;
+struct Node {
+  Op op;
+  int id;           /* index in g->nodes (topological order) */
+  Node **in;        /* operands; optional ones absent = NULL (see ops.def) */
+  int nin;
+  DType dtype;
+  Shape shape;
+  /* attributes, meaning per op in ops.def */
+  int axis, axis2;
+  uint32_t axes;    /* reductions: bit i set = input dim i reduced */
+  int keepdim;
+  int perm[MAXRANK];
+  Dim lo, hi;
+  double f[2];
+  int has_f[2];
+  int flag;
+  int64_t ignore_index;
+  int is_dimval;    /* const: value is the size `lo` */
+  int index;        /* input / param index */
+  const char *name; /* binding name (inputs, params: their name) */
+  const char *scope;/* block instance path, "" at top level ("h.0") */
+  Loc loc;          /* the spec text it came from */
+};
+
+typedef struct Param {
+  const char *name;  /* internal: "w1", "h.0.ln_w" */
+  const char *ckpt;  /* checkpoint name: `name:` with {i} resolved, else `name` */
+  Shape shape;       /* static */
+  int64_t numel;
+  int64_t offset;    /* elements from the start of the flat param buffer */
+  DType dtype;
+  InitKind init;     /* resolved: never INIT_DEFAULT */
+  double a, b;
+  Loc loc;
+  Node *node;
+} Param;
+
+typedef struct Input {
+  const char *name;
+  Shape shape;
+  DType dtype;
+  Loc loc;
+  Node *node;
+} Input;
+
+struct Graph {
+  Spec *spec;
+  Arena *arena;
+  Node **nodes;  int nnodes, capnodes;
+  Param *params; int nparams;
+  Input *inputs; int ninputs;
+  Node **outputs; const char **output_names; int noutputs;
+  Node *loss;    /* train.loss, or NULL */
+  Sym syms[MAXSYM]; int nsyms;
+  int64_t param_numel;     /* total elements of all params */
+};
+
+/* The front end in one call: read `src`, parse, build and infer. Returns NULL
+ * on a refused spec, with the formatted message in d->msg. */
+Graph *tgen_load(Diag *d, Arena *a, const char *file, const char *src, size_t len);
+
+/* build.c */
+Graph *build_graph(Spec *s);
+Node *new_node(Graph *g, Op op, int nin, Loc loc);
+
+/* infer.c: argument normalisation and the shape/dtype rule for `n`. */
+typedef struct Arg {
+  int given;        /* written in the call (else defaulted) */
+  int is_none;
+  Loc loc;
+  Node *t;          /* t */
+  Node **tl;        /* tl */
+  int ntl;
+  Dim d;            /* int */
+  Dim *list;        /* shape, ints, dims (as a list) */
+  int nlist, is_list;
+  double f;
+  int b;
+  const char *s;
+  DType dt;
+} Arg;
+void infer_node(Graph *g, Node *n, Arg *args, const char *where);
+const char *shape_str(const Graph *g, const Shape *s);
+int shape_eq(const Shape *a, const Shape *b);
+/* Broadcast a and b (NumPy rules); 0 if incompatible. */
+int broadcast_shapes(const Shape *a, const Shape *b, Shape *out);
+
+/* verify.c */
+void verify(const Graph *g); /* die()s on a malformed graph */
+
+/* dump.c */
+void dump_graph(const Graph *g, Buf *b);
+void print_summary(const Graph *g, Buf *b);
+
+/* ---------------------------------------------------------------- init.c */
+
+/* Philox4x32-10: 4 uint32 outputs for counter ctr and key. */
+void philox4x32(uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+uint32_t name_hash(const char *s); /* FNV-1a, 32-bit */
+/* Initial value of element i of param p for `seed`, as a double that is exactly
+ * representable in f32 (the emitted code computes the same bits). */
+double param_init_value(const Param *p, uint64_t seed, int64_t i);
+/* v rounded to the precision of t (f32, bf16, f16: nearest-even; i32, bool: as is). */
+double round_to_dtype(double v, DType t);
+
+/* ---------------------------------------------------------------- interp.c */
+
+/* A dense row-major tensor of doubles (every dtype is held as double; bool is
+ * 0/1, i32 holds exact integers). */
+typedef struct Tensor {
+  int rank;
+  int64_t shape[MAXRANK];
+  int64_t numel;
+  double *data; /* malloc'd; owned by whoever made the tensor */
+} Tensor;
+
+typedef struct InterpOptions {
+  const int64_t *symvals; /* value of each symbol g->syms[i] (derived: ignored) */
+  int training;           /* dropout active */
+  uint64_t seed;          /* dropout seed */
+  uint64_t step;          /* dropout step */
+} InterpOptions;
+
+/* Evaluate every node. inputs[g->ninputs], params[g->nparams] (shapes must
+ * match; checked). On success returns 0 and vals[g->nnodes] holds each node's
+ * value (caller frees with interp_free). On a run-time error (a guard, an index
+ * out of range) returns -1 with a message in err. */
+int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params,
+               Tensor *vals, char *err, size_t errlen);
+void interp_free(const Graph *g, Tensor *vals);
+/* Concrete shape of a node for the given symbol values (0 + err on failure). */
+int concrete_shape(const Graph *g, const Shape *s, const int64_t *symvals, Tensor *t, char *err, size_t errlen);
+
+#endif

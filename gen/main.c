@@ -1,0 +1,325 @@
+/* main.c: the tgen command line. It reads as the pipeline: load the spec
+ * (parse -> build -> infer), verify, then the command's own work. */
+#include "ir.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: tgen check MODEL.yaml [--dump]\n"
+    "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N] [--set NAME=v1,v2,...]... [--max N]\n"
+    "       tgen --help | --version\n"
+    "\n"
+    "  check   validate a model spec and print a summary (dims, inputs, params,\n"
+    "          ops, outputs); --dump also prints the graph IR\n"
+    "  eval    run the model's forward pass in the double-precision reference\n"
+    "          interpreter: params from the seed (the spec's by default), inputs\n"
+    "          from --set (comma-separated values, row-major) or else a fixed\n"
+    "          pseudo-random fill (floats in [-1, 1), integer inputs 0); prints\n"
+    "          every output (at most --max values each, default 64)\n"
+    "\n"
+    "Exit status: 0 success, 1 the spec (or an evaluation) was refused, 2 bad usage.\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "tgen: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n%s", usage);
+  return 2;
+}
+
+/* Load, build and verify MODEL; on refusal print the message and return NULL. */
+static Graph *load(Arena *a, Diag *d, const char *path) {
+  size_t len = 0;
+  Diag fd = {0};
+  fd.file = path;
+  diag = &fd;
+  fd.arena = a;
+  if (setjmp(fd.jmp)) {
+    diag = NULL;
+    fputs(fd.msg, stderr);
+    return NULL;
+  }
+  char *src = read_file(a, path, &len);
+  diag = NULL;
+  if (!src) {
+    fprintf(stderr, "%s: error: cannot read: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  Graph *g = tgen_load(d, a, path, src, len);
+  if (!g) {
+    fputs(d->msg, stderr);
+    return NULL;
+  }
+  verify(g);
+  return g;
+}
+
+static int cmd_check(int argc, char **argv) {
+  const char *path = NULL;
+  int dump = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--dump"))
+      dump = 1;
+    else if (argv[i][0] == '-' && argv[i][1])
+      return usage_error("check: unknown option '%s'", argv[i]);
+    else if (path)
+      return usage_error("check: more than one model given ('%s')", argv[i]);
+    else
+      path = argv[i];
+  }
+  if (!path)
+    return usage_error("check: no model file given%s", "");
+  Arena a = {.fail_after = -1};
+  Diag d = {0};
+  Graph *g = load(&a, &d, path);
+  if (!g) {
+    arena_free(&a);
+    return 1;
+  }
+  Buf b;
+  buf_init(&b, &a);
+  print_summary(g, &b);
+  if (dump) {
+    buf_printf(&b, "\n");
+    dump_graph(g, &b);
+  }
+  fputs(b.p, stdout);
+  arena_free(&a);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- eval */
+
+typedef struct {
+  const char *name;
+  const char *vals;
+} SetArg;
+
+/* "B=4,T=64" -> symbol values; unknown names and bad numbers are usage errors. */
+static int parse_dims_arg(const Graph *g, const char *s, int64_t *vals, int *given) {
+  while (*s) {
+    const char *eq = strchr(s, '=');
+    if (!eq)
+      return usage_error("--dims: expected NAME=VALUE, found '%s'", s);
+    int k;
+    for (k = 0; k < g->nsyms; k++)
+      if (!g->syms[k].derived && strlen(g->syms[k].name) == (size_t)(eq - s) && !strncmp(g->syms[k].name, s, (size_t)(eq - s)))
+        break;
+    if (k == g->nsyms)
+      return usage_error("--dims: '%s' is not a dynamic dim of the model", arena_strndup(g->arena, s, (size_t)(eq - s)));
+    char *end;
+    errno = 0;
+    long long v = strtoll(eq + 1, &end, 10);
+    if (end == eq + 1 || (*end && *end != ',') || errno)
+      return usage_error("--dims: bad value in '%s'", s);
+    if (v < 1 || v > g->syms[k].max) {
+      fprintf(stderr, "tgen: --dims: %s=%lld is outside [1, %lld] (its max)\n", g->syms[k].name, v,
+              (long long)g->syms[k].max);
+      return 2;
+    }
+    vals[k] = v;
+    given[k] = 1;
+    s = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
+static int fill_set(Tensor *t, const char *name, const char *vals) {
+  const char *p = vals;
+  for (int64_t i = 0; i < t->numel; i++) {
+    char *end;
+    errno = 0;
+    t->data[i] = strtod(p, &end);
+    if (end == p || errno) {
+      fprintf(stderr, "tgen: --set %s: value %lld is not a number ('%s')\n", name, (long long)i, p);
+      return 2;
+    }
+    p = end;
+    if (i + 1 < t->numel) {
+      if (*p != ',') {
+        fprintf(stderr, "tgen: --set %s: %lld values given, the input has %lld elements\n", name, (long long)i + 1,
+                (long long)t->numel);
+        return 2;
+      }
+      p++;
+    }
+  }
+  if (*p) {
+    fprintf(stderr, "tgen: --set %s: more values than the input's %lld elements\n", name, (long long)t->numel);
+    return 2;
+  }
+  return 0;
+}
+
+static void print_tensor(const char *name, DType dt, const Tensor *t, int64_t max) {
+  printf("%s: %s[", name, dtype_names[dt]);
+  for (int i = 0; i < t->rank; i++)
+    printf("%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  printf("] =");
+  for (int64_t i = 0; i < t->numel && i < max; i++)
+    printf(" %.9g", t->data[i]);
+  if (t->numel > max)
+    printf(" ... (%lld more)", (long long)(t->numel - max));
+  printf("\n");
+}
+
+static int cmd_eval(int argc, char **argv) {
+  const char *path = NULL, *dims = NULL;
+  long long seed = -1, max = 64;
+  SetArg sets[64];
+  int nsets = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    int has_val = i + 1 < argc;
+    if (!strcmp(a, "--dims") || !strcmp(a, "--seed") || !strcmp(a, "--set") || !strcmp(a, "--max")) {
+      if (!has_val)
+        return usage_error("eval: %s needs a value", a);
+      const char *v = argv[++i];
+      char *end;
+      if (!strcmp(a, "--dims"))
+        dims = v;
+      else if (!strcmp(a, "--set")) {
+        const char *eq = strchr(v, '=');
+        if (!eq || nsets == 64)
+          return usage_error("eval: --set takes NAME=v1,v2,... (found '%s')", v);
+        sets[nsets].name = v;
+        sets[nsets++].vals = eq + 1;
+      } else {
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (*end || end == v || errno || x < 0)
+          return usage_error("eval: expected a non-negative integer, found '%s'", v);
+        if (!strcmp(a, "--seed"))
+          seed = x;
+        else
+          max = x;
+      }
+    } else if (a[0] == '-' && a[1]) {
+      return usage_error("eval: unknown option '%s'", a);
+    } else if (path) {
+      return usage_error("eval: more than one model given ('%s')", a);
+    } else {
+      path = a;
+    }
+  }
+  if (!path)
+    return usage_error("eval: no model file given%s", "");
+  Arena ar = {.fail_after = -1};
+  Diag d = {0};
+  Graph *g = load(&ar, &d, path);
+  if (!g) {
+    arena_free(&ar);
+    return 1;
+  }
+  int64_t symvals[MAXSYM] = {0};
+  int given[MAXSYM] = {0}, rc = 0;
+  if (dims && (rc = parse_dims_arg(g, dims, symvals, given)))
+    goto out;
+  for (int k = 0; k < g->nsyms; k++)
+    if (!g->syms[k].derived && !given[k]) {
+      fprintf(stderr, "tgen: eval: dynamic dim %s needs a value: --dims %s=N\n", g->syms[k].name, g->syms[k].name);
+      rc = 2;
+      goto out;
+    }
+  uint64_t sd = seed >= 0 ? (uint64_t)seed : g->spec->seed;
+  Tensor *ins = calloc((size_t)g->ninputs + 1, sizeof(Tensor));
+  Tensor *ps = calloc((size_t)g->nparams + 1, sizeof(Tensor));
+  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  char err[512];
+  if (!ins || !ps || !vals) {
+    fprintf(stderr, "tgen: out of memory\n");
+    rc = 1;
+    goto done;
+  }
+  for (int i = 0; i < nsets; i++) {
+    const char *eq = strchr(sets[i].name, '=');
+    int k;
+    for (k = 0; k < g->ninputs; k++)
+      if (strlen(g->inputs[k].name) == (size_t)(eq - sets[i].name) && !strncmp(g->inputs[k].name, sets[i].name, (size_t)(eq - sets[i].name)))
+        break;
+    if (k == g->ninputs) {
+      rc = usage_error("eval: --set names '%s', which is not an input of the model", sets[i].name);
+      goto done;
+    }
+  }
+  for (int k = 0; k < g->ninputs && !rc; k++) {
+    Input *in = &g->inputs[k];
+    if (!concrete_shape(g, &in->shape, symvals, &ins[k], err, sizeof err) ||
+        !(ins[k].data = calloc((size_t)ins[k].numel + 1, sizeof(double)))) {
+      fprintf(stderr, "tgen: eval: input '%s': %s\n", in->name, err);
+      rc = 1;
+      break;
+    }
+    const char *v = NULL;
+    for (int i = 0; i < nsets; i++)
+      if (!strncmp(sets[i].name, in->name, strlen(in->name)) && sets[i].name[strlen(in->name)] == '=')
+        v = sets[i].vals;
+    if (v) {
+      rc = fill_set(&ins[k], in->name, v);
+    } else if (dtype_is_float(in->dtype)) {
+      Param fake = {.name = in->name, .init = INIT_UNIFORM, .a = -1, .b = 1, .dtype = in->dtype, .shape = {0}};
+      for (int64_t i = 0; i < ins[k].numel; i++)
+        ins[k].data[i] = param_init_value(&fake, 12345, i);
+    }
+  }
+  for (int k = 0; k < g->nparams && !rc; k++) {
+    Param *p = &g->params[k];
+    if (!concrete_shape(g, &p->shape, symvals, &ps[k], err, sizeof err) ||
+        !(ps[k].data = malloc(sizeof(double) * (size_t)ps[k].numel))) {
+      fprintf(stderr, "tgen: eval: out of memory for param '%s'\n", p->name);
+      rc = 1;
+      break;
+    }
+    for (int64_t i = 0; i < p->numel; i++)
+      ps[k].data[i] = param_init_value(p, sd, i);
+  }
+  if (!rc) {
+    InterpOptions opt = {symvals, 0, sd, 0};
+    if (interp_run(g, &opt, ins, ps, vals, err, sizeof err)) {
+      fprintf(stderr, "%s: error: evaluation failed: %s\n", path, err);
+      rc = 1;
+    } else {
+      for (int i = 0; i < g->noutputs; i++)
+        print_tensor(g->output_names[i], g->outputs[i]->dtype, &vals[g->outputs[i]->id], max);
+      int loss_shown = 0;
+      for (int i = 0; i < g->noutputs; i++)
+        loss_shown |= g->outputs[i] == g->loss;
+      if (g->loss && !loss_shown)
+        print_tensor(g->spec->train.loss.name, g->loss->dtype, &vals[g->loss->id], max);
+      interp_free(g, vals);
+    }
+  }
+done:
+  for (int k = 0; ins && k < g->ninputs; k++)
+    free(ins[k].data);
+  for (int k = 0; ps && k < g->nparams; k++)
+    free(ps[k].data);
+  free(ins);
+  free(ps);
+  free(vals);
+out:
+  arena_free(&ar);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2)
+    return usage_error("no command given%s", "");
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("tgen %s\n", TGEN_VERSION);
+    return 0;
+  }
+  if (!strcmp(cmd, "check"))
+    return cmd_check(argc - 2, argv + 2);
+  if (!strcmp(cmd, "eval"))
+    return cmd_eval(argc - 2, argv + 2);
+  return usage_error("unknown command '%s'", cmd);
+}
