@@ -1,0 +1,21 @@
+#!/bin/sh
+# deps.sh: install what tgen and its tests need, when missing (Debian/Ubuntu).
+# Needs root for apt-get; prints what to install otherwise.
+missing=""
+command -v cmake >/dev/null 2>&1 || missing="$missing cmake"
+command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+command -v make >/dev/null 2>&1 || missing="$missing make"
+command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
+pkg-config --exists yaml-0.1 2>/dev/null || missing="$missing libyaml-dev"
+if [ "${TGEN_NEED_CLANG:-0}" = 1 ]; then
+  command -v clang >/dev/null 2>&1 || missing="$missing clang"
+  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing="$missing libclang-rt-dev"
+fi
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "deps.sh: installing:$missing"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || exit 1
+else
+  echo "deps.sh: please install:$missing" >&2
+  exit 1
+fi
