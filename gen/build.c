@@ -5,6 +5,7 @@
 #include "ir.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,8 +145,24 @@ static Node *const_node(Ctx *c, double v, Loc loc) {
 
 /* ---------------------------------------------------------------- sizes */
 
-/* An integer expression over dims: NUMBER, dim NAME, + - * /, unary minus. */
+static const char *expr_kind_desc(const Expr *e);
+
+static Dim eval_size_(Ctx *c, const Expr *e, const char *what);
+
+/* An integer expression over dims: NUMBER, dim NAME, + - * /, unary minus.
+ * Errors of the arithmetic itself are prefixed with the binding, or with
+ * `what` outside bindings ("input 'x': 768 / 7 does not divide exactly"). */
 static Dim eval_size(Ctx *c, const Expr *e, const char *what) {
+  const char *saved = dim_context;
+  dim_context = c->binding ? where(c) : arena_printf(c->g->arena, "%s: ", what);
+  Dim d = eval_size_(c, e, what);
+  dim_context = saved;
+  return d;
+}
+
+static const char *article(const char *w) { return strchr("aeiou", w[0]) ? "an" : "a"; }
+
+static Dim eval_size_(Ctx *c, const Expr *e, const char *what) {
   switch (e->kind) {
   case E_NUM:
     if (!e->is_int)
@@ -156,7 +173,7 @@ static Dim eval_size(Ctx *c, const Expr *e, const char *what) {
     if (x && x->kind == ENV_DIM)
       return x->dim;
     if (x)
-      error_at(e->loc, "%s%s must be a size; '%s' is a %s, not a dim", where(c), what, e->name, x->what);
+      error_at(e->loc, "%s%s must be a size; '%s' is %s %s, not a dim", where(c), what, e->name, article(x->what), x->what);
     const char *dym = did_you_mean(e->name, NULL, 0);
     Vec v = {0};
     for (int i = 0; i < dims_env->n; i++)
@@ -167,9 +184,9 @@ static Dim eval_size(Ctx *c, const Expr *e, const char *what) {
     error_at(e->loc, "%sundefined dim '%s' in %s", where(c), e->name, what);
   }
   case E_NEG:
-    return dim_sub(dim_const(0), eval_size(c, e->lhs, what), e->loc);
+    return dim_sub(dim_const(0), eval_size_(c, e->lhs, what), e->loc);
   case E_BINOP: {
-    Dim a = eval_size(c, e->lhs, what), b = eval_size(c, e->rhs, what);
+    Dim a = eval_size_(c, e->lhs, what), b = eval_size_(c, e->rhs, what);
     switch (e->op) {
     case '+': return dim_add(a, b, e->loc);
     case '-': return dim_sub(a, b, e->loc);
@@ -220,19 +237,23 @@ static double eval_number(Ctx *c, const Expr *e, const char *what) {
   default:
     break;
   }
-  error_at(e->loc, "%s%s must be a number, found '%s'", where(c), what, expr_str(e));
+  error_at(e->loc, "%s%s must be a number, found %s", where(c), what, expr_kind_desc(e));
 }
 
-/* Sizes of a tensor shape must be >= 1, and numel must fit int64. */
-static void check_shape(Graph *g, const Shape *s, Loc loc, const char *what) {
+/* Sizes of a tensor shape must be >= 1, and numel must fit int64. `locs`
+ * (may be NULL) are the entries' locations. */
+static void check_shape(Graph *g, const Shape *s, Loc loc, const Loc *locs, const char *what) {
   int64_t numel = 1;
   for (int i = 0; i < s->rank; i++) {
     int64_t lo, hi;
+    Loc l = locs ? locs[i] : loc;
     if (!dim_bounds(g, &s->d[i], &lo, &hi))
-      error_at(loc, "%s: size %s overflows int64 at the dims' max", what, dim_str(g, &s->d[i]));
+      error_at(l, "%s: size %s overflows int64 at the dims' max", what, dim_str(g, &s->d[i]));
+    if (hi < 1)
+      error_at(l, "%s: dim %d is %s; sizes must be >= 1", what, i, dim_str(g, &s->d[i]));
     if (lo < 1)
-      error_at(loc, "%s: dim %d is %s, which is %s; sizes must be >= 1", what, i, dim_str(g, &s->d[i]),
-               lo == 0 ? "zero" : hi < 1 ? "negative" : "below 1 for some dim values");
+      error_at(l, "%s: dim %d is %s, which is below 1 for some values of the dynamic dims; sizes must be >= 1",
+               what, i, dim_str(g, &s->d[i]));
     if (__builtin_mul_overflow(numel, hi, &numel))
       error_at(loc, "%s: shape %s has more elements than int64 can count", what, shape_str(g, s));
   }
@@ -243,8 +264,12 @@ static Shape eval_shape(Ctx *c, Expr **dims, int rank, Loc loc, const char *what
   if (rank > MAXRANK)
     error_at(loc, "%s has rank %d; tgen supports rank up to %d", what, rank, MAXRANK);
   s.rank = rank;
-  for (int i = 0; i < rank; i++)
+  Loc locs[MAXRANK];
+  for (int i = 0; i < rank; i++) {
     s.d[i] = eval_size(c, dims[i], what);
+    locs[i] = dims[i]->loc;
+  }
+  check_shape(c->g, &s, loc, locs, what);
   return s;
 }
 
@@ -314,6 +339,24 @@ const char *op_param_name(int op, int k) {
   return k < sigs[op].n ? sigs[op].p[k].name : "x";
 }
 
+/* "linear(x, w, b=none)": the signature as a user writes the call. */
+const char *op_signature(int op) {
+  static char buf[NUM_OPS][160];
+  if (!sigs_ready)
+    parse_sigs();
+  if (!buf[op][0]) {
+    size_t n = (size_t)snprintf(buf[op][0] ? buf[op] : buf[op], sizeof buf[op], "%s(", op_info[op].name);
+    for (int k = 0; k < sigs[op].n && n < sizeof buf[op]; k++) {
+      const SigParam *p = &sigs[op].p[k];
+      n += (size_t)snprintf(buf[op] + n, sizeof buf[op] - n, "%s%s%s%s", k ? ", " : "", p->name,
+                            p->has_default ? "=" : "", p->has_default ? p->def : "");
+    }
+    if (n < sizeof buf[op] - 1)
+      snprintf(buf[op] + n, sizeof buf[op] - n, ")");
+  }
+  return buf[op];
+}
+
 static Node *eval_tensor(Ctx *c, const Expr *e, const char *what);
 
 static const char *expr_kind_desc(const Expr *e) {
@@ -331,6 +374,7 @@ static void convert_arg(Ctx *c, int op, const SigParam *p, const Expr *e, Arg *a
   const char *opn = op_info[op].name;
   const char *what = arena_printf(c->g->arena, "%s's '%s'", opn, p->name);
   a->loc = e->loc;
+  a->label = p->name;
   if (e->kind == E_NONE) {
     if (!p->has_default || strcmp(p->def, "none"))
       error_at(e->loc, "%s%s: '%s' cannot be none", where(c), opn, p->name);
@@ -350,8 +394,11 @@ static void convert_arg(Ctx *c, int op, const SigParam *p, const Expr *e, Arg *a
       error_at(e->loc, "%s%s: '%s' is an empty list", where(c), opn, p->name);
     a->ntl = e->nargs;
     a->tl = arena_alloc(c->g->arena, sizeof(Node *) * (size_t)e->nargs);
-    for (int i = 0; i < e->nargs; i++)
+    a->locs = arena_alloc(c->g->arena, sizeof(Loc) * (size_t)e->nargs);
+    for (int i = 0; i < e->nargs; i++) {
       a->tl[i] = eval_tensor(c, e->args[i], what);
+      a->locs[i] = e->args[i]->loc;
+    }
     break;
   case K_INT:
     a->d = eval_size(c, e, what);
@@ -373,7 +420,9 @@ static void convert_arg(Ctx *c, int op, const SigParam *p, const Expr *e, Arg *a
     if (e->nargs > MAXRANK)
       error_at(e->loc, "%s%s: '%s' has %d entries; the rank limit is %d", where(c), opn, p->name, e->nargs, MAXRANK);
     a->list = arena_alloc(c->g->arena, sizeof(Dim) * (size_t)(e->nargs + 1));
+    a->locs = arena_alloc(c->g->arena, sizeof(Loc) * (size_t)(e->nargs + 1));
     for (int i = 0; i < e->nargs; i++) {
+      a->locs[i] = e->args[i]->loc;
       a->list[i] = eval_size(c, e->args[i], what);
       int64_t v;
       if (p->kind != K_SHAPE && !dim_is_const(&a->list[i], &v))
@@ -438,15 +487,15 @@ static void bind_args(Ctx *c, int op, const Expr *call, Arg *args) {
         const char *dym = did_you_mean(a->name, names, sg->n);
         if (dym)
           error_at(a->loc, "%s%s has no argument '%s'; did you mean '%s'?", where(c), call->name, a->name, dym);
-        error_at(a->loc, "%s%s has no argument '%s' (signature: %s(%s))", where(c), call->name, a->name, call->name, op_info[op].sig);
+        error_at(a->loc, "%s%s has no argument '%s' (signature: %s)", where(c), call->name, a->name, op_signature(op));
       }
       if (given[k])
         error_at(a->loc, "%s%s: argument '%s' given both by position and by keyword", where(c), call->name, a->name);
       given[k] = a->lhs;
     } else {
       if (npos >= sg->n)
-        error_at(a->loc, "%s%s takes %d argument%s, found %d (signature: %s(%s))", where(c), call->name, sg->n,
-                 sg->n == 1 ? "" : "s", call->nargs, call->name, op_info[op].sig);
+        error_at(a->loc, "%s%s takes %d argument%s, found %d (signature: %s)", where(c), call->name, sg->n,
+                 sg->n == 1 ? "" : "s", call->nargs, op_signature(op));
       given[npos++] = a;
     }
   }
@@ -457,10 +506,11 @@ static void bind_args(Ctx *c, int op, const Expr *call, Arg *args) {
       convert_arg(c, op, &sg->p[k], given[k], a);
     } else if (sg->p[k].has_default) {
       a->loc = call->loc;
+      a->label = sg->p[k].name;
       default_arg(&sg->p[k], a);
     } else {
-      error_at(call->loc, "%s%s: missing argument '%s' (signature: %s(%s))", where(c), call->name, sg->p[k].name,
-               call->name, op_info[op].sig);
+      error_at(call->loc, "%s%s: missing argument '%s' (signature: %s)", where(c), call->name, sg->p[k].name,
+               op_signature(op));
     }
   }
 }
@@ -500,7 +550,8 @@ static Node **call_block(Ctx *c, Block *b, const Expr *call, int *nout) {
       error_at(call->args[i]->loc, "%sblock inputs are positional; found '%s='", where(c), call->args[i]->name);
     ins[i] = eval_tensor(c, call->args[i], arena_printf(c->g->arena, "block %s's input", b->name));
   }
-  return expand_block(c, b, ins, b->ninputs, c->binding, c->repeat_index, call->loc, nout);
+  const char *inst = arena_printf(c->g->arena, "%s%s", c->prefix, c->binding);
+  return expand_block(c, b, ins, b->ninputs, inst, c->repeat_index, call->loc, nout);
 }
 
 /* repeat(block, n, inputs...): n chained instances. */
@@ -538,8 +589,16 @@ static Node **call_repeat(Ctx *c, const Expr *call, int *nout) {
   for (int i = 0; i < b->ninputs; i++)
     cur[i] = eval_tensor(c, call->args[i + 2], arena_printf(c->g->arena, "block %s's input", b->name));
   for (int64_t r = 0; r < count; r++) {
-    const char *inst = arena_printf(c->g->arena, "%s.%lld", c->binding, (long long)r);
-    cur = expand_block(c, b, cur, b->ninputs, inst, (int)r, call->loc, nout);
+    const char *inst = arena_printf(c->g->arena, "%s%s.%lld", c->prefix, c->binding, (long long)r);
+    Node **next = expand_block(c, b, cur, b->ninputs, inst, (int)r, call->loc, nout);
+    for (int i = 0; i < b->ninputs; i++)
+      if (!shape_eq(&next[i]->shape, &cur[i]->shape))
+        error_at(call->loc, "%srepeat: block %s returns %s but takes %s; repeat feeds each instance's output to the next one's input, so the shapes must match",
+                 where(c), b->name, shape_str(c->g, &next[i]->shape), shape_str(c->g, &cur[i]->shape));
+      else if (next[i]->dtype != cur[i]->dtype)
+        error_at(call->loc, "%srepeat: block %s returns %s but takes %s; repeat feeds each instance's output to the next one's input, so the dtypes must match",
+                 where(c), b->name, dtype_names[next[i]->dtype], dtype_names[cur[i]->dtype]);
+    cur = next;
   }
   return cur;
 }
@@ -547,6 +606,12 @@ static Node **call_repeat(Ctx *c, const Expr *call, int *nout) {
 /* ---------------------------------------------------------------- expressions */
 
 static Node *make_op(Ctx *c, int op, const Expr *call, Arg *args, int nargs_sig);
+
+/* Operators have no parameter names; messages name the operand's text. */
+static const char *operand_label(const Expr *e) {
+  const char *s = expr_str(e);
+  return strlen(s) <= 32 ? s : "the operand";
+}
 
 static Node *binop_node(Ctx *c, const Expr *e, Node *a, Node *b) {
   static const struct { char ch; Op op; } map[] = {{'+', OP_ADD}, {'-', OP_SUB}, {'*', OP_MUL}, {'/', OP_DIV}, {'@', OP_MATMUL}};
@@ -558,9 +623,11 @@ static Node *binop_node(Ctx *c, const Expr *e, Node *a, Node *b) {
   args[0].t = a;
   args[0].loc = e->lhs->loc;
   args[0].given = 1;
+  args[0].label = operand_label(e->lhs);
   args[1].t = b;
   args[1].loc = e->rhs->loc;
   args[1].given = 1;
+  args[1].label = operand_label(e->rhs);
   return make_op(c, op, e, args, 2);
 }
 
@@ -614,18 +681,16 @@ static Node **eval_call(Ctx *c, const Expr *e, int *nout) {
       sa[2].d = dim_mul(part, dim_const(i), e->loc);
       sa[3].d = dim_mul(part, dim_const(i + 1), e->loc);
       sa[1].loc = sa[2].loc = sa[3].loc = e->loc;
+      sa[0].label = "x";
       outs[i] = make_op(c, OP_SLICE, e, sa, 4);
     }
     *nout = (int)parts;
     return outs;
   }
-  if (op == OP_ZEROS || op == OP_ONES) {
-    args[2] = args[1];
-    args[1].f = op == OP_ONES;
-    op = OP_FULL;
-  }
   Node **r = arena_alloc(c->g->arena, sizeof(Node *));
   r[0] = make_op(c, op, e, args, sigs[op].n);
+  if (op == OP_ZEROS || op == OP_ONES)
+    r[0]->op = OP_FULL; /* the rule has set the value */
   *nout = 1;
   return r;
 }
@@ -701,6 +766,7 @@ static Node **eval_multi(Ctx *c, const Expr *e, int *nout) {
     a[0].t = eval_tensor(c, e->lhs, "operand of '-'");
     a[0].loc = e->lhs->loc;
     a[0].given = 1;
+    a[0].label = operand_label(e->lhs);
     r[0] = make_op(c, OP_NEG, e, a, 1);
     return r;
   }
@@ -749,6 +815,8 @@ static void eval_bindings(Ctx *c, Binding *bs, int nb) {
     }
     for (int k = 0; k < n; k++) {
       Node *x = r[k];
+      if (x->name == b->names[0] && x->op != OP_INPUT && x->op != OP_PARAM)
+        x->name = b->names[k]; /* q, k, v: each result carries its own name */
       c->binding = b->names[k];
       if (x->op == OP_CONST && x->dtype == DT_NONE)
         x->dtype = x->is_dimval ? DT_I32 : c->g->spec->dtype;
@@ -773,7 +841,6 @@ static void add_params(Ctx *c, TensorDecl *ps, int np) {
         error_at(t->shape[k]->loc, "%s: params have static shapes, but dim %d is %s (dynamic)", what, k,
                  dim_str(g, &s.d[k]));
     }
-    check_shape(g, &s, t->shape_loc, what);
     Param p = {0};
     p.name = arena_printf(g->arena, "%s%s", c->prefix, t->name);
     p.shape = s;
@@ -840,6 +907,7 @@ static void add_params(Ctx *c, TensorDecl *ps, int np) {
 }
 
 static Node **resolve_outputs(Ctx *c, NameRef *outs, int nouts, Binding *bs, int nb, int *n) {
+  const char *pre = c->block ? arena_printf(c->g->arena, "block %s: ", c->block) : "";
   if (nouts == 0) {
     Binding *last = &bs[nb - 1];
     Node **r = arena_alloc(c->g->arena, sizeof(Node *));
@@ -853,8 +921,8 @@ static Node **resolve_outputs(Ctx *c, NameRef *outs, int nouts, Binding *bs, int
     if (!x || x->kind != ENV_NODE) {
       const char *dym = suggest(c, outs[i].name, 1);
       if (dym)
-        error_at(outs[i].loc, "output '%s' is not defined; did you mean '%s'?", outs[i].name, dym);
-      error_at(outs[i].loc, "output '%s' is not defined%s", outs[i].name, x ? " (it is a dim)" : "");
+        error_at(outs[i].loc, "%soutput '%s' is not defined; did you mean '%s'?", pre, outs[i].name, dym);
+      error_at(outs[i].loc, "%soutput '%s' is not defined%s", pre, outs[i].name, x ? " (it is a dim)" : "");
     }
     r[i] = x->node;
   }
@@ -968,7 +1036,6 @@ Graph *build_graph(Spec *s) {
     in->name = t->name;
     in->loc = t->loc;
     in->shape = eval_shape(&c, t->shape, t->rank, t->shape_loc, what);
-    check_shape(g, &in->shape, t->shape_loc, what);
     in->dtype = t->dtype == DT_NONE ? s->dtype : t->dtype;
     Node *n = new_node(g, OP_INPUT, 0, t->loc);
     n->index = i;

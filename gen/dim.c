@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+const char *dim_context = "";
+
 static int term_cmp(const Term *a, const Term *b) { return memcmp(a->e, b->e, MAXSYM); }
 
 /* Sort terms, merge equal exponents, drop zeros. */
@@ -21,7 +23,7 @@ static Dim canon(Dim d, Loc l) {
   for (int i = 0; i < d.n; i++) {
     if (r.n && term_cmp(&r.t[r.n - 1], &d.t[i]) == 0) {
       if (__builtin_add_overflow(r.t[r.n - 1].c, d.t[i].c, &r.t[r.n - 1].c))
-        error_at(l, "size expression overflows int64");
+        error_at(l, "%ssize expression overflows int64", dim_context);
     } else {
       r.t[r.n++] = d.t[i];
     }
@@ -66,10 +68,10 @@ static Dim narrow(Wide *w, Loc l) {
   for (int i = 0; i < w->n; i++) {
     if (r.n && term_cmp(&r.t[r.n - 1], &w->t[i]) == 0) {
       if (__builtin_add_overflow(r.t[r.n - 1].c, w->t[i].c, &r.t[r.n - 1].c))
-        error_at(l, "size expression overflows int64");
+        error_at(l, "%ssize expression overflows int64", dim_context);
     } else {
       if (r.n == MAXTERMS)
-        error_at(l, "size expression has more than %d terms; simplify it", MAXTERMS);
+        error_at(l, "%ssize expression has more than %d terms; simplify it", dim_context, MAXTERMS);
       r.t[r.n++] = w->t[i];
     }
     if (r.t[r.n - 1].c == 0)
@@ -90,7 +92,7 @@ Dim dim_add(Dim a, Dim b, Loc l) {
 Dim dim_sub(Dim a, Dim b, Loc l) {
   for (int i = 0; i < b.n; i++) {
     if (b.t[i].c == INT64_MIN)
-      error_at(l, "size expression overflows int64");
+      error_at(l, "%ssize expression overflows int64", dim_context);
     b.t[i].c = -b.t[i].c;
   }
   return dim_add(a, b, l);
@@ -102,11 +104,11 @@ Dim dim_mul(Dim a, Dim b, Loc l) {
     for (int j = 0; j < b.n; j++) {
       Term t;
       if (__builtin_mul_overflow(a.t[i].c, b.t[j].c, &t.c))
-        error_at(l, "size expression overflows int64");
+        error_at(l, "%ssize expression overflows int64", dim_context);
       for (int k = 0; k < MAXSYM; k++) {
         int e = a.t[i].e[k] + b.t[j].e[k];
         if (e > 16)
-          error_at(l, "size expression has a power above 16");
+          error_at(l, "%ssize expression has a power above 16", dim_context);
         t.e[k] = (uint8_t)e;
       }
       w.t[w.n++] = t;
@@ -159,10 +161,10 @@ static int div_by_term(Dim a, const Term *m, Dim *out) {
 Dim dim_div(Graph *g, Dim a, Dim b, Loc l) {
   int64_t av, bv;
   if (dim_is_const(&b, &bv) && bv == 0)
-    error_at(l, "division by zero in a size expression");
+    error_at(l, "%sdivision by zero in a size expression", dim_context);
   if (dim_is_const(&a, &av) && dim_is_const(&b, &bv)) {
     if (av % bv)
-      error_at(l, "%lld / %lld does not divide exactly; sizes must be whole", (long long)av, (long long)bv);
+      error_at(l, "%s%lld / %lld does not divide exactly; sizes must be whole", dim_context, (long long)av, (long long)bv);
     return dim_const(av / bv);
   }
   Dim r;
@@ -176,7 +178,7 @@ Dim dim_div(Graph *g, Dim a, Dim b, Loc l) {
     if (g->syms[i].derived && dim_eq(&g->syms[i].num, &a) && dim_eq(&g->syms[i].den, &b))
       return dim_sym(i);
   if (g->nsyms == MAXSYM)
-    error_at(l, "too many symbolic sizes (dynamic dims and quotients; limit %d)", MAXSYM);
+    error_at(l, "%stoo many symbolic sizes (dynamic dims and quotients; limit %d)", dim_context, MAXSYM);
   Sym *s = &g->syms[g->nsyms];
   s->derived = 1;
   s->num = a;

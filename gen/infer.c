@@ -71,6 +71,8 @@ int broadcast_shapes(const Shape *a, const Shape *b, Shape *out) {
 /* ---------------------------------------------------------------- helpers */
 
 static const char *shp(R *r, const Node *x) { return shape_str(r->g, &x->shape); }
+/* How messages name argument k: its parameter name, or for operators the operand's text. */
+static const char *lab(R *r, int k) { return r->a[k].label ? r->a[k].label : op_param_name(r->n->op, k); }
 static const char *dstr(R *r, const Dim *d) { return dim_str(r->g, d); }
 
 static void need_float(R *r, const Node *x, const char *arg, Loc l) {
@@ -123,9 +125,10 @@ static void infer_gelu(R *r) {
 
 static void infer_binary(R *r) {
   Node *a = r->n->in[0], *b = r->n->in[1];
-  same_dtype(r, a, "a", b, "b", r->a[1].loc);
+  same_dtype(r, a, lab(r, 0), b, lab(r, 1), r->a[1].loc);
   if (!broadcast_shapes(&a->shape, &b->shape, &r->n->shape))
-    ERR(r->a[1].loc, "shapes %s and %s do not broadcast (trailing dims must match or be 1)", shp(r, a), shp(r, b));
+    ERR(r->a[1].loc, "shapes %s (%s) and %s (%s) do not broadcast (trailing dims must match or be 1)", shp(r, a),
+        lab(r, 0), shp(r, b), lab(r, 1));
   r->n->dtype = op_info[r->n->op].flags & F_BOOL_OUT ? DT_BOOL : a->dtype;
 }
 
@@ -138,10 +141,10 @@ static void infer_where(R *r) {
   Node *c = r->n->in[0], *a = r->n->in[1], *b = r->n->in[2];
   if (c->dtype != DT_BOOL)
     ERR(r->a[0].loc, "cond must be bool (a comparison such as gt(x, 0)), found %s", dtype_names[c->dtype]);
-  same_dtype(r, a, "a", b, "b", r->a[2].loc);
+  same_dtype(r, a, lab(r, 1), b, lab(r, 2), r->a[2].loc);
   Shape s;
   if (!broadcast_shapes(&a->shape, &b->shape, &s))
-    ERR(r->a[2].loc, "shapes %s (a) and %s (b) do not broadcast", shp(r, a), shp(r, b));
+    ERR(r->a[2].loc, "shapes %s (%s) and %s (%s) do not broadcast", shp(r, a), lab(r, 1), shp(r, b), lab(r, 2));
   if (!broadcast_shapes(&c->shape, &s, &r->n->shape))
     ERR(r->a[0].loc, "cond's shape %s does not broadcast with %s", shp(r, c), shape_str(r->g, &s));
   r->n->dtype = a->dtype;
@@ -248,7 +251,8 @@ static void infer_reshape(R *r) {
     }
     int64_t lo, hi;
     if (!dim_bounds(r->g, &a->list[i], &lo, &hi) || lo < 1)
-      ERR(a->loc, "size %d of the target shape is %s; sizes must be >= 1", i, dstr(r, &a->list[i]));
+      ERR(a->locs ? a->locs[i] : a->loc, "dim %d of the target shape is %s; sizes must be >= 1", i,
+          dstr(r, &a->list[i]));
     s.d[i] = a->list[i];
   }
   Dim in = numel_of(r, &x->shape, a->loc);
@@ -314,17 +318,18 @@ static void infer_concat(R *r) {
   Shape s = x->shape;
   for (int i = 1; i < n->nin; i++) {
     Node *y = n->in[i];
+    Loc yl = r->a[0].locs ? r->a[0].locs[i] : r->a[0].loc;
     if (y->dtype != x->dtype)
-      ERR(r->a[0].loc, "dtype mismatch: tensor 0 is %s but tensor %d is %s", dtype_names[x->dtype], i,
+      ERR(yl, "dtype mismatch: tensor 0 is %s but tensor %d is %s", dtype_names[x->dtype], i,
           dtype_names[y->dtype]);
     if (y->shape.rank != rank)
-      ERR(r->a[0].loc, "tensor %d has rank %d (shape %s) but tensor 0 has rank %d (shape %s)", i, y->shape.rank,
+      ERR(yl, "tensor %d has rank %d (shape %s) but tensor 0 has rank %d (shape %s)", i, y->shape.rank,
           shp(r, y), rank, shp(r, x));
     for (int k = 0; k < rank; k++)
       if (k != ax && !dim_eq(&y->shape.d[k], &x->shape.d[k]))
-        ERR(r->a[0].loc, "tensor %d has shape %s but tensor 0 has %s; they must match except in dim %d", i, shp(r, y),
+        ERR(yl, "tensor %d has shape %s but tensor 0 has %s; they must match except in dim %d", i, shp(r, y),
             shp(r, x), ax);
-    s.d[ax] = dim_add(s.d[ax], y->shape.d[ax], r->a[0].loc);
+    s.d[ax] = dim_add(s.d[ax], y->shape.d[ax], yl);
   }
   n->axis = ax;
   n->shape = s;
@@ -349,7 +354,7 @@ static void infer_slice(R *r) {
       !dim_bounds(r->g, &after, &alo, &ahi))
     ERR(r->a[2].loc, "slice bounds overflow");
   if (slo < 0 || lo < 1 || alo < 0)
-    ERR(r->a[2].loc, "[%s, %s) is not a non-empty range inside dim %d of size %s (x: %s)", dstr(r, &r->a[2].d),
+    ERR(r->a[alo < 0 ? 3 : 2].loc, "[%s, %s) is not a non-empty range inside dim %d of size %s (x: %s)", dstr(r, &r->a[2].d),
         dstr(r, &r->a[3].d), ax, dstr(r, &size), shp(r, x));
   n->axis = ax;
   n->lo = b[0];
@@ -408,10 +413,10 @@ static void infer_broadcast_to(R *r) {
  * dims broadcast. */
 static void infer_matmul(R *r) {
   Node *n = r->n, *a = n->in[0], *b = n->in[1];
-  need_float(r, a, "a", r->a[0].loc);
-  same_dtype(r, a, "a", b, "b", r->a[1].loc);
+  same_dtype(r, a, lab(r, 0), b, lab(r, 1), r->a[1].loc);
   if (a->shape.rank == 0 || b->shape.rank == 0)
-    ERR(r->a[a->shape.rank == 0 ? 0 : 1].loc, "operands must have at least one dim (a: %s, b: %s)", shp(r, a), shp(r, b));
+    ERR(r->a[a->shape.rank == 0 ? 0 : 1].loc, "operands must have at least one dim (%s: %s, %s: %s)", lab(r, 0),
+        shp(r, a), lab(r, 1), shp(r, b));
   Shape sa = a->shape, sb = b->shape;
   int a1 = sa.rank == 1, b1 = sb.rank == 1;
   if (a1) {
@@ -425,12 +430,13 @@ static void infer_matmul(R *r) {
   }
   const Dim *ka = &sa.d[sa.rank - 1], *kb = &sb.d[sb.rank - 2];
   if (!dim_eq(ka, kb))
-    ERR(r->a[1].loc, "inner dims differ: a is %s and b is %s (%s vs %s)", shp(r, a), shp(r, b), dstr(r, ka), dstr(r, kb));
+    ERR(r->a[1].loc, "inner dims differ: %s is %s and %s is %s (%s vs %s)", lab(r, 0), shp(r, a), lab(r, 1), shp(r, b),
+        dstr(r, ka), dstr(r, kb));
   Shape ba = sa, bb = sb, bs;
   ba.rank -= 2;
   bb.rank -= 2;
   if (!broadcast_shapes(&ba, &bb, &bs))
-    ERR(r->a[1].loc, "batch dims of a %s and b %s do not broadcast", shp(r, a), shp(r, b));
+    ERR(r->a[1].loc, "batch dims of %s %s and %s %s do not broadcast", lab(r, 0), shp(r, a), lab(r, 1), shp(r, b));
   if (bs.rank + 2 > MAXRANK)
     ERR(r->a[1].loc, "the result's rank exceeds %d", MAXRANK);
   Shape s = bs;
@@ -529,10 +535,10 @@ static void infer_cross_entropy(R *r) {
 
 static void infer_mse_loss(R *r) {
   Node *n = r->n, *a = n->in[0], *b = n->in[1];
-  same_dtype(r, a, "a", b, "b", r->a[1].loc);
+  same_dtype(r, a, lab(r, 0), b, lab(r, 1), r->a[1].loc);
   Shape s;
   if (!broadcast_shapes(&a->shape, &b->shape, &s))
-    ERR(r->a[1].loc, "shapes %s and %s do not broadcast", shp(r, a), shp(r, b));
+    ERR(r->a[1].loc, "shapes %s (%s) and %s (%s) do not broadcast", shp(r, a), lab(r, 0), shp(r, b), lab(r, 1));
   n->shape.rank = 0;
   n->dtype = a->dtype;
 }
@@ -545,15 +551,20 @@ static void infer_arange(R *r) {
   n->dtype = DT_I32;
 }
 
-/* full(shape, value, dtype); zeros and ones arrive here as full. */
+/* full(shape, value, dtype), zeros(shape, dtype), ones(shape, dtype); the
+ * builder turns zeros and ones into full after this rule. */
 static void infer_full(R *r) {
   Node *n = r->n;
-  Arg *s = &r->a[0];
+  Arg *s = &r->a[0], *dt = &r->a[n->op == OP_FULL ? 2 : 1];
   n->shape.rank = s->nlist;
-  for (int i = 0; i < s->nlist; i++)
+  for (int i = 0; i < s->nlist; i++) {
+    int64_t lo, hi;
+    if (!dim_bounds(r->g, &s->list[i], &lo, &hi) || lo < 1)
+      ERR(s->locs ? s->locs[i] : s->loc, "dim %d is %s; sizes must be >= 1", i, dstr(r, &s->list[i]));
     n->shape.d[i] = s->list[i];
-  n->f[0] = r->a[1].f;
-  n->dtype = r->a[2].is_none ? r->g->spec->dtype : r->a[2].dt;
+  }
+  n->f[0] = n->op == OP_FULL ? r->a[1].f : n->op == OP_ONES;
+  n->dtype = dt->is_none ? r->g->spec->dtype : dt->dt;
   if (n->dtype == DT_I32 && n->f[0] != (double)(int64_t)n->f[0])
     ERR(r->a[1].loc, "value %g is not an integer, but dtype is i32", n->f[0]);
   if (n->dtype == DT_BOOL && n->f[0] != 0 && n->f[0] != 1)
@@ -584,11 +595,12 @@ void infer_node(Graph *g, Node *n, Arg *args, const char *where) {
     int k = n->op == OP_CONCAT ? 0 : i;
     if (!x || (n->op == OP_WHERE && i == 0) || n->op == OP_EMBEDDING || n->op == OP_CROSS_ENTROPY)
       continue; /* bool condition; mixed dtypes by design (checked by the rule) */
-    const char *nm = op_param_name(n->op, k);
+    const char *nm = lab(r, k);
+    Loc l = n->op == OP_CONCAT && args[0].locs ? args[0].locs[i] : args[k].loc;
     if ((flags & F_FLOAT) && !dtype_is_float(x->dtype))
-      ERR(args[k].loc, "%s must be floating (f32, bf16, f16), found %s", nm, dtype_names[x->dtype]);
+      ERR(l, "%s must be floating (f32, bf16, f16), found %s", nm, dtype_names[x->dtype]);
     if ((flags & F_NUMERIC) && x->dtype == DT_BOOL)
-      ERR(args[k].loc, "%s is bool; %s needs numbers (cast(%s, f32) first)", nm, r->op, nm);
+      ERR(l, "%s is bool; %s needs numbers (cast(%s, f32) first)", nm, r->op, nm);
   }
   rules[n->op](r);
   /* every result must have a countable shape */

@@ -25,9 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* init.c; the declaration moves into ir.h */
-extern double round_to_dtype(double v, DType t);
-
 static const char *const op_names[] = {
 #define OP(e, name, sig, rule, flags) name,
 #include "ops.def"
@@ -674,8 +671,8 @@ static int eval_attention(Ctx *c, const Node *n, Tensor *out) {
   if (!s)
     return fail(c, "out of memory");
   int64_t nbatch = 1;
-  for (int k = 0; k < r - 2; k++)
-    nbatch *= out->shape[k];
+  for (int d = 0; d < r - 2; d++)
+    nbatch *= out->shape[d];
   for (int64_t b = 0; b < nbatch; b++, walk_next(&w)) {
     const double *Q = q->data + w.off[0], *K = k->data + w.off[1], *V = v->data + w.off[2];
     double *O = out->data + b * Tq * Dv;
@@ -869,9 +866,9 @@ static int check_syms(Ctx *c) {
     return 0;
   for (int i = 0; i < g->nsyms; i++) {
     const Sym *s = &g->syms[i];
-    int64_t v = c->opt->symvals[i];
-    if (s->derived)
+    if (s->derived) /* its value comes from its formula; checked by dim_eval */
       continue;
+    int64_t v = c->opt->symvals[i];
     if (v < 1 || (s->max > 0 && v > s->max))
       return fail(c, "dim %s is %lld, expected 1 <= %s <= %lld", s->name ? s->name : "?", (long long)v,
                   s->name ? s->name : "?", (long long)s->max);

@@ -51,6 +51,8 @@ Dim dim_add(Dim a, Dim b, Loc l);       /* error_at on overflow or too many term
 Dim dim_sub(Dim a, Dim b, Loc l);
 Dim dim_mul(Dim a, Dim b, Loc l);
 Dim dim_div(Graph *g, Dim a, Dim b, Loc l); /* exact, or a derived symbol; static: must divide */
+/* Prefix for the errors the dim operations report ("in 'y': ", "input 'x': "). */
+extern const char *dim_context;
 int dim_eq(const Dim *a, const Dim *b);
 int dim_is_const(const Dim *a, int64_t *v);
 const char *dim_str(const Graph *g, const Dim *a);
@@ -81,6 +83,7 @@ typedef struct OpInfo {
 extern const OpInfo op_info[NUM_OPS];
 int op_lookup(const char *name); /* -1 if none */
 const char *op_param_name(int op, int k); /* name of signature param k */
+const char *op_signature(int op);         /* "linear(x, w, b=none)" */
 
 typedef struct Shape {
   int rank;
@@ -158,6 +161,8 @@ typedef struct Arg {
   int given;        /* written in the call (else defaulted) */
   int is_none;
   Loc loc;
+  const char *label;/* how messages name it: the param name, or the operand's text for operators */
+  Loc *locs;        /* tl, shape, ints, dims: each element's location */
   Node *t;          /* t */
   Node **tl;        /* tl */
   int ntl;

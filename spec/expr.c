@@ -154,7 +154,6 @@ static void items(Lexer *L, Expr *e, char close, int call) {
 static Expr *atom(Lexer *L) {
   const char *start = L->tok;
   Expr *e;
-  enter(L, start);
   switch (L->kind) {
   case T_NUM: {
     e = new_expr(L, E_NUM, start);
@@ -217,7 +216,6 @@ static Expr *atom(Lexer *L) {
   default:
     error_at(loc_of(L, start), "expected an operand (a name, number, call, '(' or '['), found %s", tok_desc(L));
   }
-  L->depth--;
   return e;
 }
 

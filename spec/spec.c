@@ -31,6 +31,11 @@ static const char *kind_name(const YNode *y) {
   return y->str[0] ? arena_printf(diag->arena, "'%s'", y->str) : "an empty value";
 }
 
+/* kind_name, with a list's length where the length is what is wrong */
+static const char *seq_desc(const YNode *y) {
+  return y->kind == Y_SEQ ? arena_printf(diag->arena, "a list of length %d", y->n) : kind_name(y);
+}
+
 static void want(const YNode *y, YKind k, const char *what) {
   if (y->kind != k)
     error_at(y->loc, "%s must be %s, found %s", what,
@@ -210,8 +215,15 @@ static void parse_init(TensorDecl *t, const YNode *v, const char *what) {
     if (!strcmp(v->str, "normal") || !strcmp(v->str, "uniform"))
       error_at(v->loc, "%s: init '%s' needs its parameters: %s", what, v->str,
                v->str[0] == 'n' ? "{normal: STD}" : "{uniform: [LO, HI]}");
-    t->init = kinds[pick(v, names, 4, "init")];
-    return;
+    for (int i = 0; i < 4; i++)
+      if (!strcmp(v->str, names[i])) {
+        t->init = kinds[i];
+        return;
+      }
+    const char *dym = did_you_mean(v->str, names, 4);
+    if (dym)
+      error_at(v->loc, "%s: unknown init '%s'; did you mean '%s'?", what, v->str, dym);
+    error_at(v->loc, "%s: unknown init '%s' (expected one of: zeros, ones, xavier_uniform, kaiming_uniform, {normal: STD}, {uniform: [LO, HI]})", what, v->str);
   }
   if (v->kind != Y_MAP || v->n != 1)
     error_at(v->loc, "%s: init must be zeros, ones, xavier_uniform, kaiming_uniform, {normal: STD} or {uniform: [LO, HI]}", what);
@@ -226,7 +238,7 @@ static void parse_init(TensorDecl *t, const YNode *v, const char *what) {
   } else {
     t->init = INIT_UNIFORM;
     if (a->kind != Y_SEQ || a->n != 2)
-      error_at(a->loc, "%s: uniform init takes [LO, HI], found %s", what, kind_name(a));
+      error_at(a->loc, "%s: uniform init takes [LO, HI], found %s", what, seq_desc(a));
     t->init_a = scalar_num(a->items[0], "uniform init's LO");
     t->init_b = scalar_num(a->items[1], "uniform init's HI");
     if (t->init_a > t->init_b)
@@ -391,6 +403,8 @@ static void parse_train(Spec *s, const YNode *y) {
     error_at(y->loc, "train needs an 'optimizer': {sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}");
   if (opt->kind == Y_SCALAR && (!strcmp(opt->str, "sgd") || !strcmp(opt->str, "adamw")))
     error_at(opt->loc, "optimizer '%s' needs its settings, at least lr: {%s: {lr: ...}}", opt->str, opt->str);
+  if (opt->kind == Y_MAP && opt->n > 1)
+    error_at(opt->keys[1]->loc, "optimizer must name exactly one optimizer (sgd or adamw), found a second one: '%s'", opt->keys[1]->str);
   if (opt->kind != Y_MAP || opt->n != 1)
     error_at(opt->loc, "optimizer must be one of {sgd: {...}} or {adamw: {...}}, found %s", kind_name(opt));
   static const char *const names[] = {"sgd", "adamw"};
@@ -431,7 +445,7 @@ static void parse_train(Spec *s, const YNode *y) {
   }
   if ((x = get(o, "betas"))) {
     if (x->kind != Y_SEQ || x->n != 2)
-      error_at(x->loc, "betas must be a list of two numbers [beta1, beta2], found %s", kind_name(x));
+      error_at(x->loc, "betas must be a list of two numbers [beta1, beta2], found %s", seq_desc(x));
     t->beta1 = scalar_num(x->items[0], "beta1");
     t->beta2 = scalar_num(x->items[1], "beta2");
     for (int k = 0; k < 2; k++) {

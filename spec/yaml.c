@@ -63,8 +63,8 @@ static void next_event(Loader *L, yaml_event_t *ev) {
   if (p->error == YAML_MEMORY_ERROR)
     error_at(l, "out of memory while reading YAML");
   if (p->context)
-    error_at(l, "YAML syntax error: %s %s (at line %d, column %d)", p->context, problem,
-             (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1);
+    error_at(l, "YAML syntax error: %s (%s started at line %d, column %d)", problem, p->context,
+             (int)p->context_mark.line + 1, (int)p->context_mark.column + 1);
   error_at(l, "YAML syntax error: %s", problem);
 }
 
@@ -117,7 +117,7 @@ static YNode *load_collection(Loader *L, YNode *n, yaml_event_type_t end, int de
 static YNode *load_node(Loader *L, yaml_event_t *ev, int depth) {
   YNode *n;
   Loc l = mark_loc(ev->start_mark);
-  int has_anchor = 0;
+  int has_anchor = 0, has_tag = 0;
   yaml_event_type_t type = ev->type;
   if (depth > MAX_DEPTH) {
     yaml_event_delete(ev);
@@ -136,6 +136,7 @@ static YNode *load_node(Loader *L, yaml_event_t *ev, int depth) {
         ev->data.scalar.style == YAML_FOLDED_SCALAR_STYLE)
       n->multiline = 1;
     has_anchor = ev->data.scalar.anchor != NULL;
+    has_tag = ev->data.scalar.tag != NULL;
     yaml_event_delete(ev);
     break;
   case YAML_SEQUENCE_START_EVENT:
@@ -143,7 +144,10 @@ static YNode *load_node(Loader *L, yaml_event_t *ev, int depth) {
     int seq = type == YAML_SEQUENCE_START_EVENT;
     n = new_ynode(L, seq ? Y_SEQ : Y_MAP, ev);
     has_anchor = seq ? ev->data.sequence_start.anchor != NULL : ev->data.mapping_start.anchor != NULL;
+    has_tag = seq ? ev->data.sequence_start.tag != NULL : ev->data.mapping_start.tag != NULL;
     yaml_event_delete(ev);
+    if (has_tag)
+      error_at(l, "YAML tags (!!type) are not supported in model specs; write the plain value");
     if (has_anchor)
       error_at(l, "YAML anchors (&name) are not supported in model specs; write the value out");
     load_collection(L, n, seq ? YAML_SEQUENCE_END_EVENT : YAML_MAPPING_END_EVENT, depth);
@@ -158,6 +162,8 @@ static YNode *load_node(Loader *L, yaml_event_t *ev, int depth) {
   }
   if (has_anchor)
     error_at(l, "YAML anchors (&name) are not supported in model specs; write the value out");
+  if (has_tag)
+    error_at(l, "YAML tags (!!type) are not supported in model specs; write the plain value");
   return n;
 }
 
@@ -168,7 +174,6 @@ YNode *yaml_load(const char *src, size_t len) {
   if (!yaml_parser_initialize(&L->p))
     error_at((Loc){0, 0}, "out of memory initialising the YAML parser");
   yaml_parser_set_input_string(&L->p, (const unsigned char *)src, len);
-  yaml_parser_set_encoding(&L->p, YAML_UTF8_ENCODING);
   diag->cleanup = loader_cleanup;
   diag->cleanup_arg = L;
 
