@@ -714,6 +714,8 @@ static Node *make_op(Ctx *c, int op, const Expr *at, Arg *args, int nargs_sig) {
   }
   settle_consts(c, n);
   infer_node(c->g, n, args, where(c));
+  if (op == OP_DROPOUT)
+    n->index = c->g->ndropout++; /* stable key for its mask, whatever later passes renumber */
   return n;
 }
 

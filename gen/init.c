@@ -7,6 +7,7 @@
  * Also here: rounding a double to the precision of a dtype (f32, bf16, f16,
  * i32, bool), used for init values and by the interpreter's `cast`. */
 #include "ir.h"
+#include "tgm_rt.h"
 
 #include <float.h>
 #include <math.h>
@@ -14,62 +15,13 @@
 
 /* ---------------------------------------------------------------- philox */
 
-#define PHILOX_M0 0xD2511F53u /* round multipliers */
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u /* key schedule (Weyl sequence) increments */
-#define PHILOX_W1 0xBB67AE85u
+/* Philox and the init formulas live in the runtime template
+ * (templates/runtime/tgm_init.c), compiled into tgen too: the interpreter's
+ * params and the emitted code's params are the same bits by construction. */
 
-/* The high and low 32-bit halves of the 64-bit product a*b. */
-static void mulhilo(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo) {
-  uint64_t p = (uint64_t)a * b;
-  *hi = (uint32_t)(p >> 32);
-  *lo = (uint32_t)p;
-}
+void philox4x32(uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) { tgm_philox4x32(ctr, key, out); }
 
-/* One Philox round: two multiplications mix counter words 0 and 2; their high
- * halves are xored with words 1 and 3 and the round key; the words are then
- * permuted so every word is multiplied every other round. */
-static void philox_round(uint32_t x[4], const uint32_t k[2]) {
-  uint32_t hi0, lo0, hi1, lo1;
-  mulhilo(PHILOX_M0, x[0], &hi0, &lo0);
-  mulhilo(PHILOX_M1, x[2], &hi1, &lo1);
-  uint32_t y0 = hi1 ^ x[1] ^ k[0];
-  uint32_t y2 = hi0 ^ x[3] ^ k[1];
-  x[0] = y0;
-  x[1] = lo1;
-  x[2] = y2;
-  x[3] = lo0;
-}
-
-/* Philox4x32-10: ten rounds, the key bumped by the Weyl constants between
- * rounds. ctr and key are not modified. */
-void philox4x32(uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-  uint32_t x[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
-  uint32_t k[2] = {key[0], key[1]};
-  for (int r = 0; r < 10; r++) {
-    if (r > 0) {
-      k[0] += PHILOX_W0;
-      k[1] += PHILOX_W1;
-    }
-    philox_round(x, k);
-  }
-  memcpy(out, x, sizeof x);
-}
-
-/* 32-bit FNV-1a of a NUL-terminated string: mixes a param's name into its
- * Philox key so params draw independent streams. */
-uint32_t name_hash(const char *s) {
-  uint32_t h = 2166136261u;
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    h ^= *p;
-    h *= 16777619u;
-  }
-  return h;
-}
-
-/* A uniform double in (0, 1) from the top 24 bits of x: ((x >> 8) + 0.5) / 2^24.
- * Never 0 (log is safe) and never 1; every value is exact in f32. */
-static double unit(uint32_t x) { return ((double)(x >> 8) + 0.5) * (1.0 / 16777216.0); }
+uint32_t name_hash(const char *s) { return tgm_name_hash(s); }
 
 /* ---------------------------------------------------------------- rounding */
 
@@ -152,78 +104,20 @@ double round_to_dtype(double v, DType t) {
 
 /* ---------------------------------------------------------------- init */
 
-/* Size k of a param's (static) shape; a symbolic size (never, for params)
- * counts as 1. */
-static int64_t static_dim(const Param *p, int k) {
-  int64_t v;
-  if (!dim_is_const(&p->shape.d[k], &v) || v < 1)
-    return 1;
-  return v;
-}
-
-/* fan_in, fan_out as PyTorch computes them for an nn.Linear-style weight
- * [out, in]: fan_in is the last dim, fan_out the product of the rest. Rank 0
- * and 1 follow the rules in the brief (kaiming: fan_in = last dim or 1;
- * xavier: both = numel). */
-static void fans(const Param *p, double *fan_in, double *fan_out) {
-  int r = p->shape.rank;
-  double numel = 1;
-  for (int k = 0; k < r; k++)
-    numel *= (double)static_dim(p, k);
-  if (r >= 2) {
-    *fan_in = (double)static_dim(p, r - 1);
-    *fan_out = numel / *fan_in;
-  } else {
-    *fan_in = *fan_out = numel < 1 ? 1 : numel;
-  }
-}
-
-/* Element i of param p for `seed`, rounded to p's dtype. The Philox stream:
- *   key = {seed lo32, seed hi32 ^ fnv1a(name)},  ctr = {i lo32, i hi32, 0, 0},
- *   u(x) = ((x >> 8) + 0.5) * 2^-24,
- *   uniform(lo, hi) = lo + (hi - lo) * u(out[0]),
- *   normal(std) = std * sqrt(-2 ln u(out[0])) * cos(2 pi u(out[1])),
- *   kaiming_uniform = uniform(-b, b), b = 1/sqrt(fan_in),
- *   xavier_uniform = uniform(-b, b), b = sqrt(6/(fan_in + fan_out)),
- * all in double, then rounded to f32 (and from there to bf16/f16). */
+/* Element i of param p for `seed`, rounded to p's dtype (see tgm_init_value
+ * and spec/LANGUAGE.md for the formulas). InitKind and DType share the
+ * runtime's numbering. */
 double param_init_value(const Param *p, uint64_t seed, int64_t i) {
-  static const double two_pi = 6.283185307179586476925286766559;
-  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ name_hash(p->name)};
-  uint32_t ctr[4] = {(uint32_t)(uint64_t)i, (uint32_t)((uint64_t)i >> 32), 0, 0};
-  uint32_t out[4];
-  double v, lo, hi, fin, fout;
-
-  switch (p->init) {
-  case INIT_ZEROS:
-    v = 0;
-    break;
-  case INIT_ONES:
-    v = 1;
-    break;
-  case INIT_UNIFORM:
-    lo = p->a, hi = p->b;
-    philox4x32(ctr, key, out);
-    v = lo + (hi - lo) * unit(out[0]);
-    break;
-  case INIT_NORMAL:
-    philox4x32(ctr, key, out);
-    v = p->a * sqrt(-2.0 * log(unit(out[0]))) * cos(two_pi * unit(out[1]));
-    break;
-  case INIT_KAIMING_UNIFORM:
-    fans(p, &fin, &fout);
-    hi = 1.0 / sqrt(fin);
-    philox4x32(ctr, key, out);
-    v = -hi + (hi - -hi) * unit(out[0]);
-    break;
-  case INIT_XAVIER_UNIFORM:
-    fans(p, &fin, &fout);
-    hi = sqrt(6.0 / (fin + fout));
-    philox4x32(ctr, key, out);
-    v = -hi + (hi - -hi) * unit(out[0]);
-    break;
-  default: /* INIT_DEFAULT is resolved by the builder */
-    v = 0;
-    break;
-  }
-  return round_to_dtype(v, p->dtype == DT_BF16 || p->dtype == DT_F16 ? p->dtype : DT_F32);
+  int64_t shape[MAXRANK];
+  for (int k = 0; k < p->shape.rank; k++)
+    if (!dim_is_const(&p->shape.d[k], &shape[k]) || shape[k] < 1)
+      shape[k] = 1;
+  int dtype = p->dtype == DT_BF16 || p->dtype == DT_F16 ? (int)p->dtype : TGM_F32;
+  return tgm_init_value(p->name, (int)p->init, p->a, p->b, dtype, p->shape.rank, shape, seed, i);
 }
+
+_Static_assert((int)INIT_ZEROS == TGM_INIT_ZEROS && (int)INIT_KAIMING_UNIFORM == TGM_INIT_KAIMING_UNIFORM &&
+                   (int)INIT_XAVIER_UNIFORM == TGM_INIT_XAVIER_UNIFORM && (int)INIT_NORMAL == TGM_INIT_NORMAL,
+               "InitKind and the runtime's TGM_INIT_* must agree");
+_Static_assert((int)DT_BF16 == TGM_BF16 && (int)DT_F16 == TGM_F16 && (int)DT_I32 == TGM_I32 && (int)DT_BOOL == TGM_BOOL,
+               "DType and the runtime's dtypes must agree");

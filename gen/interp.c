@@ -5,7 +5,9 @@
  * name computes, in double and without rounding intermediate results to the
  * node's dtype (only `cast` rounds). Every pass is checked against it, and the
  * golden vectors of the emitted tests come from it, so it favours the obvious
- * loop over the fast one.
+ * loop over the fast one. The one concession is gemm (matmul, linear): i-k-j
+ * loop order and, when built with OpenMP, rows on several threads; each value
+ * is still summed in the same order, so results do not depend on either.
  *
  * The machinery is two strided helpers shared by every op:
  *   Walk    an odometer over a shape that keeps several operands' element
@@ -24,6 +26,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Loops whose iterations write disjoint outputs may run on several threads
+ * (each value is still computed by one thread in a fixed order). */
+#ifdef _OPENMP
+#define PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#else
+#define PARALLEL_FOR
+#endif
 
 static const char *const op_names[] = {
 #define OP(e, name, sig, rule, flags) name,
@@ -343,7 +353,7 @@ static double unit(uint32_t x) { return ((double)(x >> 8) + 0.5) * (1.0 / 167772
 
 /* dropout(x, p): identity unless training. In training, element j of node n
  * is kept iff u >= p, where
- *   key = {seed lo32, seed hi32 ^ (uint32)n->id},
+ *   key = {seed lo32, seed hi32 ^ (uint32)n->index (the dropout's ordinal in the spec, stable across passes)},
  *   ctr = {j lo32, j hi32, step lo32, step hi32},
  *   u   = ((philox4x32(ctr, key)[0] >> 8) + 0.5) * 2^-24,
  * and kept values are multiplied by 1/(1-p) (p = 1 drops everything). The
@@ -358,7 +368,7 @@ static int eval_dropout(Ctx *c, const Node *n, Tensor *out) {
     memcpy(out->data, x->data, sizeof(double) * (size_t)out->numel);
     return 0;
   }
-  uint32_t key[2] = {(uint32_t)o->seed, (uint32_t)(o->seed >> 32) ^ (uint32_t)n->id};
+  uint32_t key[2] = {(uint32_t)o->seed, (uint32_t)(o->seed >> 32) ^ (uint32_t)n->index};
   for (int64_t j = 0; j < out->numel; j++) {
     uint32_t ctr[4] = {(uint32_t)(uint64_t)j, (uint32_t)((uint64_t)j >> 32), (uint32_t)o->step,
                        (uint32_t)(o->step >> 32)};
@@ -565,6 +575,25 @@ static int eval_concat(Ctx *c, const Node *n, Tensor *out) {
 
 /* ---------------------------------------------------------------- linear algebra */
 
+/* C[M,N] = A[M,K] @ B[K,N], row-major and contiguous. Every C[i,j] is the sum
+ * of A[i,k] * B[k,j] over k = 0, 1, ... in that order, so the value does not
+ * depend on the loop order or on the number of threads; the loops run i, k, j
+ * so that the inner loop walks rows of B and C (contiguous, vectorisable). */
+static void gemm(const double *A, const double *B, double *C, int64_t M, int64_t K, int64_t N) {
+  PARALLEL_FOR
+  for (int64_t i = 0; i < M; i++) {
+    double *Ci = C + i * N;
+    for (int64_t j = 0; j < N; j++)
+      Ci[j] = 0;
+    for (int64_t k = 0; k < K; k++) {
+      double aik = A[i * K + k];
+      const double *Bk = B + k * N;
+      for (int64_t j = 0; j < N; j++)
+        Ci[j] += aik * Bk[j];
+    }
+  }
+}
+
 /* torch.matmul: a viewed as [batch..., M, K] (1-D: [1, K]), b as [batch..., K,
  * N] (1-D: [K, 1]), batch dims broadcast to the result's; the dims added for
  * 1-D operands are absent from the result, which does not change its layout. */
@@ -590,21 +619,13 @@ static int eval_matmul(Ctx *c, const Node *n, Tensor *out) {
   int64_t nbatch = 1;
   for (int k = 0; k < obr; k++)
     nbatch *= out->shape[k];
-  for (int64_t t = 0; t < nbatch; t++, walk_next(&w)) {
-    const double *A = a->data + w.off[0], *B = b->data + w.off[1];
-    double *C = out->data + t * M * N;
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) {
-        double s = 0;
-        for (int64_t k = 0; k < K; k++)
-          s += A[i * K + k] * B[k * N + j];
-        C[i * N + j] = s;
-      }
-  }
+  for (int64_t t = 0; t < nbatch; t++, walk_next(&w))
+    gemm(a->data + w.off[0], b->data + w.off[1], out->data + t * M * N, M, K, N);
   return 0;
 }
 
-/* linear(x, w, b) = x @ w^T + b: x [..., in], w [out, in], b [out] or absent. */
+/* linear(x, w, b) = x @ w^T + b: x [..., in], w [out, in], b [out] or absent;
+ * x's leading dims are rows. w is transposed once so gemm can run. */
 static int eval_linear(Ctx *c, const Node *n, Tensor *out) {
   const Tensor *x = &c->vals[n->in[0]->id], *w = &c->vals[n->in[1]->id];
   const Tensor *b = n->nin > 2 && n->in[2] ? &c->vals[n->in[2]->id] : NULL;
@@ -613,13 +634,18 @@ static int eval_linear(Ctx *c, const Node *n, Tensor *out) {
   int64_t K = w->shape[1], O = w->shape[0], rows = K ? x->numel / K : 0;
   if (rows * O != out->numel)
     return fail(c, "internal error: linear '%s': result size does not match", nname(n));
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t o = 0; o < O; o++) {
-      double s = 0;
-      for (int64_t k = 0; k < K; k++)
-        s += x->data[r * K + k] * w->data[o * K + k];
-      out->data[r * O + o] = s + (b ? b->data[o] : 0.0);
-    }
+  double *wt = malloc(sizeof(double) * (size_t)(K > 0 && O > 0 ? K * O : 1));
+  if (!wt)
+    return fail(c, "out of memory");
+  for (int64_t o = 0; o < O; o++)
+    for (int64_t k = 0; k < K; k++)
+      wt[k * O + o] = w->data[o * K + k];
+  gemm(x->data, wt, out->data, rows, K, O);
+  free(wt);
+  if (b)
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t o = 0; o < O; o++)
+        out->data[r * O + o] += b->data[o];
   return 0;
 }
 
@@ -690,11 +716,13 @@ static int eval_attention(Ctx *c, const Node *n, Tensor *out) {
         s[j] = exp(s[j] - m);
         sum += s[j];
       }
-      for (int64_t e = 0; e < Dv; e++) {
-        double acc = 0;
-        for (int64_t j = 0; j < Tk; j++)
-          acc += s[j] / sum * V[j * Dv + e];
-        O[i * Dv + e] = acc;
+      /* O[i,e] = sum over j (in order) of P[i,j] * V[j,e]; j outer for locality */
+      for (int64_t e = 0; e < Dv; e++)
+        O[i * Dv + e] = 0;
+      for (int64_t j = 0; j < Tk; j++) {
+        double p = s[j] / sum;
+        for (int64_t e = 0; e < Dv; e++)
+          O[i * Dv + e] += p * V[j * Dv + e];
       }
     }
   }
@@ -842,10 +870,11 @@ int concrete_shape(const Graph *g, const Shape *s, const int64_t *symvals, Tenso
  * dim 1 is 5, expected 4". */
 static int check_leaf(Ctx *c, const char *what, const char *name, const Node *node, const Tensor *t) {
   Tensor want;
+  char e[256];
   if (!node)
     return fail(c, "internal error: %s '%s' has no node", what, name);
-  if (!concrete_shape(c->g, &node->shape, c->opt->symvals, &want, c->err, c->errlen))
-    return -1;
+  if (!concrete_shape(c->g, &node->shape, c->opt->symvals, &want, e, sizeof e))
+    return fail(c, "%s '%s': %s", what, name, e);
   if (!t)
     return fail(c, "%s '%s': no tensor given", what, name);
   if (t->rank != want.rank)
@@ -923,7 +952,8 @@ static int eval_node(Ctx *c, const Node *n, const Tensor *inputs, const Tensor *
   case OP_MSE_LOSS:
     return eval_mse(c, n, out);
   default: /* split becomes slices in the builder */
-    return fail(c, "internal error: the interpreter has no rule for op %s", (unsigned)n->op < NUM_OPS ? op_names[n->op] : "?");
+    return fail(c, "internal error: the interpreter has no rule for op %s",
+                (unsigned)n->op < NUM_OPS ? op_names[n->op] : "?");
   }
 }
 
@@ -970,8 +1000,11 @@ int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, c
     }
     if (check_operands(&c, n, i))
       goto error;
-    if (!concrete_shape(g, &n->shape, c.opt->symvals, out, err, errlen))
+    char e[256];
+    if (!concrete_shape(g, &n->shape, c.opt->symvals, out, e, sizeof e)) {
+      fail(&c, "%s '%s': %s", op_names[n->op], nname(n), e);
       goto error;
+    }
     out->data = malloc(sizeof(double) * (size_t)(out->numel ? out->numel : 1));
     if (!out->data) {
       fail(&c, "out of memory (%s '%s': %lld elements)", op_names[n->op], nname(n), (long long)out->numel);

@@ -109,7 +109,7 @@ struct Node {
   int flag;
   int64_t ignore_index;
   int is_dimval;    /* const: value is the size `lo` */
-  int index;        /* input / param index */
+  int index;        /* input / param index; dropout: its ordinal in the spec (mask key) */
   const char *name; /* binding name (inputs, params: their name) */
   const char *scope;/* block instance path, "" at top level ("h.0") */
   Loc loc;          /* the spec text it came from */
@@ -146,6 +146,7 @@ struct Graph {
   Node *loss;    /* train.loss, or NULL */
   Sym syms[MAXSYM]; int nsyms;
   int64_t param_numel;     /* total elements of all params */
+  int ndropout;            /* dropout nodes, numbered in spec order (Node.index) */
 };
 
 /* The front end in one call: read `src`, parse, build and infer. Returns NULL
@@ -195,8 +196,23 @@ uint32_t name_hash(const char *s); /* FNV-1a, 32-bit */
 /* Initial value of element i of param p for `seed`, as a double that is exactly
  * representable in f32 (the emitted code computes the same bits). */
 double param_init_value(const Param *p, uint64_t seed, int64_t i);
-/* v rounded to the precision of t (f32, bf16, f16: nearest-even; i32, bool: as is). */
+/* v as stored in dtype t: f32, bf16, f16 round to nearest even (bf16/f16 via
+ * f32); i32 truncates toward zero (NaN, out of range: INT32_MIN); bool is v != 0. */
 double round_to_dtype(double v, DType t);
+
+/* ---------------------------------------------------------------- emit.c */
+
+typedef struct EmitOptions {
+  const char *spec_name;   /* the spec's file name as shown in comments (no directories) */
+  int targets;             /* TARGET_* bits */
+  const char *cuda_arch;   /* CMAKE_CUDA_ARCHITECTURES default */
+  int golden;              /* compute golden vectors */
+  double golden_budget;    /* flops the interpreter may spend on them */
+  int64_t test_dim;        /* value of each dynamic dim in the emitted tests (capped by its max) */
+} EmitOptions;
+
+/* Print the project for g into directory `out` (atomically). 0, or -1 with err. */
+int emit_project(Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- interp.c */
 

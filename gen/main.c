@@ -2,6 +2,7 @@
  * (parse -> build -> infer), verify, then the command's own work. */
 #include "ir.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,10 +10,17 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: tgen check MODEL.yaml [--dump]\n"
+    "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--test-dim N]\n"
+    "       tgen check MODEL.yaml [--dump]\n"
     "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N] [--set NAME=v1,v2,...]... [--max N]\n"
     "       tgen --help | --version\n"
     "\n"
+    "  MODEL.yaml -o OUT\n"
+    "          print the model's C/CUDA project into directory OUT (written\n"
+    "          atomically; an existing OUT is replaced only if tgen made it).\n"
+    "          --targets and --cuda-arch override the spec's compile: section;\n"
+    "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
+    "          --no-golden skips the golden vectors of the emitted tests\n"
     "  check   validate a model spec and print a summary (dims, inputs, params,\n"
     "          ops, outputs); --dump also prints the graph IR\n"
     "  eval    run the model's forward pass in the double-precision reference\n"
@@ -305,6 +313,89 @@ out:
   return rc;
 }
 
+/* How the emitted files name the spec: the path as given when it is relative
+ * (spec/examples/mlp.yaml), else its base name, so no absolute path of this
+ * machine ends up in the output. */
+static const char *spec_display_name(const char *p) {
+  const char *s = strrchr(p, '/');
+  return p[0] != '/' ? p : s ? s + 1 : p;
+}
+
+/* tgen MODEL.yaml -o OUT ...: the whole pipeline, then the emitted project. */
+static int cmd_generate(int argc, char **argv) {
+  const char *path = NULL, *out = NULL, *targets = NULL, *arch = NULL;
+  int golden = 1;
+  long long test_dim = 2;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-o") || !strcmp(a, "--targets") || !strcmp(a, "--cuda-arch") || !strcmp(a, "--test-dim")) {
+      if (i + 1 >= argc)
+        return usage_error("%s needs a value", a);
+      const char *v = argv[++i];
+      if (!strcmp(a, "-o"))
+        out = v;
+      else if (!strcmp(a, "--targets"))
+        targets = v;
+      else if (!strcmp(a, "--cuda-arch"))
+        arch = v;
+      else {
+        char *end;
+        test_dim = strtoll(v, &end, 10);
+        if (*end || end == v || test_dim < 1)
+          return usage_error("--test-dim: expected a positive integer, found '%s'", v);
+      }
+    } else if (!strcmp(a, "--no-golden")) {
+      golden = 0;
+    } else if (a[0] == '-' && a[1]) {
+      return usage_error("unknown option '%s'", a);
+    } else if (path) {
+      return usage_error("more than one model given ('%s')", a);
+    } else {
+      path = a;
+    }
+  }
+  if (!path)
+    return usage_error("no model file given%s", "");
+  if (!out)
+    return usage_error("no output directory given: tgen %s -o OUT", path);
+  int tmask = 0;
+  if (targets) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", targets);
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ","))
+      if (!strcmp(t, "cpu"))
+        tmask |= TARGET_CPU;
+      else if (!strcmp(t, "cuda"))
+        tmask |= TARGET_CUDA;
+      else
+        return usage_error("--targets: unknown target '%s' (cpu, cuda)", t);
+  }
+  if (arch) {
+    for (const char *p = arch; *p; p++)
+      if (!(isalnum((unsigned char)*p) || *p == ';' || *p == '-'))
+        return usage_error("--cuda-arch: '%s' is not an architecture list (native, 90, 80;90)", arch);
+  }
+  Arena a = {.fail_after = -1};
+  Diag d = {0};
+  Graph *g = load(&a, &d, path);
+  if (!g) {
+    arena_free(&a);
+    return 1;
+  }
+  EmitOptions o = {spec_display_name(path), tmask ? tmask : g->spec->compile.targets,
+                   arch ? arch : g->spec->compile.cuda_arch, golden, 2e9, test_dim};
+  char err[1024];
+  int rc = 0;
+  if (emit_project(g, &o, out, err, sizeof err)) {
+    fprintf(stderr, "tgen: error: %s\n", err);
+    rc = 1;
+  } else {
+    printf("tgen: wrote %s (model %s: %d ops, %d params)\n", out, g->spec->name, g->nnodes, g->nparams);
+  }
+  arena_free(&a);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2)
     return usage_error("no command given%s", "");
@@ -321,5 +412,7 @@ int main(int argc, char **argv) {
     return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "eval"))
     return cmd_eval(argc - 2, argv + 2);
+  if (cmd[0] != '-')
+    return cmd_generate(argc - 1, argv + 1);
   return usage_error("unknown command '%s'", cmd);
 }

@@ -1,0 +1,1135 @@
+/* emit.c: Graph -> the emitted C/CUDA project.
+ *
+ * The project is the runtime templates (templates/runtime, renamed "tgm" ->
+ * the model's name) plus the model-specific files printed here:
+ *   include/NAME.h      the public API (template + generated structs)
+ *   src/NAME_common.c   tables (dims, params, inputs, outputs), guards, shapes
+ *   src/NAME_cpu.c      the forward pass on the CPU (OpenMP kernels)
+ *   src/NAME_cuda.cu    the forward pass on CUDA (kernels + cuBLAS)
+ *   tests/golden.safetensors   golden vectors from the reference interpreter
+ * One walker prints both forward passes; the two dialects differ only in the
+ * kernel prefix, the context argument and error checking.
+ *
+ * Everything is written into memory first; the directory is written only when
+ * all of it succeeded, into a temporary directory renamed into place. */
+#include "ir.h"
+#include "../templates/runtime/tgm_rt.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+  const char *path;
+  const unsigned char *data;
+  size_t len;
+} TemplateFile;
+extern const TemplateFile tgen_templates[];
+
+typedef struct OutFile {
+  const char *path;
+  const char *data;
+  size_t len;
+} OutFile;
+
+typedef struct E {
+  Graph *g;
+  Arena *a;
+  const EmitOptions *o;
+  const char *name;  /* model name */
+  const char *NAME;  /* upper-case */
+  Vec files;         /* OutFile* */
+  int64_t *pbyte;    /* param byte offsets (256-aligned) */
+  int64_t param_bytes;
+  int64_t test_sym[MAXSYM];
+} E;
+
+#define P(...) buf_printf(b, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- templates */
+
+static const TemplateFile *template_find(const char *path) {
+  for (const TemplateFile *t = tgen_templates; t->path; t++)
+    if (!strcmp(t->path, path))
+      return t;
+  die("template %s is not embedded", path);
+}
+
+/* Template text with the word "tgm" renamed to the model (TGM -> NAME) and the
+ * @KEY@ placeholders filled. */
+static const char *instantiate(E *e, const char *path) {
+  const TemplateFile *t = template_find(path);
+  Buf b;
+  buf_init(&b, e->a);
+  const char *s = (const char *)t->data, *end = s + t->len;
+  while (s < end) {
+    int word_start = s == (const char *)t->data || !(isalnum((unsigned char)s[-1]) || s[-1] == '_');
+    if (word_start && end - s >= 3 && (!strncmp(s, "tgm", 3) || !strncmp(s, "TGM", 3)) &&
+        !(s + 3 < end && isalnum((unsigned char)s[3]))) {
+      buf_printf(&b, "%s", s[0] == 't' ? e->name : e->NAME);
+      s += 3;
+      continue;
+    }
+    if (*s == '@') {
+      static const char *const keys[] = {"@SPEC@", "@CUDA_ARCH@", "@WANT_CUDA@", "@WANT_CPU@", "@VERSION@"};
+      const char *vals[] = {e->o->spec_name, e->o->cuda_arch, (e->o->targets & TARGET_CUDA) ? "ON" : "OFF",
+                            (e->o->targets & TARGET_CPU) ? "ON" : "OFF", TGEN_VERSION};
+      size_t k;
+      for (k = 0; k < sizeof keys / sizeof *keys; k++)
+        if ((size_t)(end - s) >= strlen(keys[k]) && !strncmp(s, keys[k], strlen(keys[k])))
+          break;
+      if (k < sizeof keys / sizeof *keys) {
+        buf_printf(&b, "%s", vals[k]);
+        s += strlen(keys[k]);
+        continue;
+      }
+    }
+    buf_putn(&b, s, 1);
+    s++;
+  }
+  return b.p;
+}
+
+/* Replace the section "/@BEGIN KEY@/ ... /@END KEY@/" of text with repl. */
+static const char *replace_section(E *e, const char *text, const char *key, const char *repl) {
+  char begin[64], endm[64];
+  snprintf(begin, sizeof begin, "/*@BEGIN %s@*/", key);
+  snprintf(endm, sizeof endm, "/*@END %s@*/", key);
+  const char *b0 = strstr(text, begin), *e0 = b0 ? strstr(b0, endm) : NULL;
+  if (!b0 || !e0)
+    die("template section %s missing", key);
+  e0 += strlen(endm);
+  if (*e0 == '\n')
+    e0++;
+  return arena_printf(e->a, "%.*s%s%s", (int)(b0 - text), text, repl, e0);
+}
+
+static void add_file(E *e, const char *path, const char *data) {
+  OutFile *f = arena_alloc(e->a, sizeof(OutFile));
+  f->path = path;
+  f->data = data;
+  f->len = strlen(data);
+  vec_push(e->a, &e->files, f);
+}
+
+static void add_binary(E *e, const char *path, const void *data, size_t len) {
+  OutFile *f = arena_alloc(e->a, sizeof(OutFile));
+  f->path = path;
+  f->data = data;
+  f->len = len;
+  vec_push(e->a, &e->files, f);
+}
+
+/* ---------------------------------------------------------------- C text of sizes */
+
+static const char *sym_var(const Graph *g, int k) {
+  return g->syms[k].derived ? arena_printf(g->arena, "q%d", k) : arena_printf(g->arena, "d_%s", g->syms[k].name);
+}
+
+/* A size as a C int64 expression over the d_NAME / qK locals. */
+static const char *dim_c(const Graph *g, const Dim *d) {
+  Buf b;
+  buf_init(&b, g->arena);
+  if (d->n == 0)
+    buf_printf(&b, "0");
+  for (int i = 0; i < d->n; i++) {
+    const Term *t = &d->t[i];
+    int nsym = 0;
+    for (int k = 0; k < MAXSYM; k++)
+      nsym += t->e[k];
+    int64_t c = t->c;
+    if (i)
+      buf_printf(&b, c < 0 ? " - " : " + ");
+    else if (c < 0)
+      buf_printf(&b, "-");
+    uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
+    int first = 1;
+    if (mag != 1 || nsym == 0) {
+      buf_printf(&b, mag > 2147483647u ? "%lluLL" : "%llu", (unsigned long long)mag);
+      first = 0;
+    }
+    for (int k = 0; k < MAXSYM; k++)
+      for (int x = 0; x < t->e[k]; x++) {
+        buf_printf(&b, "%s%s", first ? "" : " * ", sym_var(g, k));
+        first = 0;
+      }
+  }
+  return b.p;
+}
+
+/* numel of a shape (or a range of its dims) as C */
+static const char *prod_c(const Graph *g, const Shape *s, int from, int to) {
+  Dim p = dim_const(1);
+  Loc none = {0, 0};
+  for (int i = from; i < to; i++)
+    p = dim_mul(p, s->d[i], none);
+  return dim_c(g, &p);
+}
+
+static const char *ctype(DType t) {
+  return t == DT_F32 ? "float" : t == DT_I32 ? "int32_t" : t == DT_BOOL ? "uint8_t" : "uint16_t";
+}
+
+static const char *dtc(E *e, DType t) {
+  static const char *const n[] = {"F32", "BF16", "F16", "I32", "BOOL"};
+  return arena_printf(e->a, "%s_%s", e->NAME, n[t]);
+}
+
+static const char *cstr(E *e, const char *s) { /* a C string literal */
+  Buf b;
+  buf_init(&b, e->a);
+  buf_printf(&b, "\"");
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      buf_printf(&b, "\\%c", *s);
+    else if ((unsigned char)*s < 32)
+      buf_printf(&b, "\\%03o", (unsigned char)*s);
+    else
+      buf_putn(&b, s, 1);
+  }
+  buf_printf(&b, "\"");
+  return b.p;
+}
+
+static const char *fnum(E *e, double v) {
+  if (isinf(v))
+    return v > 0 ? "INFINITY" : "-INFINITY";
+  if (isnan(v))
+    return "NAN";
+  char tmp[64];
+  snprintf(tmp, sizeof tmp, "%.17g", v);
+  if (!strpbrk(tmp, ".eE"))
+    strcat(tmp, ".0");
+  return arena_strdup(e->a, tmp);
+}
+
+/* ---------------------------------------------------------------- values */
+
+/* How the forward pass refers to each node's value. */
+typedef struct Val {
+  int kind;          /* 0 none, 1 input, 2 param, 3 workspace, 4 alias */
+  const char *var;   /* C variable name */
+  int is_const;      /* points into inputs or params */
+  int needs_buf;
+} Val;
+
+static int is_alias_op(const Node *n) {
+  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE || n->op == OP_DROPOUT ||
+         (n->op == OP_CAST && n->dtype == n->in[0]->dtype);
+}
+
+static const char *shape_comment(E *e, const Node *n) {
+  return arena_printf(e->a, "%s%s", dtype_names[n->dtype], shape_str(e->g, &n->shape));
+}
+
+/* The first line of the spec text a node came from, for comments. */
+static const char *origin(E *e, const Node *n) {
+  const char *who = n->name ? n->name : "";
+  if (n->scope && n->scope[0])
+    return arena_printf(e->a, "%s:%d '%s' (%s)", e->o->spec_name, n->loc.line, who, n->scope);
+  return arena_printf(e->a, "%s:%d '%s'", e->o->spec_name, n->loc.line, who);
+}
+
+/* ---------------------------------------------------------------- forward pass */
+
+typedef struct Dialect {
+  int cuda;
+  const char *k;    /* kernel prefix: "NAME_cpu_" / "NAME_cuda_" */
+  const char *cx;   /* first argument */
+} Dialect;
+
+/* A shape array declaration for a kernel call; returns its name. */
+static const char *shape_arr(E *e, Buf *b, const Node *n, const char *tag) {
+  const char *nm = arena_printf(e->a, "s%d%s", n->id, tag);
+  P("  const int64_t %s[%d] = {", nm, n->shape.rank ? n->shape.rank : 1);
+  if (n->shape.rank == 0)
+    P("1");
+  for (int i = 0; i < n->shape.rank; i++)
+    P("%s%s", i ? ", " : "", dim_c(e->g, &n->shape.d[i]));
+  P("};\n");
+  return nm;
+}
+
+static const char *call_open(E *e, const Dialect *d, const char *kern) {
+  return arena_printf(e->a, "%s%s%s(%s", d->cuda ? "CK(" : "", d->k, kern, d->cx);
+}
+static const char *call_close(const Dialect *d) { return d->cuda ? "));" : ");"; }
+
+static int unary_code(const Node *n, const char **code) {
+  static const struct { Op op; const char *c; } m[] = {
+      {OP_NEG, "NEG"}, {OP_ABS, "ABS"}, {OP_EXP, "EXP"}, {OP_LOG, "LOG"}, {OP_SQRT, "SQRT"}, {OP_RSQRT, "RSQRT"},
+      {OP_SIN, "SIN"}, {OP_COS, "COS"}, {OP_TANH, "TANH"}, {OP_SIGMOID, "SIGMOID"}, {OP_RELU, "RELU"},
+      {OP_SILU, "SILU"}, {OP_ERF, "ERF"}, {OP_SQUARE, "SQUARE"}, {OP_RECIPROCAL, "RECIPROCAL"},
+      {OP_POW, "POW"}, {OP_CLAMP, "CLAMP"}};
+  if (n->op == OP_GELU) {
+    *code = n->flag ? "GELU_TANH" : "GELU";
+    return 1;
+  }
+  for (size_t i = 0; i < sizeof m / sizeof *m; i++)
+    if (m[i].op == n->op) {
+      *code = m[i].c;
+      return 1;
+    }
+  return 0;
+}
+
+static const char *binary_code(Op op) {
+  switch (op) {
+  case OP_ADD: return "ADD";
+  case OP_SUB: return "SUB";
+  case OP_MUL: return "MUL";
+  case OP_DIV: return "DIV";
+  case OP_MAXIMUM: return "MAX";
+  case OP_MINIMUM: return "MIN";
+  case OP_GT: return "GT";
+  case OP_GE: return "GE";
+  case OP_LT: return "LT";
+  case OP_LE: return "LE";
+  case OP_EQ: return "EQ";
+  case OP_NE: return "NE";
+  default: return NULL;
+  }
+}
+
+static const char *reduce_code(Op op) {
+  switch (op) {
+  case OP_SUM: return "SUM";
+  case OP_MEAN: return "MEAN";
+  case OP_AMAX: return "AMAX";
+  case OP_VAR: return "VAR";
+  default: return "LOGSUMEXP";
+  }
+}
+
+/* Print the data-error check after an embedding / cross-entropy call. */
+static void data_check(E *e, Buf *b, const Dialect *d, const Node *n, const char *what, const char *range) {
+  if (d->cuda) {
+    P("  CK(%scuda_bad_index(m->cx, &bad));\n", e->name);
+  }
+  P("  if (bad >= 0)\n");
+  P("    return %s_fail(m, %s_EDATA, \"%s in '%s' (%s:%d): %s at position %%lld is outside %s\", (long long)bad);\n",
+    e->name, e->NAME, op_info[n->op].name, n->name ? n->name : "?", e->o->spec_name, n->loc.line, what, range);
+}
+
+/* One kernel call (or alias) per node, in graph order. */
+static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
+  Graph *g = e->g;
+  const char *K = d->k;
+  for (int i = 0; i < g->nnodes; i++) {
+    Node *n = g->nodes[i];
+    Val *x = &v[i];
+    const char *ct = ctype(n->dtype);
+    const char *dt = dtc(e, n->dtype);
+    if (n->op == OP_INPUT || n->op == OP_PARAM)
+      continue; /* declared up front */
+    P("\n  /* %%%d = %s : %s   %s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n));
+    if (x->kind == 4) {
+      P("  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct, x->var,
+        x->is_const ? "const " : "", ct, v[n->in[0]->id].var);
+      continue;
+    }
+    P("  %s *%s = (%s *)(ws + o); o += ALIGN(%s * %d);\n", ct, x->var, ct, prod_c(g, &n->shape, 0, n->shape.rank),
+      dtype_size(n->dtype));
+    const char *a0 = n->nin > 0 && n->in[0] ? v[n->in[0]->id].var : "NULL";
+    const char *a1 = n->nin > 1 && n->in[1] ? v[n->in[1]->id].var : "NULL";
+    const char *a2 = n->nin > 2 && n->in[2] ? v[n->in[2]->id].var : "NULL";
+    const char *numel = prod_c(g, &n->shape, 0, n->shape.rank);
+    const char *code;
+    const char *op = call_open(e, d, "");
+    (void)op;
+    switch (n->op) {
+    case OP_CONST:
+      P("  %s%s, %s, 1, %s%s\n", call_open(e, d, "fill"), dt, x->var,
+        n->is_dimval ? arena_printf(e->a, "(double)(%s)", dim_c(g, &n->lo)) : fnum(e, n->f[0]), call_close(d));
+      break;
+    case OP_FULL:
+      P("  %s%s, %s, %s, %s%s\n", call_open(e, d, "fill"), dt, x->var, numel, fnum(e, n->f[0]), call_close(d));
+      break;
+    case OP_ARANGE:
+      P("  %s%s, %s%s\n", call_open(e, d, "arange"), x->var, dim_c(g, &n->lo), call_close(d));
+      break;
+    case OP_CAST:
+      P("  %s%s, %s, %s, %s, %s%s\n", call_open(e, d, "cast"), dtc(e, n->in[0]->dtype), dt, a0, x->var, numel,
+        call_close(d));
+      break;
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+    case OP_GT: case OP_GE: case OP_LT: case OP_LE: case OP_EQ: case OP_NE: {
+      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b"), *sy = shape_arr(e, b, n, "");
+      P("  %s%s_%s, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "binary"), e->NAME,
+        binary_code(n->op), dtc(e, n->in[0]->dtype), a0, n->in[0]->shape.rank, sa, a1, n->in[1]->shape.rank, sb,
+        x->var, n->shape.rank, sy, call_close(d));
+      break;
+    }
+    case OP_WHERE: {
+      const char *sc = shape_arr(e, b, n->in[0], "c"), *sa = shape_arr(e, b, n->in[1], "a"),
+                 *sb = shape_arr(e, b, n->in[2], "b"), *sy = shape_arr(e, b, n, "");
+      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "where"), dt, a0,
+        n->in[0]->shape.rank, sc, a1, n->in[1]->shape.rank, sa, a2, n->in[2]->shape.rank, sb, x->var, n->shape.rank,
+        sy, call_close(d));
+      break;
+    }
+    case OP_SUM: case OP_MEAN: case OP_AMAX: case OP_VAR: case OP_LOGSUMEXP: {
+      const char *sx = shape_arr(e, b, n->in[0], "x");
+      P("  %s%s_%s, %s, %s, %d, %s, 0x%xu, %s, %s%s\n", call_open(e, d, "reduce"), e->NAME, reduce_code(n->op), dt,
+        a0, n->in[0]->shape.rank, sx, n->axes, x->var, fnum(e, n->op == OP_VAR ? n->f[0] : 0), call_close(d));
+      break;
+    }
+    case OP_SOFTMAX: case OP_LOG_SOFTMAX: {
+      const Shape *s = &n->shape;
+      P("  %s%d, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "softmax"), n->op == OP_LOG_SOFTMAX, dt, a0, x->var,
+        prod_c(g, s, 0, n->axis), dim_c(g, &s->d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), call_close(d));
+      break;
+    }
+    case OP_LAYER_NORM: case OP_RMS_NORM: {
+      const Shape *s = &n->shape;
+      const char *rows = prod_c(g, s, 0, s->rank - 1), *D = dim_c(g, &s->d[s->rank - 1]);
+      if (n->op == OP_LAYER_NORM)
+        P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "layer_norm"), dt, a0, a1, a2, x->var, rows, D,
+          fnum(e, n->f[0]), call_close(d));
+      else
+        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "rms_norm"), dt, a0, a1, x->var, rows, D,
+          fnum(e, n->f[0]), call_close(d));
+      break;
+    }
+    case OP_TRANSPOSE: case OP_PERMUTE: {
+      const Node *in = n->in[0];
+      int perm[MAXRANK];
+      for (int k = 0; k < in->shape.rank; k++)
+        perm[k] = n->op == OP_PERMUTE ? n->perm[k] : k == n->axis ? n->axis2 : k == n->axis2 ? n->axis : k;
+      const char *sx = shape_arr(e, b, in, "x");
+      P("  const int p%d[%d] = {", n->id, in->shape.rank ? in->shape.rank : 1);
+      for (int k = 0; k < in->shape.rank; k++)
+        P("%s%d", k ? ", " : "", perm[k]);
+      P("%s};\n", in->shape.rank ? "" : "0");
+      P("  %s%s, %s, %d, %s, p%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, n->id, x->var,
+        call_close(d));
+      break;
+    }
+    case OP_SLICE: {
+      const Shape *s = &n->in[0]->shape;
+      P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "slice"), dt, a0, prod_c(g, s, 0, n->axis),
+        dim_c(g, &s->d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), dim_c(g, &n->lo), dim_c(g, &n->hi), x->var,
+        call_close(d));
+      break;
+    }
+    case OP_CONCAT: {
+      const Shape *s = &n->shape;
+      Dim at = dim_const(0);
+      Loc none = {0, 0};
+      for (int k = 0; k < n->nin; k++) {
+        const Node *in = n->in[k];
+        P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "copy_into"), dt, v[in->id].var,
+          prod_c(g, s, 0, n->axis), dim_c(g, &in->shape.d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), x->var,
+          dim_c(g, &s->d[n->axis]), dim_c(g, &at), call_close(d));
+        at = dim_add(at, in->shape.d[n->axis], none);
+      }
+      break;
+    }
+    case OP_BROADCAST_TO: {
+      const char *sx = shape_arr(e, b, n->in[0], "x"), *sy = shape_arr(e, b, n, "");
+      P("  %s%s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "broadcast"), dt, a0, n->in[0]->shape.rank, sx, x->var,
+        n->shape.rank, sy, call_close(d));
+      break;
+    }
+    case OP_MATMUL: {
+      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b"), *sy = shape_arr(e, b, n, "");
+      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "matmul"), dt, a0, n->in[0]->shape.rank, sa,
+        a1, n->in[1]->shape.rank, sb, x->var, n->shape.rank, sy, call_close(d));
+      break;
+    }
+    case OP_LINEAR: {
+      const Shape *s = &n->in[0]->shape, *w = &n->in[1]->shape;
+      P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "linear"), dt, a0, a1, a2, x->var,
+        prod_c(g, s, 0, s->rank - 1), dim_c(g, &w->d[1]), dim_c(g, &w->d[0]), call_close(d));
+      break;
+    }
+    case OP_EMBEDDING: {
+      const Shape *t = &n->in[1]->shape;
+      const char *nidx = prod_c(g, &n->in[0]->shape, 0, n->in[0]->shape.rank);
+      if (d->cuda)
+        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "embedding"), dt, a0, nidx, a1, dim_c(g, &t->d[0]),
+          dim_c(g, &t->d[1]), x->var, call_close(d));
+      else
+        P("  bad = %scpu_embedding(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1, dim_c(g, &t->d[0]),
+          dim_c(g, &t->d[1]), x->var);
+      data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &t->d[0])));
+      break;
+    }
+    case OP_ATTENTION: {
+      const Node *q = n->in[0];
+      const char *sq = shape_arr(e, b, q, "q"), *sk = shape_arr(e, b, n->in[1], "k"),
+                 *sv = shape_arr(e, b, n->in[2], "v"), *sy = shape_arr(e, b, n, "");
+      const char *scale = n->has_f[0] ? fnum(e, n->f[0])
+                                       : arena_printf(e->a, "1.0 / sqrt((double)(%s))", dim_c(g, &q->shape.d[q->shape.rank - 1]));
+      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %d, %s%s\n", call_open(e, d, "attention"), dt, a0,
+        q->shape.rank, sq, a1, n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv, x->var, n->shape.rank, sy,
+        n->flag, scale, call_close(d));
+      break;
+    }
+    case OP_CROSS_ENTROPY: {
+      const Shape *s = &n->in[0]->shape;
+      const char *N = s->rank == 2 ? dim_c(g, &s->d[0]) : "1", *C = dim_c(g, &s->d[s->rank - 1]);
+      if (d->cuda)
+        P("  %s%s, %s, %s, %s, %s, %lld, %s%s\n", call_open(e, d, "cross_entropy"), dtc(e, n->in[0]->dtype), a0, a1, N,
+          C, (long long)n->ignore_index, x->var, call_close(d));
+      else
+        P("  bad = %scpu_cross_entropy(%s, %s, %s, %s, %s, %lld, %s);\n", e->name, dtc(e, n->in[0]->dtype), a0, a1, N,
+          C, (long long)n->ignore_index, x->var);
+      data_check(e, b, d, n, "a target", arena_printf(e->a, "[0, %s) (ignore_index %lld)", dim_str(g, &s->d[s->rank - 1]),
+                                                       (long long)n->ignore_index));
+      break;
+    }
+    case OP_MSE_LOSS: {
+      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b");
+      P("  %s%s, %s, %d, %s, %s, %d, %s, %s%s\n", call_open(e, d, "mse_loss"), dt, a0, n->in[0]->shape.rank, sa, a1,
+        n->in[1]->shape.rank, sb, x->var, call_close(d));
+      break;
+    }
+    default:
+      if (unary_code(n, &code)) {
+        double ua = n->op == OP_POW ? n->f[0] : n->op == OP_CLAMP ? (n->has_f[0] ? n->f[0] : -INFINITY) : 0;
+        double ub = n->op == OP_CLAMP ? (n->has_f[1] ? n->f[1] : INFINITY) : 0;
+        P("  %s%s_%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "unary"), e->NAME, code, dt, a0, x->var, numel,
+          fnum(e, ua), fnum(e, ub), call_close(d));
+        break;
+      }
+      die("no kernel for op %s", op_info[n->op].name);
+    }
+  }
+  (void)K;
+}
+
+/* Decide how each node's value is held and name it. */
+static Val *plan_values(E *e) {
+  Graph *g = e->g;
+  Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)g->nnodes);
+  for (int i = 0; i < g->nnodes; i++) {
+    Node *n = g->nodes[i];
+    if (n->op == OP_INPUT) {
+      v[i].kind = 1;
+      v[i].var = arena_printf(e->a, "in_%s", n->name);
+      v[i].is_const = 1;
+    } else if (n->op == OP_PARAM) {
+      v[i].kind = 2;
+      v[i].var = arena_printf(e->a, "p%d", n->index);
+      v[i].is_const = 1;
+    } else if (is_alias_op(n)) {
+      v[i].kind = 4;
+      v[i].var = arena_printf(e->a, "t%d", n->id);
+      v[i].is_const = v[n->in[0]->id].is_const;
+    } else {
+      v[i].kind = 3;
+      v[i].var = arena_printf(e->a, "t%d", n->id);
+    }
+  }
+  return v;
+}
+
+static void emit_sym_locals(E *e, Buf *b) {
+  for (int k = 0; k < e->g->nsyms; k++)
+    P("  const int64_t %s = sym[%d]; (void)%s;%s\n", sym_var(e->g, k), k, sym_var(e->g, k),
+      e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
+}
+
+/* The workspace size: the same bump allocation as the forward pass. */
+static void emit_ws_bytes(E *e, Buf *b, const char *dev, Val *v) {
+  Graph *g = e->g;
+  P("int64_t %s_ws_bytes_%s(const int64_t *sym) {\n", e->name, dev);
+  emit_sym_locals(e, b);
+  P("  int64_t o = 0;\n");
+  for (int i = 0; i < g->nnodes; i++)
+    if (v[i].kind == 3)
+      P("  o += ALIGN(%s * %d);  /* %%%d %s */\n", prod_c(g, &g->nodes[i]->shape, 0, g->nodes[i]->shape.rank),
+        dtype_size(g->nodes[i]->dtype), i, op_info[g->nodes[i]->op].name);
+  P("  return o;\n}\n");
+}
+
+static const char *forward_file(E *e, const Dialect *d) {
+  Graph *g = e->g;
+  Val *v = plan_values(e);
+  Buf bb, *b = &bb;
+  buf_init(b, e->a);
+  P("/* %s_%s: the forward pass of model %s on %s, generated by tgen %s from %s.\n", e->name,
+    d->cuda ? "cuda.cu" : "cpu.c", e->name, d->cuda ? "CUDA (kernels in NAME_kernels_cuda.cu, GEMMs in cuBLAS)" : "the CPU (OpenMP kernels in NAME_kernels_cpu.c)",
+    TGEN_VERSION, e->o->spec_name);
+  P(" * One kernel call per op, in the spec's order; each call names the spec line\n"
+    " * it came from. Intermediates live in the workspace at bump-allocated,\n"
+    " * 256-byte aligned offsets (%s_ws_bytes_%s gives the total for the dims). */\n", e->name, d->cuda ? "cuda" : "cpu");
+  P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
+  P("#define ALIGN(n) (((int64_t)(n) + 255) & ~(int64_t)255)\n");
+  if (d->cuda)
+    P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
+      e->name, e->NAME, e->name);
+  P("\n");
+  emit_ws_bytes(e, b, d->cuda ? "cuda" : "cpu", v);
+  P("\nint %s_forward_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n", e->name,
+    d->cuda ? "cuda" : "cpu", e->name);
+  emit_sym_locals(e, b);
+  P("  unsigned char *ws = m->ws;\n  const unsigned char *P = m->params;\n  int64_t o = 0, bad = -1;\n  (void)bad; (void)P; (void)o; (void)ws;\n");
+  for (int k = 0; k < g->ninputs; k++) {
+    Node *n = g->inputs[k].node;
+    P("  const %s *%s = (const %s *)in[%d];  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
+      shape_comment(e, n));
+  }
+  for (int k = 0; k < g->nparams; k++) {
+    Param *p = &g->params[k];
+    P("  const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", ctype(p->dtype), v[p->node->id].var,
+      ctype(p->dtype), (long long)e->pbyte[k], p->name, shape_comment(e, p->node));
+  }
+  emit_forward(e, b, d, v);
+  P("\n  /* outputs */\n");
+  for (int k = 0; k < g->noutputs; k++) {
+    Node *n = g->outputs[k];
+    const char *bytes = arena_printf(e->a, "(size_t)(%s) * %d", prod_c(g, &n->shape, 0, n->shape.rank), dtype_size(n->dtype));
+    if (d->cuda)
+      P("  CK(%s_cuda_memcpy(m->cx, out[%d], %s, %s, 2));  /* %s */\n", e->name, k, v[n->id].var, bytes, g->output_names[k]);
+    else
+      P("  memcpy(out[%d], %s, %s);  /* %s */\n", k, v[n->id].var, bytes, g->output_names[k]);
+  }
+  if (d->cuda)
+    P("  CK(%s_cuda_sync(m->cx));\n", e->name);
+  P("  return %s_OK;\n}\n", e->NAME);
+  return b->p;
+}
+
+/* ---------------------------------------------------------------- common: tables, guards */
+
+static const char *init_c(E *e, InitKind k) {
+  static const char *const n[] = {"ZEROS", "ZEROS", "ONES", "NORMAL", "UNIFORM", "XAVIER_UNIFORM", "KAIMING_UNIFORM"};
+  return arena_printf(e->a, "%s_INIT_%s", e->NAME, n[k]);
+}
+
+/* The spec text of an input's dim k ("B", "(B * T)"), for guard messages. */
+static const char *input_dim_text(E *e, int k, int j) {
+  const TensorDecl *t = &e->g->spec->inputs[k];
+  return j < t->rank ? expr_str(t->shape[j]) : "?";
+}
+
+static const char *common_file(E *e) {
+  Graph *g = e->g;
+  Buf bb, *b = &bb;
+  buf_init(b, e->a);
+  P("/* %s_common.c: what tgen knows about model %s at compile time (generated\n"
+    " * from %s): dims and their guards, the param layout, input and output\n"
+    " * shapes, and the typed forward entry point. */\n", e->name, e->name, e->o->spec_name);
+  P("#include \"%s_rt.h\"\n#include \"%s.h\"\n\n#include <stdio.h>\n\n", e->name, e->name);
+  int ndyn = 0;
+  for (int k = 0; k < g->nsyms; k++)
+    ndyn += !g->syms[k].derived;
+  P("static const char *const sym_names[] = {");
+  for (int k = 0; k < g->nsyms; k++)
+    P("%s, ", cstr(e, g->syms[k].name));
+  P("NULL};\nstatic const int64_t dyn_max[] = {");
+  for (int k = 0; k < ndyn; k++)
+    P("%lld, ", (long long)g->syms[k].max);
+  P("0};\n\n/* params: name, checkpoint name, dtype, rank, shape, numel, byte offset, init */\n");
+  P("static const %s_param_info params[] = {\n", e->name);
+  for (int k = 0; k < g->nparams; k++) {
+    Param *p = &g->params[k];
+    P("  {%s, %s, %s, %d, {", cstr(e, p->name), cstr(e, p->ckpt), dtc(e, p->dtype), p->shape.rank);
+    for (int i = 0; i < p->shape.rank; i++) {
+      int64_t s;
+      dim_is_const(&p->shape.d[i], &s);
+      P("%s%lld", i ? ", " : "", (long long)s);
+    }
+    P("}, %lld, %lld, %s, %s, %s},\n", (long long)p->numel, (long long)e->pbyte[k], init_c(e, p->init), fnum(e, p->a),
+      fnum(e, p->b));
+  }
+  if (!g->nparams)
+    P("  {NULL, NULL, 0, 0, {0}, 0, 0, 0, 0, 0},\n");
+  P("};\n\nstatic const %s_io_info inputs[] = {\n", e->name);
+  for (int k = 0; k < g->ninputs; k++)
+    P("  {%s, %s, %d},\n", cstr(e, g->inputs[k].name), dtc(e, g->inputs[k].dtype), g->inputs[k].shape.rank);
+  if (!g->ninputs)
+    P("  {NULL, 0, 0},\n");
+  P("};\n\nstatic const %s_io_info outputs[] = {\n", e->name);
+  for (int k = 0; k < g->noutputs; k++)
+    P("  {%s, %s, %d},\n", cstr(e, g->output_names[k]), dtc(e, g->outputs[k]->dtype), g->outputs[k]->shape.rank);
+  P("};\n\n");
+  P("const %s_model_info %s_info = {%s, %d, %d, sym_names, dyn_max, %d, params, %lld, %d, %d, inputs, outputs, %lluULL};\n\n",
+    e->name, e->name, cstr(e, e->name), g->nsyms, ndyn, g->nparams, (long long)e->param_bytes, g->ninputs, g->noutputs,
+    (unsigned long long)g->spec->seed);
+
+  /* guards */
+  P("/* The dims of a call: each dynamic dim within [1, max]; derived sizes\n * (non-exact divisions) must divide. */\n");
+  P("int %s_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen) {\n", e->name);
+  for (int k = 0; k < g->nsyms; k++) {
+    Sym *s = &g->syms[k];
+    if (!s->derived) {
+      P("  if (dyn[%d] < 1 || dyn[%d] > %lld) {\n", k, k, (long long)s->max);
+      P("    snprintf(err, errlen, \"dim %s is %%lld, outside [1, %lld]\", (long long)dyn[%d]);\n", s->name,
+        (long long)s->max, k);
+      P("    return %s_EINVAL;\n  }\n", e->NAME);
+      P("  const int64_t %s = sym[%d] = dyn[%d];\n", sym_var(g, k), k, k);
+    } else {
+      P("  const int64_t n%d = %s, m%d = %s;\n", k, dim_c(g, &s->num), k, dim_c(g, &s->den));
+      P("  if (m%d == 0 || n%d %% m%d) {\n", k, k, k);
+      P("    snprintf(err, errlen, \"%s does not divide: %%lld / %%lld\", (long long)n%d, (long long)m%d);\n",
+        s->name, k, k);
+      P("    return %s_EINVAL;\n  }\n", e->NAME);
+      P("  const int64_t %s = sym[%d] = n%d / m%d;\n", sym_var(g, k), k, k, k);
+    }
+    P("  (void)%s;\n", sym_var(g, k));
+  }
+  P("  (void)dyn; (void)sym; (void)err; (void)errlen;\n  return %s_OK;\n}\n\n", e->NAME);
+
+  /* io shapes */
+  P("void %s_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape) {\n", e->name);
+  emit_sym_locals(e, b);
+  P("  static const int8_t none = 0; (void)none;\n  if (!is_output) {\n    switch (k) {\n");
+  for (int k = 0; k < g->ninputs; k++) {
+    P("    case %d:", k);
+    for (int i = 0; i < g->inputs[k].shape.rank; i++)
+      P(" shape[%d] = %s;", i, dim_c(g, &g->inputs[k].shape.d[i]));
+    P(" return;\n");
+  }
+  P("    }\n  }\n  switch (k) {\n");
+  for (int k = 0; k < g->noutputs; k++) {
+    P("  case %d:", k);
+    for (int i = 0; i < g->outputs[k]->shape.rank; i++)
+      P(" shape[%d] = %s;", i, dim_c(g, &g->outputs[k]->shape.d[i]));
+    P(" return;\n");
+  }
+  P("  }\n}\n\n");
+
+  /* the spec text of each input dim, for the runner's messages */
+  P("const char *const %s_input_dim_text[][%d] = {\n", e->name, MAXRANK);
+  for (int k = 0; k < g->ninputs; k++) {
+    P("  {");
+    for (int i = 0; i < g->inputs[k].shape.rank; i++)
+      P("%s%s", i ? ", " : "", cstr(e, input_dim_text(e, k, i)));
+    P("%s},\n", g->inputs[k].shape.rank ? "" : "NULL");
+  }
+  if (!g->ninputs)
+    P("  {NULL},\n");
+  P("};\n\n");
+
+  /* typed entry point */
+  P("%s_status %s_forward(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_outputs *out) {\n", e->name,
+    e->name, e->name, e->name, e->name, e->name);
+  P("  if (!m)\n    return %s_EINVAL;\n", e->NAME);
+  P("  if (%s(!in && %d) || !out)\n    return %s_fail(m, %s_EINVAL, \"forward: %%s is NULL\", out ? \"in\" : \"out\");\n",
+    "", g->ninputs, e->name, e->NAME);
+  P("  const void *iv[%d] = {", g->ninputs ? g->ninputs : 1);
+  for (int k = 0; k < g->ninputs; k++)
+    P("%sin->%s", k ? ", " : "", g->inputs[k].name);
+  P("%s};\n  void *ov[%d] = {", g->ninputs ? "" : "NULL", g->noutputs);
+  for (int k = 0; k < g->noutputs; k++)
+    P("%sout->%s", k ? ", " : "", g->output_names[k]);
+  P("};\n");
+  if (ndyn) {
+    P("  if (!dims)\n    return %s_fail(m, %s_EINVAL, \"forward: dims is NULL\");\n", e->name, e->NAME);
+    P("  const int64_t dv[%d] = {", ndyn);
+    for (int k = 0, j = 0; k < g->nsyms; k++)
+      if (!g->syms[k].derived)
+        P("%sdims->%s", j++ ? ", " : "", g->syms[k].name);
+    P("};\n  return %s_forward_v(m, dv, iv, ov);\n}\n", e->name);
+  } else {
+    P("  (void)dims;\n  return %s_forward_v(m, NULL, iv, ov);\n}\n", e->name);
+  }
+  return b->p;
+}
+
+/* ---------------------------------------------------------------- public header */
+
+static const char *api_types(E *e) {
+  Graph *g = e->g;
+  Buf bb, *b = &bb;
+  buf_init(b, e->a);
+  int ndyn = 0;
+  for (int k = 0; k < g->nsyms; k++)
+    ndyn += !g->syms[k].derived;
+  P("/* Dynamic dims of one call (each 1 <= value <= its max). */\ntypedef struct %s_dims {\n", e->name);
+  for (int k = 0; k < g->nsyms; k++)
+    if (!g->syms[k].derived)
+      P("  int64_t %s; /* max %lld */\n", g->syms[k].name, (long long)g->syms[k].max);
+  if (!ndyn)
+    P("  int64_t unused; /* the model has no dynamic dims: pass NULL */\n");
+  P("} %s_dims;\n\n/* Inputs: caller buffers, row-major. */\ntypedef struct %s_inputs {\n", e->name, e->name);
+  for (int k = 0; k < g->ninputs; k++)
+    P("  const %s *%s; /* %s%s */\n", ctype(g->inputs[k].dtype), g->inputs[k].name, dtype_names[g->inputs[k].dtype],
+      shape_str(g, &g->inputs[k].shape));
+  if (!g->ninputs)
+    P("  const void *unused; /* the model has no inputs */\n");
+  P("} %s_inputs;\n\n/* Outputs: caller buffers, written by %s_forward. */\ntypedef struct %s_outputs {\n", e->name,
+    e->name, e->name);
+  for (int k = 0; k < g->noutputs; k++)
+    P("  %s *%s; /* %s%s */\n", ctype(g->outputs[k]->dtype), g->output_names[k], dtype_names[g->outputs[k]->dtype],
+      shape_str(g, &g->outputs[k]->shape));
+  P("} %s_outputs;\n", e->name);
+  return b->p;
+}
+
+/* ---------------------------------------------------------------- golden vectors */
+
+/* Values for the golden inputs: floats uniform in [-1, 1) (Philox, rounded to
+ * the dtype); i32 indices in [0, bound) where bound comes from the ops that
+ * use the input (embedding rows, cross-entropy classes), else [0, 4). */
+static int64_t index_bound(const Graph *g, const Node *in) {
+  int64_t bound = 4;
+  for (int i = 0; i < g->nnodes; i++) {
+    const Node *n = g->nodes[i];
+    int64_t v;
+    if (n->op == OP_EMBEDDING && n->in[0] == in && dim_is_const(&n->in[1]->shape.d[0], &v) && v < bound + 1000000)
+      bound = bound == 4 ? v : (v < bound ? v : bound);
+    if (n->op == OP_CROSS_ENTROPY && n->in[1] == in &&
+        dim_is_const(&n->in[0]->shape.d[n->in[0]->shape.rank - 1], &v))
+      bound = bound == 4 ? v : (v < bound ? v : bound);
+  }
+  return bound;
+}
+
+/* Rough cost of the interpreter at the test dims, in flops. */
+static double forward_cost(const Graph *g, const int64_t *sym) {
+  double c = 0;
+  for (int i = 0; i < g->nnodes; i++) {
+    const Node *n = g->nodes[i];
+    Tensor t;
+    char err[128];
+    if (!concrete_shape(g, &n->shape, sym, &t, err, sizeof err))
+      return 1e30;
+    double k = 1;
+    if (n->op == OP_MATMUL || n->op == OP_LINEAR || n->op == OP_ATTENTION) {
+      const Node *a = n->in[0];
+      int64_t kk;
+      if (!dim_eval(g, &a->shape.d[a->shape.rank - 1], sym, &kk, &(const char *){0}))
+        return 1e30;
+      k = 2.0 * (double)kk * (n->op == OP_ATTENTION ? 4 : 1);
+    }
+    c += (double)t.numel * (k > 10 ? k : 10);
+  }
+  return c;
+}
+
+static void *tensor_bytes(E *e, const Tensor *t, DType dt) {
+  unsigned char *p = arena_alloc(e->a, (size_t)(t->numel * dtype_size(dt)) + 1);
+  for (int64_t i = 0; i < t->numel; i++) {
+    double v = t->data[i];
+    switch (dt) {
+    case DT_F32: { float f = (float)v; memcpy(p + 4 * i, &f, 4); break; }
+    case DT_BF16: { uint16_t h = tgm_f32_to_bf16((float)v); memcpy(p + 2 * i, &h, 2); break; }
+    case DT_F16: { uint16_t h = tgm_f32_to_f16((float)v); memcpy(p + 2 * i, &h, 2); break; }
+    case DT_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
+    default: p[i] = v != 0; break;
+    }
+  }
+  return p;
+}
+
+/* tests/golden.safetensors: meta.dims, meta.seed, the inputs by name and
+ * expected.NAME for every output, computed by the reference interpreter.
+ * Returns 0 and sets *why when the model is too large to evaluate here. */
+static int golden(E *e, const char **why) {
+  Graph *g = e->g;
+  int64_t *sym = e->test_sym;
+  if (forward_cost(g, sym) > e->o->golden_budget) {
+    *why = arena_printf(e->a, "the reference forward pass at the test dims costs about %.1f GFLOP (limit %.1f)",
+                        forward_cost(g, sym) / 1e9, e->o->golden_budget / 1e9);
+    return 0;
+  }
+  /* derived syms at the test dims */
+  for (int k = 0; k < g->nsyms; k++)
+    if (g->syms[k].derived) {
+      const char *err;
+      if (!dim_eval(g, &g->syms[k].num, sym, &sym[k], &err)) {
+        *why = err;
+        return 0;
+      }
+      int64_t den;
+      dim_eval(g, &g->syms[k].den, sym, &den, &err);
+      sym[k] /= den;
+    }
+  Tensor *ins = calloc((size_t)g->ninputs + 1, sizeof(Tensor)), *ps = calloc((size_t)g->nparams + 1, sizeof(Tensor));
+  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  char err[512];
+  int ok = ins && ps && vals;
+  for (int k = 0; ok && k < g->ninputs; k++) {
+    Input *in = &g->inputs[k];
+    ok = concrete_shape(g, &in->shape, sym, &ins[k], err, sizeof err) &&
+         (ins[k].data = calloc((size_t)ins[k].numel + 1, sizeof(double)));
+    Param fake = {.name = in->name, .init = INIT_UNIFORM, .a = -1, .b = 1, .dtype = in->dtype};
+    int64_t bound = index_bound(g, in->node);
+    for (int64_t i = 0; ok && i < ins[k].numel; i++) {
+      if (dtype_is_float(in->dtype)) {
+        ins[k].data[i] = param_init_value(&fake, 12345, i);
+      } else {
+        fake.dtype = DT_F32;
+        fake.a = 0;
+        fake.b = (double)bound;
+        double u = param_init_value(&fake, 12345, i);
+        ins[k].data[i] = in->dtype == DT_BOOL ? (u > bound / 2.0) : floor(u) < bound ? floor(u) : bound - 1;
+      }
+    }
+  }
+  for (int k = 0; ok && k < g->nparams; k++) {
+    Param *p = &g->params[k];
+    ok = concrete_shape(g, &p->shape, sym, &ps[k], err, sizeof err) &&
+         (ps[k].data = malloc(sizeof(double) * (size_t)ps[k].numel + 8));
+    for (int64_t i = 0; ok && i < p->numel; i++)
+      ps[k].data[i] = param_init_value(p, g->spec->seed, i);
+  }
+  InterpOptions opt = {sym, 0, g->spec->seed, 0};
+  int ran = ok && interp_run(g, &opt, ins, ps, vals, err, sizeof err) == 0;
+  if (ok && !ran)
+    *why = arena_printf(e->a, "the reference interpreter failed: %s", err);
+  if (ran) {
+    int n = 2 + g->ninputs + g->noutputs, t = 0;
+    tgm_tensor_desc *d = arena_alloc(e->a, sizeof(tgm_tensor_desc) * (size_t)n);
+    int32_t *dims = arena_alloc(e->a, sizeof(int32_t) * (MAXSYM + 1)), *seed = arena_alloc(e->a, 8);
+    int ndyn = 0;
+    for (int k = 0; k < g->nsyms; k++)
+      if (!g->syms[k].derived)
+        dims[1 + ndyn++] = (int32_t)sym[k];
+    dims[0] = ndyn;
+    seed[0] = (int32_t)(uint32_t)g->spec->seed;
+    seed[1] = (int32_t)(uint32_t)(g->spec->seed >> 32);
+    d[t++] = (tgm_tensor_desc){"meta.dims", TGM_I32, 1, {ndyn + 1}, dims};
+    d[t++] = (tgm_tensor_desc){"meta.seed", TGM_I32, 1, {2}, seed};
+    for (int k = 0; k < g->ninputs; k++) {
+      tgm_tensor_desc x = {g->inputs[k].name, (int)g->inputs[k].dtype, ins[k].rank, {0}, NULL};
+      memcpy(x.shape, ins[k].shape, sizeof x.shape);
+      x.data = tensor_bytes(e, &ins[k], g->inputs[k].dtype);
+      d[t++] = x;
+    }
+    for (int k = 0; k < g->noutputs; k++) {
+      const Tensor *o = &vals[g->outputs[k]->id];
+      tgm_tensor_desc x = {arena_printf(e->a, "expected.%s", g->output_names[k]), (int)DT_F32, o->rank, {0}, NULL};
+      memcpy(x.shape, o->shape, sizeof x.shape);
+      x.data = tensor_bytes(e, o, DT_F32); /* the exact values, rounded once to f32 */
+      d[t++] = x;
+    }
+    /* serialise in memory through a temp file (the writer is the runtime's) */
+    char path[] = "/tmp/tgen-golden-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || tgm_st_write(path, d, t, err, sizeof err)) {
+      *why = arena_printf(e->a, "writing golden vectors: %s", fd < 0 ? strerror(errno) : err);
+      ran = 0;
+    } else {
+      size_t len;
+      char *data = read_file(e->a, path, &len);
+      if (data)
+        add_binary(e, "tests/golden.safetensors", data, len);
+      ran = data != NULL;
+    }
+    if (fd >= 0) {
+      close(fd);
+      unlink(path);
+    }
+    interp_free(g, vals);
+  }
+  for (int k = 0; ins && k < g->ninputs; k++)
+    free(ins[k].data);
+  for (int k = 0; ps && k < g->nparams; k++)
+    free(ps[k].data);
+  free(ins);
+  free(ps);
+  free(vals);
+  if (!ok && !*why)
+    *why = arena_printf(e->a, "%s", err);
+  return ran;
+}
+
+/* ---------------------------------------------------------------- README */
+
+static const char *readme(E *e, const char *golden_note) {
+  Graph *g = e->g;
+  Buf bb, *b = &bb;
+  buf_init(b, e->a);
+  const char *t = instantiate(e, "project/README.md");
+  Buf k;
+  buf_init(&k, e->a);
+  buf_printf(&k, "| node | op | result | spec |\n| --- | --- | --- | --- |\n");
+  for (int i = 0; i < g->nnodes; i++) {
+    Node *n = g->nodes[i];
+    if (n->op == OP_INPUT || n->op == OP_PARAM)
+      continue;
+    buf_printf(&k, "| %%%d | %s%s | %s | %s |\n", n->id, op_info[n->op].name, is_alias_op(n) ? " (view)" : "",
+               shape_comment(e, n), origin(e, n));
+  }
+  Buf p;
+  buf_init(&p, e->a);
+  buf_printf(&p, "| param | checkpoint name | dtype | shape | byte offset | init |\n| --- | --- | --- | --- | --- | --- |\n");
+  for (int i = 0; i < g->nparams; i++)
+    buf_printf(&p, "| %s | %s | %s | %s | %lld | %s |\n", g->params[i].name, g->params[i].ckpt,
+               dtype_names[g->params[i].dtype], shape_str(g, &g->params[i].shape), (long long)e->pbyte[i],
+               init_names[g->params[i].init]);
+  Buf io;
+  buf_init(&io, e->a);
+  for (int i = 0; i < g->ninputs; i++)
+    buf_printf(&io, "- input `%s`: %s%s\n", g->inputs[i].name, dtype_names[g->inputs[i].dtype], shape_str(g, &g->inputs[i].shape));
+  for (int i = 0; i < g->noutputs; i++)
+    buf_printf(&io, "- output `%s`: %s%s\n", g->output_names[i], dtype_names[g->outputs[i]->dtype],
+               shape_str(g, &g->outputs[i]->shape));
+  for (int k2 = 0; k2 < g->nsyms; k2++)
+    if (!g->syms[k2].derived)
+      buf_printf(&io, "- dynamic dim `%s`: 1 to %lld\n", g->syms[k2].name, (long long)g->syms[k2].max);
+  t = replace_section(e, t, "IO", io.p);
+  t = replace_section(e, t, "PARAMS", p.p);
+  t = replace_section(e, t, "KERNELS", k.p);
+  t = replace_section(e, t, "GOLDEN", golden_note);
+  P("%s", t);
+  return b->p;
+}
+
+/* ---------------------------------------------------------------- writing the tree */
+
+static int write_all(const char *path, const char *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return -1;
+  size_t w = fwrite(data, 1, len, f);
+  int rc = fclose(f);
+  return w == len && rc == 0 ? 0 : -1;
+}
+
+static int mkdirs(char *path) { /* mkdir -p of the parent directories of path */
+  for (char *s = path + 1; *s; s++)
+    if (*s == '/') {
+      *s = 0;
+      int rc = mkdir(path, 0777);
+      *s = '/';
+      if (rc && errno != EEXIST)
+        return -1;
+    }
+  return 0;
+}
+
+static int rm_rf(const char *path) {
+  struct stat st;
+  if (lstat(path, &st))
+    return errno == ENOENT ? 0 : -1;
+  if (S_ISDIR(st.st_mode)) {
+    DIR *d = opendir(path);
+    if (!d)
+      return -1;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+      if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+        continue;
+      size_t n = strlen(path) + strlen(de->d_name) + 2;
+      char *p = malloc(n);
+      if (!p) {
+        rc = -1;
+        break;
+      }
+      snprintf(p, n, "%s/%s", path, de->d_name);
+      rc |= rm_rf(p);
+      free(p);
+    }
+    closedir(d);
+    return rc | rmdir(path);
+  }
+  return unlink(path);
+}
+
+#define MARKER ".tgen-output"
+
+/* Write the files into OUT.tmp-PID, then swap it into place. An existing OUT
+ * is replaced only if tgen made it (it holds the marker file). */
+static int write_tree(E *e, const char *out, char *err, size_t errlen) {
+  struct stat st;
+  int exists = stat(out, &st) == 0;
+  if (exists) {
+    char *m = arena_printf(e->a, "%s/%s", out, MARKER);
+    if (!S_ISDIR(st.st_mode) || access(m, F_OK)) {
+      snprintf(err, errlen, "%s: exists and was not created by tgen (no %s file); refusing to overwrite it", out, MARKER);
+      return -1;
+    }
+  }
+  const char *tmp = arena_printf(e->a, "%s.tmp-%ld", out, (long)getpid());
+  const char *old = arena_printf(e->a, "%s.old-%ld", out, (long)getpid());
+  rm_rf(tmp);
+  if (mkdir(tmp, 0777)) {
+    snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+    return -1;
+  }
+  for (int i = 0; i < e->files.n; i++) {
+    OutFile *f = e->files.p[i];
+    char *p = arena_printf(e->a, "%s/%s", tmp, f->path);
+    if (mkdirs(p) || write_all(p, f->data, f->len)) {
+      snprintf(err, errlen, "%s: cannot write: %s", p, strerror(errno));
+      rm_rf(tmp);
+      return -1;
+    }
+  }
+  if (exists && rename(out, old)) {
+    snprintf(err, errlen, "%s: cannot move the old output aside: %s", out, strerror(errno));
+    rm_rf(tmp);
+    return -1;
+  }
+  if (rename(tmp, out)) {
+    snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+    if (exists)
+      rename(old, out);
+    rm_rf(tmp);
+    return -1;
+  }
+  if (exists)
+    rm_rf(old);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+static const char *upper(Arena *a, const char *s) {
+  char *u = arena_strdup(a, s);
+  for (char *p = u; *p; p++)
+    *p = (char)toupper((unsigned char)*p);
+  return u;
+}
+
+int emit_project(Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen) {
+  E ee = {0}, *e = &ee;
+  e->g = g;
+  e->a = g->arena;
+  e->o = o;
+  e->name = g->spec->name;
+  e->NAME = upper(e->a, e->name);
+  /* param byte offsets, 256-aligned */
+  e->pbyte = arena_alloc(e->a, sizeof(int64_t) * (size_t)(g->nparams + 1));
+  for (int k = 0; k < g->nparams; k++) {
+    e->pbyte[k] = e->param_bytes;
+    e->param_bytes += (g->params[k].numel * dtype_size(g->params[k].dtype) + 255) & ~(int64_t)255;
+  }
+  for (int k = 0; k < g->nsyms; k++)
+    e->test_sym[k] = g->syms[k].derived ? 0 : (g->syms[k].max < o->test_dim ? g->syms[k].max : o->test_dim);
+
+  const char *why = NULL;
+  int have_golden = o->golden && golden(e, &why);
+  const char *note = have_golden
+                         ? "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims; the golden tests compare both paths against them.\n"
+                         : arena_printf(e->a, "No golden vectors: %s. The golden tests only check that the forward pass runs and gives finite values.\n",
+                                        why ? why : "disabled by --no-golden");
+  /* the project */
+  add_file(e, MARKER, "This directory was written by tgen; tgen may replace it.\n");
+  add_file(e, "CMakeLists.txt", instantiate(e, "project/CMakeLists.txt"));
+  add_file(e, "README.md", readme(e, note));
+  add_file(e, arena_printf(e->a, "include/%s.h", e->name),
+           replace_section(e, instantiate(e, "project/tgm.h"), "API_TYPES", api_types(e)));
+  static const char *const runtime[][2] = {{"runtime/tgm_rt.h", "src/%s_rt.h"},
+                                           {"runtime/tgm_model.c", "src/%s_model.c"},
+                                           {"runtime/tgm_init.c", "src/%s_init.c"},
+                                           {"runtime/tgm_safetensors.c", "src/%s_safetensors.c"},
+                                           {"runtime/tgm_cpu.c", "src/%s_kernels_cpu.c"},
+                                           {"runtime/tgm_cuda.cu", "src/%s_kernels_cuda.cu"},
+                                           {"runtime/tgm_run.c", "src/%s_run.c"},
+                                           {"runtime/tgm_io.h", "src/%s_io.h"},
+                                           {"project/test_golden.c", "tests/%s_test_golden.c"},
+                                           {"project/test_api.c", "tests/%s_test_api.c"},
+                                           {"project/bench.c", "bench/%s_bench.c"}};
+  for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
+    add_file(e, arena_printf(e->a, runtime[i][1], e->name), instantiate(e, runtime[i][0]));
+  add_file(e, arena_printf(e->a, "src/%s_common.c", e->name), common_file(e));
+  Dialect cpu = {0, arena_printf(e->a, "%s_cpu_", e->name), ""};
+  Dialect cuda = {1, arena_printf(e->a, "%s_cuda_", e->name), "m->cx, "};
+  add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), forward_file(e, &cpu));
+  add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), forward_file(e, &cuda));
+  return write_tree(e, out, err, errlen);
+}
