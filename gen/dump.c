@@ -1,6 +1,7 @@
 /* dump.c: the graph as text (tgen check --dump) and the check summary. */
 #include "ir.h"
 
+#include <math.h>
 #include <string.h>
 
 static void put_node_ref(Buf *b, const Node *x) {
@@ -136,4 +137,116 @@ void print_summary(const Graph *g, Buf *b) {
       buf_printf(b, ", grad_clip %g", t->grad_clip);
     buf_printf(b, "\n");
   }
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+static void json_str(Buf *b, const char *s) {
+  buf_printf(b, "\"");
+  for (; s && *s; s++) {
+    if (*s == '"' || *s == '\\')
+      buf_printf(b, "\\%c", *s);
+    else if ((unsigned char)*s < 32)
+      buf_printf(b, "\\u%04x", *s);
+    else
+      buf_putn(b, s, 1);
+  }
+  buf_printf(b, "\"");
+}
+
+static void json_num(Buf *b, double v) {
+  if (isnan(v))
+    buf_printf(b, "\"nan\"");
+  else if (isinf(v))
+    buf_printf(b, v > 0 ? "\"inf\"" : "\"-inf\"");
+  else
+    buf_printf(b, "%.17g", v);
+}
+
+/* A shape as a list of ints and size-expression strings ("B*1024"). */
+static void json_shape(const Graph *g, Buf *b, const Shape *s) {
+  buf_printf(b, "[");
+  for (int i = 0; i < s->rank; i++) {
+    int64_t v;
+    if (i)
+      buf_printf(b, ", ");
+    if (dim_is_const(&s->d[i], &v))
+      buf_printf(b, "%lld", (long long)v);
+    else
+      json_str(b, dim_str(g, &s->d[i]));
+  }
+  buf_printf(b, "]");
+}
+
+static void json_dim(const Graph *g, Buf *b, const Dim *d) {
+  int64_t v;
+  if (dim_is_const(d, &v))
+    buf_printf(b, "%lld", (long long)v);
+  else
+    json_str(b, dim_str(g, d));
+}
+
+/* The graph for other tools (the PyTorch oracle in tests/gpu): every node
+ * with its operands, attributes, dtype and shape; sizes that depend on
+ * dynamic dims are strings over the dims' names. */
+void dump_json(const Graph *g, Buf *b) {
+  const Spec *s = g->spec;
+  buf_printf(b, "{\"name\": ");
+  json_str(b, s->name);
+  buf_printf(b, ", \"dtype\": \"%s\", \"seed\": %llu,\n \"syms\": [", dtype_names[s->dtype], (unsigned long long)s->seed);
+  for (int k = 0; k < g->nsyms; k++) {
+    buf_printf(b, "%s{\"name\": ", k ? ", " : "");
+    json_str(b, g->syms[k].name);
+    buf_printf(b, ", \"derived\": %s, \"max\": %lld}", g->syms[k].derived ? "true" : "false", (long long)g->syms[k].max);
+  }
+  buf_printf(b, "],\n \"inputs\": [");
+  for (int k = 0; k < g->ninputs; k++) {
+    buf_printf(b, "%s{\"name\": ", k ? ", " : "");
+    json_str(b, g->inputs[k].name);
+    buf_printf(b, ", \"node\": %d, \"dtype\": \"%s\", \"shape\": ", g->inputs[k].node->id, dtype_names[g->inputs[k].dtype]);
+    json_shape(g, b, &g->inputs[k].shape);
+    buf_printf(b, "}");
+  }
+  buf_printf(b, "],\n \"params\": [");
+  for (int k = 0; k < g->nparams; k++) {
+    buf_printf(b, "%s\n  {\"name\": ", k ? "," : "");
+    json_str(b, g->params[k].name);
+    buf_printf(b, ", \"ckpt\": ");
+    json_str(b, g->params[k].ckpt);
+    buf_printf(b, ", \"node\": %d, \"dtype\": \"%s\", \"shape\": ", g->params[k].node->id, dtype_names[g->params[k].dtype]);
+    json_shape(g, b, &g->params[k].shape);
+    buf_printf(b, "}");
+  }
+  buf_printf(b, "],\n \"outputs\": [");
+  for (int k = 0; k < g->noutputs; k++) {
+    buf_printf(b, "%s{\"name\": ", k ? ", " : "");
+    json_str(b, g->output_names[k]);
+    buf_printf(b, ", \"node\": %d}", g->outputs[k]->id);
+  }
+  buf_printf(b, "],\n \"loss\": %d,\n \"nodes\": [", g->loss ? g->loss->id : -1);
+  for (int i = 0; i < g->nnodes; i++) {
+    const Node *n = g->nodes[i];
+    buf_printf(b, "%s\n  {\"id\": %d, \"op\": \"%s\", \"in\": [", i ? "," : "", n->id, op_info[n->op].name);
+    for (int k = 0; k < n->nin; k++)
+      buf_printf(b, k ? ", %d" : "%d", n->in[k] ? n->in[k]->id : -1);
+    buf_printf(b, "], \"dtype\": \"%s\", \"shape\": ", dtype_names[n->dtype]);
+    json_shape(g, b, &n->shape);
+    buf_printf(b, ", \"axis\": %d, \"axis2\": %d, \"axes\": %u, \"keepdim\": %d, \"perm\": [", n->axis, n->axis2, n->axes,
+               n->keepdim);
+    for (int k = 0; k < n->shape.rank && n->op == OP_PERMUTE; k++)
+      buf_printf(b, k ? ", %d" : "%d", n->perm[k]);
+    buf_printf(b, "], \"lo\": ");
+    json_dim(g, b, &n->lo);
+    buf_printf(b, ", \"hi\": ");
+    json_dim(g, b, &n->hi);
+    buf_printf(b, ", \"f\": [");
+    json_num(b, n->f[0]);
+    buf_printf(b, ", ");
+    json_num(b, n->f[1]);
+    buf_printf(b, "], \"has_f\": [%d, %d], \"flag\": %d, \"ignore_index\": %lld, \"is_dimval\": %d, \"index\": %d, \"name\": ",
+               n->has_f[0], n->has_f[1], n->flag, (long long)n->ignore_index, n->is_dimval, n->index);
+    json_str(b, n->name ? n->name : "");
+    buf_printf(b, ", \"line\": %d}", n->loc.line);
+  }
+  buf_printf(b, "]}\n");
 }

@@ -48,6 +48,7 @@ typedef struct E {
   int64_t *pbyte;    /* param byte offsets (256-aligned) */
   int64_t param_bytes;
   int64_t test_sym[MAXSYM];
+  Buf cuda_checks;   /* the CUDA pass's index-checking ops, for its message */
 } E;
 
 #define P(...) buf_printf(b, __VA_ARGS__)
@@ -307,10 +308,17 @@ static const char *reduce_code(Op op) {
   }
 }
 
-/* Print the data-error check after an embedding / cross-entropy call. */
+/* Print the data-error check after an embedding / cross-entropy call. On
+ * CUDA the kernels record bad positions on the device and the pass checks
+ * once, at its end (a check here would stall the stream). */
 static void data_check(E *e, Buf *b, const Dialect *d, const Node *n, const char *what, const char *range) {
   if (d->cuda) {
-    P("  CK(%scuda_bad_index(m->cx, &bad));\n", e->name);
+    Buf *c = &e->cuda_checks;
+    if (!c->p)
+      buf_init(c, e->a);
+    buf_printf(c, "%s%s '%s' (%s:%d)", c->len ? ", " : "", op_info[n->op].name, n->name ? n->name : "?",
+               e->o->spec_name, n->loc.line);
+    return;
   }
   P("  if (bad >= 0)\n");
   P("    return %s_fail(m, %s_EDATA, \"%s in '%s' (%s:%d): %s at position %%lld is outside %s\", (long long)bad);\n",
@@ -326,8 +334,8 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
     Val *x = &v[i];
     const char *ct = ctype(n->dtype);
     const char *dt = dtc(e, n->dtype);
-    if (n->op == OP_INPUT || n->op == OP_PARAM)
-      continue; /* declared up front */
+    if (n->op == OP_INPUT || n->op == OP_PARAM || x->kind == 0)
+      continue; /* declared up front, or not needed by any output */
     P("\n  /* %%%d = %s : %s   %s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n));
     if (x->kind == 4) {
       P("  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct, x->var,
@@ -403,11 +411,11 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
       for (int k = 0; k < in->shape.rank; k++)
         perm[k] = n->op == OP_PERMUTE ? n->perm[k] : k == n->axis ? n->axis2 : k == n->axis2 ? n->axis : k;
       const char *sx = shape_arr(e, b, in, "x");
-      P("  const int p%d[%d] = {", n->id, in->shape.rank ? in->shape.rank : 1);
+      P("  const int perm%d[%d] = {", n->id, in->shape.rank ? in->shape.rank : 1);
       for (int k = 0; k < in->shape.rank; k++)
         P("%s%d", k ? ", " : "", perm[k]);
       P("%s};\n", in->shape.rank ? "" : "0");
-      P("  %s%s, %s, %d, %s, p%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, n->id, x->var,
+      P("  %s%s, %s, %d, %s, perm%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, n->id, x->var,
         call_close(d));
       break;
     }
@@ -456,7 +464,7 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
         P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "embedding"), dt, a0, nidx, a1, dim_c(g, &t->d[0]),
           dim_c(g, &t->d[1]), x->var, call_close(d));
       else
-        P("  bad = %scpu_embedding(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1, dim_c(g, &t->d[0]),
+        P("  bad = %s_cpu_embedding(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1, dim_c(g, &t->d[0]),
           dim_c(g, &t->d[1]), x->var);
       data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &t->d[0])));
       break;
@@ -479,7 +487,7 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
         P("  %s%s, %s, %s, %s, %s, %lld, %s%s\n", call_open(e, d, "cross_entropy"), dtc(e, n->in[0]->dtype), a0, a1, N,
           C, (long long)n->ignore_index, x->var, call_close(d));
       else
-        P("  bad = %scpu_cross_entropy(%s, %s, %s, %s, %s, %lld, %s);\n", e->name, dtc(e, n->in[0]->dtype), a0, a1, N,
+        P("  bad = %s_cpu_cross_entropy(%s, %s, %s, %s, %s, %lld, %s);\n", e->name, dtc(e, n->in[0]->dtype), a0, a1, N,
           C, (long long)n->ignore_index, x->var);
       data_check(e, b, d, n, "a target", arena_printf(e->a, "[0, %s) (ignore_index %lld)", dim_str(g, &s->d[s->rank - 1]),
                                                        (long long)n->ignore_index));
@@ -505,13 +513,24 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
   (void)K;
 }
 
-/* Decide how each node's value is held and name it. */
+/* Decide how each node's value is held and name it. Nodes no output needs
+ * (a loss in an inference pass) are not computed: kind 0. */
 static Val *plan_values(E *e) {
   Graph *g = e->g;
   Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)g->nnodes);
+  char *live = arena_alloc(e->a, (size_t)g->nnodes + 1);
+  for (int k = 0; k < g->noutputs; k++)
+    live[g->outputs[k]->id] = 1;
+  for (int i = g->nnodes - 1; i >= 0; i--)
+    for (int k = 0; live[i] && k < g->nodes[i]->nin; k++)
+      if (g->nodes[i]->in[k])
+        live[g->nodes[i]->in[k]->id] = 1;
   for (int i = 0; i < g->nnodes; i++) {
     Node *n = g->nodes[i];
-    if (n->op == OP_INPUT) {
+    if (!live[i] && n->op != OP_INPUT && n->op != OP_PARAM) {
+      v[i].kind = 0;
+      v[i].var = "NULL";
+    } else if (n->op == OP_INPUT) {
       v[i].kind = 1;
       v[i].var = arena_printf(e->a, "in_%s", n->name);
       v[i].is_const = 1;
@@ -556,7 +575,8 @@ static const char *forward_file(E *e, const Dialect *d) {
   Buf bb, *b = &bb;
   buf_init(b, e->a);
   P("/* %s_%s: the forward pass of model %s on %s, generated by tgen %s from %s.\n", e->name,
-    d->cuda ? "cuda.cu" : "cpu.c", e->name, d->cuda ? "CUDA (kernels in NAME_kernels_cuda.cu, GEMMs in cuBLAS)" : "the CPU (OpenMP kernels in NAME_kernels_cpu.c)",
+    d->cuda ? "cuda.cu" : "cpu.c", e->name, d->cuda ? arena_printf(e->a, "CUDA (kernels in %s_kernels_cuda.cu, GEMMs in cuBLAS)", e->name)
+            : arena_printf(e->a, "the CPU (OpenMP kernels in %s_kernels_cpu.c)", e->name),
     TGEN_VERSION, e->o->spec_name);
   P(" * One kernel call per op, in the spec's order; each call names the spec line\n"
     " * it came from. Intermediates live in the workspace at bump-allocated,\n"
@@ -574,15 +594,22 @@ static const char *forward_file(E *e, const Dialect *d) {
   P("  unsigned char *ws = m->ws;\n  const unsigned char *P = m->params;\n  int64_t o = 0, bad = -1;\n  (void)bad; (void)P; (void)o; (void)ws;\n");
   for (int k = 0; k < g->ninputs; k++) {
     Node *n = g->inputs[k].node;
-    P("  const %s *%s = (const %s *)in[%d];  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
-      shape_comment(e, n));
+    P("  const %s *%s = (const %s *)in[%d]; (void)%s;  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
+      v[n->id].var, shape_comment(e, n));
   }
   for (int k = 0; k < g->nparams; k++) {
     Param *p = &g->params[k];
     P("  const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", ctype(p->dtype), v[p->node->id].var,
       ctype(p->dtype), (long long)e->pbyte[k], p->name, shape_comment(e, p->node));
   }
+  e->cuda_checks = (Buf){0};
   emit_forward(e, b, d, v);
+  if (d->cuda && e->cuda_checks.len) {
+    P("\n  /* indices and targets, checked once (the kernels record the first bad one) */\n");
+    P("  CK(%s_cuda_bad_index(m->cx, &bad));\n  if (bad >= 0)\n", e->name);
+    P("    return %s_fail(m, %s_EDATA, \"an index or target at position %%lld is out of range in one of: %s\", (long long)bad);\n",
+      e->name, e->NAME, e->cuda_checks.p);
+  }
   P("\n  /* outputs */\n");
   for (int k = 0; k < g->noutputs; k++) {
     Node *n = g->outputs[k];
@@ -1046,7 +1073,7 @@ static int write_tree(E *e, const char *out, char *err, size_t errlen) {
   const char *tmp = arena_printf(e->a, "%s.tmp-%ld", out, (long)getpid());
   const char *old = arena_printf(e->a, "%s.old-%ld", out, (long)getpid());
   rm_rf(tmp);
-  if (mkdir(tmp, 0777)) {
+  if (mkdirs(arena_strdup(e->a, tmp)) || mkdir(tmp, 0777)) {
     snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     return -1;
   }
@@ -1085,8 +1112,27 @@ static const char *upper(Arena *a, const char *s) {
   return u;
 }
 
+static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen);
+
+/* Runs under its own Diag, so that anything the helpers shared with the front
+ * end report (a size overflow) becomes a message, not an abort. */
 int emit_project(Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen) {
-  E ee = {0}, *e = &ee;
+  Diag d = {0}, *saved = diag;
+  d.file = o->spec_name;
+  d.arena = g->arena;
+  diag = &d;
+  if (setjmp(d.jmp)) {
+    diag = saved;
+    snprintf(err, errlen, "%s", d.msg);
+    return -1;
+  }
+  E ee = {0};
+  int rc = emit(&ee, g, o, out, err, errlen);
+  diag = saved;
+  return rc;
+}
+
+static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen) {
   e->g = g;
   e->a = g->arena;
   e->o = o;

@@ -187,6 +187,7 @@ void verify(const Graph *g); /* die()s on a malformed graph */
 /* dump.c */
 void dump_graph(const Graph *g, Buf *b);
 void print_summary(const Graph *g, Buf *b);
+void dump_json(const Graph *g, Buf *b); /* tgen check --json */
 
 /* ---------------------------------------------------------------- init.c */
 

@@ -11,7 +11,7 @@
 
 static const char usage[] =
     "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--test-dim N]\n"
-    "       tgen check MODEL.yaml [--dump]\n"
+    "       tgen check MODEL.yaml [--dump | --json]\n"
     "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N] [--set NAME=v1,v2,...]... [--max N]\n"
     "       tgen --help | --version\n"
     "\n"
@@ -22,7 +22,8 @@ static const char usage[] =
     "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
     "          --no-golden skips the golden vectors of the emitted tests\n"
     "  check   validate a model spec and print a summary (dims, inputs, params,\n"
-    "          ops, outputs); --dump also prints the graph IR\n"
+    "          ops, outputs); --dump also prints the graph IR; --json prints\n"
+    "          the graph as JSON instead (for other tools)\n"
     "  eval    run the model's forward pass in the double-precision reference\n"
     "          interpreter: params from the seed (the spec's by default), inputs\n"
     "          from --set (comma-separated values, row-major) or else a fixed\n"
@@ -67,10 +68,12 @@ static Graph *load(Arena *a, Diag *d, const char *path) {
 
 static int cmd_check(int argc, char **argv) {
   const char *path = NULL;
-  int dump = 0;
+  int dump = 0, json = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--dump"))
       dump = 1;
+    else if (!strcmp(argv[i], "--json"))
+      json = 1;
     else if (argv[i][0] == '-' && argv[i][1])
       return usage_error("check: unknown option '%s'", argv[i]);
     else if (path)
@@ -89,8 +92,11 @@ static int cmd_check(int argc, char **argv) {
   }
   Buf b;
   buf_init(&b, &a);
-  print_summary(g, &b);
-  if (dump) {
+  if (json)
+    dump_json(g, &b);
+  else
+    print_summary(g, &b);
+  if (dump && !json) {
     buf_printf(&b, "\n");
     dump_graph(g, &b);
   }

@@ -1,0 +1,2245 @@
+/* mlp_cuda.cu: the CUDA kernel library of the runtime (the "CUDA kernels"
+ * section of mlp_rt.h).
+ *
+ * Template: copied into every emitted project as src/NAME_kernels_cuda.cu
+ * with "mlp_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS). Every
+ * entry point checks its arguments, enqueues its work on the context's stream
+ * and returns 0, or a CUDA/cuBLAS error code with "FUNCTION: what went wrong"
+ * in the context (mlp_cuda_ctx_error); nothing here exits or aborts.
+ *
+ * Semantics are PyTorch's, as gen/interp.c computes them in double: storage
+ * f32 / bf16 / f16 / i32 / bool (uint8), arithmetic and accumulation in f32
+ * (exact, wrapping, for i32), results rounded once to the storage dtype. No
+ * fast-math: erf, tanh, exp, log are the precise library functions.
+ *
+ * Layout of this file:
+ *   the context, errors, scratch
+ *   device helpers: dtype conversion, packed vectors, strided geometry
+ *   kernels: pointwise, copies, reductions, row ops (softmax, norms, losses)
+ *   host helpers: geometry (broadcast strides, dim collapsing), GEMM
+ *   the entry points, in the order of mlp_rt.h
+ *
+ * Strided geometry: an op over an output of shape S reads each operand p at
+ * offset sum_k idx_k * st[p][k] (stride 0 = broadcast). Before a launch the
+ * host collapses the geometry (drops size-1 dims, merges neighbours that are
+ * contiguous for every operand), so most launches index a rank-1 space and do
+ * no division at all. */
+#include "mlp_rt.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
+
+/* ---------------------------------------------------------------- the context */
+
+#define MLP_CUDA_BLAS_WS ((size_t)32 << 20)      /* cuBLAS workspace (Hopper: 32 MiB) */
+#define MLP_CUDA_ATTN_BUDGET ((size_t)256 << 20) /* attention scores scratch per chunk */
+
+struct mlp_cuda_ctx {
+  int device;                /* the device current at creation */
+  int sms;                   /* its multiprocessor count, for grid sizes */
+  cudaStream_t stream;       /* every kernel, copy and GEMM is enqueued here, in order */
+  cublasHandle_t blas;       /* bound to `stream`; CUBLAS_COMPUTE_32F never uses TF32 */
+  void *blas_ws;             /* cuBLAS workspace, MLP_CUDA_BLAS_WS bytes */
+  unsigned long long *d_bad; /* device int64: smallest bad data position, INT64_MAX if none */
+  void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
+  size_t scratch_bytes;
+  const char *op; /* the entry point running, for messages */
+  char err[512];  /* the last error: "FUNCTION: message" */
+};
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+const int kThreads = 256; /* threads per block of the flat kernels */
+
+/* ---------------------------------------------------------------- errors */
+
+/* Formats "OP: message" into the context; returns `code` (nonzero). */
+int fail(mlp_cuda_ctx *cx, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int fail(mlp_cuda_ctx *cx, int code, const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(cx->err, sizeof cx->err, "%s: %s", cx->op ? cx->op : "mlp_cuda", msg);
+  return code ? code : (int)cudaErrorUnknown;
+}
+
+/* A failed CUDA call: its name and CUDA's description. */
+int cuda_fail(mlp_cuda_ctx *cx, cudaError_t e, const char *what) {
+  return fail(cx, (int)e, "%s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* A failed cuBLAS call. */
+int blas_fail(mlp_cuda_ctx *cx, cublasStatus_t s, const char *what) {
+  return fail(cx, (int)s, "%s failed: %s (cuBLAS status %d)", what, cublasGetStatusString(s), (int)s);
+}
+
+/* A bad argument (a bug in the caller): cudaErrorInvalidValue with a message. */
+#define MLP_CUDA_BAD(...) fail(cx, (int)cudaErrorInvalidValue, __VA_ARGS__)
+
+#define MLP_CUDA_TRY(call)                                                                                             \
+  do {                                                                                                                 \
+    cudaError_t e_ = (call);                                                                                           \
+    if (e_ != cudaSuccess)                                                                                             \
+      return cuda_fail(cx, e_, #call);                                                                                 \
+  } while (0)
+
+#define MLP_CUDA_BLAS(call)                                                                                            \
+  do {                                                                                                                 \
+    cublasStatus_t s_ = (call);                                                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                                                   \
+      return blas_fail(cx, s_, #call);                                                                                 \
+  } while (0)
+
+/* After every launch: a bad configuration (or an earlier asynchronous fault). */
+#define MLP_CUDA_LAUNCHED(name)                                                                                        \
+  do {                                                                                                                 \
+    cudaError_t e_ = cudaGetLastError();                                                                               \
+    if (e_ != cudaSuccess)                                                                                             \
+      return cuda_fail(cx, e_, "launching " name);                                                                     \
+  } while (0)
+
+/* The growable scratch buffer: at least `bytes`, valid until the next call
+ * that asks for more. Growing waits for the stream (the old buffer may still
+ * be in use), which happens only while the sizes still climb. */
+int scratch(mlp_cuda_ctx *cx, size_t bytes, void **p) {
+  if (bytes > cx->scratch_bytes) {
+    size_t nb = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    if (cx->scratch) {
+      MLP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+      cudaFree(cx->scratch);
+      cx->scratch = NULL;
+      cx->scratch_bytes = 0;
+    }
+    cudaError_t e = cudaMalloc(&cx->scratch, nb);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cx->scratch = NULL;
+      return fail(cx, (int)e, "out of device memory for %zu bytes of scratch (%s)", nb, cudaGetErrorString(e));
+    }
+    cx->scratch_bytes = nb;
+  }
+  *p = cx->scratch;
+  return 0;
+}
+
+/* Blocks for a grid-stride loop over `work` items. */
+unsigned grid_for(const mlp_cuda_ctx *cx, int64_t work, int threads) {
+  int64_t b = (work + threads - 1) / threads, cap = (int64_t)cx->sms * 16;
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+int is_float_dt(int dt) { return dt == MLP_F32 || dt == MLP_BF16 || dt == MLP_F16; }
+int dt_ok(int dt) { return dt >= MLP_F32 && dt <= MLP_BOOL; }
+int dt_size(int dt) { return dt == MLP_F32 || dt == MLP_I32 ? 4 : dt == MLP_BOOL ? 1 : 2; }
+const char *dt_name(int dt) {
+  static const char *const n[] = {"f32", "bf16", "f16", "i32", "bool"};
+  return dt_ok(dt) ? n[dt] : "?";
+}
+
+/* ---------------------------------------------------------------- device helpers */
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
+
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
+
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+__device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == INFINITY; }
+
+/* N elements moved as one aligned access (16 bytes at most per access). */
+template <class T, int N> struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec { T v[N]; };
+
+/* Strided geometry of up to 3 operands over an output shape (see the top). */
+template <int NOP> struct Geo {
+  int rank;
+  int64_t shape[MLP_MAXRANK];
+  int64_t st[NOP][MLP_MAXRANK];
+};
+
+/* Offsets of output element i in each operand. I is the index type of the
+ * divisions (uint32_t when the output has fewer than 2^32 elements). */
+template <int NOP, class I> __device__ __forceinline__ void geo_offsets(const Geo<NOP> &g, I i, int64_t (&off)[NOP]) {
+#pragma unroll
+  for (int p = 0; p < NOP; p++)
+    off[p] = 0;
+#pragma unroll
+  for (int k = MLP_MAXRANK - 1; k >= 1; k--) {
+    if (k < g.rank) {
+      I s = (I)g.shape[k], q = i / s, r = i - q * s;
+#pragma unroll
+      for (int p = 0; p < NOP; p++)
+        off[p] += (int64_t)r * g.st[p][k];
+      i = q;
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < NOP; p++)
+    off[p] += (int64_t)i * g.st[p][0];
+}
+
+__device__ __forceinline__ int64_t geo_off1(const Geo<1> &g, int64_t i) {
+  int64_t off[1];
+  geo_offsets<1, int64_t>(g, i, off);
+  return off[0];
+}
+
+/* ---------------------------------------------------------------- pointwise functors */
+
+/* PyTorch's unary functions in f32. */
+__device__ __forceinline__ float unary_f(int op, float x, float a, float b) {
+  switch (op) {
+  case MLP_NEG: return -x;
+  case MLP_ABS: return fabsf(x);
+  case MLP_EXP: return expf(x);
+  case MLP_LOG: return logf(x);
+  case MLP_SQRT: return sqrtf(x);
+  case MLP_RSQRT: return 1.0f / sqrtf(x);
+  case MLP_SIN: return sinf(x);
+  case MLP_COS: return cosf(x);
+  case MLP_TANH: return tanhf(x);
+  case MLP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case MLP_RELU: return x < 0.0f ? 0.0f : x; /* NaN stays NaN */
+  case MLP_SILU: return x / (1.0f + expf(-x));
+  case MLP_ERF: return erff(x);
+  case MLP_SQUARE: return x * x;
+  case MLP_RECIPROCAL: return 1.0f / x;
+  case MLP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+  case MLP_GELU_TANH: {
+    float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+  }
+  case MLP_POW: return powf(x, a);
+  case MLP_CLAMP: { /* min(max(x, a), b) as torch.clamp; NaN stays NaN */ float y = x < a ? a : x; return y > b ? b : y;
+  }
+  default: return x; /* MLP_COPY */
+  }
+}
+
+struct UnaryF {
+  int op;
+  float a, b;
+  template <class T> __device__ __forceinline__ T operator()(T x) const {
+    return from_f<T>(unary_f(op, to_f(x), a, b));
+  }
+};
+
+/* The unary ops defined on i32, exact and wrapping like torch's int32. */
+struct UnaryI {
+  int op;
+  int32_t lo, hi; /* clamp bounds */
+  __device__ __forceinline__ int32_t operator()(int32_t x) const {
+    uint32_t u = (uint32_t)x;
+    switch (op) {
+    case MLP_NEG: return (int32_t)(0u - u);
+    case MLP_ABS: return x < 0 ? (int32_t)(0u - u) : x;
+    case MLP_RELU: return x < 0 ? 0 : x;
+    case MLP_SQUARE: return (int32_t)(u * u);
+    case MLP_CLAMP: {
+      int32_t y = x < lo ? lo : x;
+      return y > hi ? hi : y;
+    }
+    default: return x;
+    }
+  }
+};
+
+/* Element conversion for cast: to i32 truncates toward zero (saturating, NaN
+ * gives 0), to bool is x != 0, everything else goes through f32. */
+template <class TO> struct CastF {
+  template <class TI> __device__ __forceinline__ TO operator()(TI x) const {
+    if constexpr (std::is_same<TI, TO>::value) {
+      return x;
+    } else if constexpr (std::is_same<TO, uint8_t>::value) {
+      if constexpr (std::is_same<TI, int32_t>::value)
+        return (uint8_t)(x != 0);
+      else
+        return (uint8_t)(to_f(x) != 0.0f);
+    } else if constexpr (std::is_same<TI, uint8_t>::value) {
+      if constexpr (std::is_same<TO, int32_t>::value)
+        return (int32_t)x;
+      else
+        return from_f<TO>(x ? 1.0f : 0.0f);
+    } else if constexpr (std::is_same<TO, int32_t>::value) {
+      return (int32_t)__float2int_rz(to_f(x));
+    } else if constexpr (std::is_same<TI, int32_t>::value) {
+      return from_f<TO>((float)x);
+    } else {
+      return from_f<TO>(to_f(x));
+    }
+  }
+};
+
+/* Binary arithmetic in f32; maximum/minimum propagate NaN like torch. */
+__device__ __forceinline__ float binary_f(int op, float a, float b) {
+  switch (op) {
+  case MLP_ADD: return a + b;
+  case MLP_SUB: return a - b;
+  case MLP_MUL: return a * b;
+  case MLP_DIV: return a / b;
+  case MLP_MAX: return is_nan(a) || is_nan(b) ? a + b : a > b ? a : b;
+  case MLP_MIN: return is_nan(a) || is_nan(b) ? a + b : a < b ? a : b;
+  default: return 0.0f;
+  }
+}
+
+/* Binary arithmetic on i32, wrapping (no division: it is a floating op). */
+__device__ __forceinline__ int32_t binary_i(int op, int32_t a, int32_t b) {
+  uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
+  switch (op) {
+  case MLP_ADD: return (int32_t)(ua + ub);
+  case MLP_SUB: return (int32_t)(ua - ub);
+  case MLP_MUL: return (int32_t)(ua * ub);
+  case MLP_MAX: return a > b ? a : b;
+  case MLP_MIN: return a < b ? a : b;
+  default: return 0;
+  }
+}
+
+template <class V> __device__ __forceinline__ uint8_t compare(int op, V a, V b) {
+  switch (op) {
+  case MLP_GT: return a > b;
+  case MLP_GE: return a >= b;
+  case MLP_LT: return a < b;
+  case MLP_LE: return a <= b;
+  case MLP_EQ: return a == b;
+  default: return a != b; /* MLP_NE */
+  }
+}
+
+struct BinaryF {
+  int op;
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+    if constexpr (std::is_same<T, int32_t>::value)
+      return binary_i(op, a, b);
+    else
+      return from_f<T>(binary_f(op, to_f(a), to_f(b)));
+  }
+};
+
+struct CompareF {
+  int op;
+  template <class T> __device__ __forceinline__ uint8_t operator()(T a, T b) const {
+    if constexpr (std::is_same<T, int32_t>::value)
+      return compare(op, a, b);
+    else
+      return compare(op, to_f(a), to_f(b));
+  }
+};
+
+/* ---------------------------------------------------------------- pointwise kernels */
+
+/* y[i] = f(x[i]); with vec, the bulk moves in 16-byte packs (pointers aligned
+ * for it, checked by the host) and the tail element by element. */
+template <class TI, class TO, class F>
+__global__ void k_map1(const TI *__restrict__ x, TO *__restrict__ y, int64_t n, int vec, F f) {
+  constexpr int V = 16 / sizeof(TI);
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x, done = 0;
+  if (vec) {
+    int64_t nv = n / V;
+    for (int64_t i = t; i < nv; i += step) {
+      Vec<TI, V> a = reinterpret_cast<const Vec<TI, V> *>(x)[i];
+      Vec<TO, V> r;
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        r.v[j] = f(a.v[j]);
+      reinterpret_cast<Vec<TO, V> *>(y)[i] = r;
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + t; i < n; i += step)
+    y[i] = f(x[i]);
+}
+
+/* y[i] = f(a[i], b[i]) for operands of one shape, contiguous. */
+template <class T, class TO, class F>
+__global__ void k_map2(const T *__restrict__ a, const T *__restrict__ b, TO *__restrict__ y, int64_t n, int vec, F f) {
+  constexpr int V = 16 / sizeof(T);
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x, done = 0;
+  if (vec) {
+    int64_t nv = n / V;
+    for (int64_t i = t; i < nv; i += step) {
+      Vec<T, V> va = reinterpret_cast<const Vec<T, V> *>(a)[i], vb = reinterpret_cast<const Vec<T, V> *>(b)[i];
+      Vec<TO, V> r;
+#pragma unroll
+      for (int j = 0; j < V; j++)
+        r.v[j] = f(va.v[j], vb.v[j]);
+      reinterpret_cast<Vec<TO, V> *>(y)[i] = r;
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + t; i < n; i += step)
+    y[i] = f(a[i], b[i]);
+}
+
+/* y[i] = f(a[..], b[..]) with broadcasting through the geometry. */
+template <class T, class TO, class F, class I>
+__global__ void k_bcast2(const T *__restrict__ a, const T *__restrict__ b, TO *__restrict__ y, int64_t n, Geo<2> g,
+                         F f) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step) {
+    int64_t off[2];
+    geo_offsets<2, I>(g, (I)i, off);
+    y[i] = f(a[off[0]], b[off[1]]);
+  }
+}
+
+/* where(c, a, b) on raw elements (any dtype), broadcasting. */
+template <class E, class I>
+__global__ void k_where(const uint8_t *__restrict__ c, const E *__restrict__ a, const E *__restrict__ b,
+                        E *__restrict__ y, int64_t n, Geo<3> g) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step) {
+    int64_t off[3];
+    geo_offsets<3, I>(g, (I)i, off);
+    y[i] = c[off[0]] ? a[off[1]] : b[off[2]];
+  }
+}
+
+/* y[i] = x[offset of i]: broadcast_to and permute (raw elements). */
+template <class E, class I> __global__ void k_gather(const E *__restrict__ x, E *__restrict__ y, int64_t n, Geo<1> g) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step) {
+    int64_t off[1];
+    geo_offsets<1, I>(g, (I)i, off);
+    y[i] = x[off[0]];
+  }
+}
+
+/* A permute that moves the input's contiguous dim A away from the end: the
+ * output's last dim B (input stride inB) and A (output stride outA) are
+ * exchanged through a 32x32 shared-memory tile so that both the reads (along
+ * A) and the writes (along B) are coalesced. `bg` addresses the other dims
+ * (st[0] input, st[1] output). Block 32x8. */
+template <class E>
+__global__ void k_transpose(const E *__restrict__ x, E *__restrict__ y, int64_t SA, int64_t SB, int64_t inB,
+                            int64_t outA, int64_t nbatch, Geo<2> bg) {
+  __shared__ E tile[32][33];
+  int64_t ta = (SA + 31) / 32, tb = (SB + 31) / 32, ntiles = nbatch * ta * tb;
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) { /* uniform per block */
+    int64_t bt = t / (ta * tb), r = t - bt * ta * tb, a0 = (r / tb) * 32, b0 = (r % tb) * 32;
+    int64_t off[2];
+    geo_offsets<2, int64_t>(bg, bt, off);
+    for (int j = threadIdx.y; j < 32; j += 8) { /* read: threadIdx.x along A (input stride 1) */
+      int64_t a = a0 + threadIdx.x, b = b0 + j;
+      if (a < SA && b < SB)
+        tile[j][threadIdx.x] = x[off[0] + a + b * inB];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += 8) { /* write: threadIdx.x along B (output stride 1) */
+      int64_t a = a0 + j, b = b0 + threadIdx.x;
+      if (a < SA && b < SB)
+        y[off[1] + a * outA + b] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
+/* Row copies: dst row p (pitch dpitch units) = src row p, or src row idx[p]
+ * for embedding (an index outside [0, V) records p in *bad and writes zeros).
+ * U is the widest unit that divides the widths, pitches and addresses. Block
+ * (bx, by): bx threads along a row, by rows at once. */
+template <class U>
+__global__ void k_rows(const U *__restrict__ src, int64_t spitch, U *__restrict__ dst, int64_t dpitch, int64_t rows,
+                       int64_t w, const int32_t *__restrict__ idx, int64_t V, unsigned long long *bad) {
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; p < rows; p += (int64_t)gridDim.x * blockDim.y) {
+    int64_t s = p;
+    if (idx) {
+      s = idx[p];
+      if (s < 0 || s >= V) {
+        if (threadIdx.x == 0)
+          atomicMin(bad, (unsigned long long)p);
+        for (int64_t c = threadIdx.x; c < w; c += blockDim.x)
+          dst[p * dpitch + c] = U();
+        continue;
+      }
+    }
+    for (int64_t c = threadIdx.x; c < w; c += blockDim.x)
+      dst[p * dpitch + c] = src[s * spitch + c];
+  }
+}
+
+template <class E> __global__ void k_fill(E *__restrict__ y, int64_t n, E v) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step)
+    y[i] = v;
+}
+
+__global__ void k_arange(int32_t *__restrict__ y, int64_t n) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step)
+    y[i] = (int32_t)i;
+}
+
+__global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)INT64_MAX; }
+
+/* ---------------------------------------------------------------- reduction states */
+
+/* A reduction is a state that absorbs elements (push) and other states
+ * (merge), then yields the result (fin). Floating ops keep up to three f32:
+ *   sum, mean   a = sum
+ *   amax        a = max (NaN sticks)
+ *   logsumexp   a = max m, b = sum of exp(x - m) (online; infinities as torch)
+ *   var         a = count, b = mean, c = sum of squared deviations (Welford, Chan) */
+struct RedF {
+  int op;
+  struct S {
+    float a, b, c;
+  };
+  __device__ __forceinline__ S init() const {
+    S s = {0.0f, 0.0f, 0.0f};
+    if (op == MLP_AMAX || op == MLP_LOGSUMEXP)
+      s.a = -INFINITY;
+    return s;
+  }
+  template <class T> __device__ __forceinline__ void push(S &s, T v) const {
+    float x = to_f(v);
+    switch (op) {
+    case MLP_SUM:
+    case MLP_MEAN: s.a += x; break;
+    case MLP_AMAX:
+      if (x > s.a || is_nan(x))
+        s.a = is_nan(s.a) ? s.a : x;
+      break;
+    case MLP_LOGSUMEXP: lse_push(s, x); break;
+    default: { /* var */
+      s.a += 1.0f;
+      float d = x - s.b;
+      s.b += d / s.a;
+      s.c += d * (x - s.b);
+    }
+    }
+  }
+  /* Online log-sum-exp: m is the running max (NaN once any NaN), b the sum
+   * of exp(x - m); with an infinite m the sum is not needed (fin gives m). */
+  static __device__ __forceinline__ void lse_push(S &s, float x) {
+    if (x > s.a) {
+      s.b = (s.a == -INFINITY ? 0.0f : s.b * expf(s.a - x)) + 1.0f;
+      s.a = x;
+    } else if (is_nan(x)) {
+      s.a = x;
+    } else if (x > -INFINITY && s.a < INFINITY) {
+      s.b += expf(x - s.a);
+    }
+  }
+  static __device__ __forceinline__ void lse_merge(S &s, const S &o) {
+    if (is_nan(s.a) || is_nan(o.a)) {
+      s.a = NAN;
+    } else if (o.a > s.a) {
+      s.b = o.b + (s.a == -INFINITY ? 0.0f : s.b * expf(s.a - o.a));
+      s.a = o.a;
+    } else if (o.a > -INFINITY && s.a < INFINITY) {
+      s.b += o.b * expf(o.a - s.a);
+    }
+  }
+  __device__ __forceinline__ void merge(S &s, const S &o) const {
+    switch (op) {
+    case MLP_SUM:
+    case MLP_MEAN: s.a += o.a; break;
+    case MLP_AMAX:
+      if (!is_nan(s.a) && (o.a > s.a || is_nan(o.a)))
+        s.a = o.a;
+      break;
+    case MLP_LOGSUMEXP: lse_merge(s, o); break;
+    default: { /* var: Chan et al. */
+      if (o.a == 0.0f)
+        break;
+      if (s.a == 0.0f) {
+        s = o;
+        break;
+      }
+      float n = s.a + o.a, d = o.b - s.b;
+      s.b += d * (o.a / n);
+      s.c += o.c + d * d * (s.a * o.a / n);
+      s.a = n;
+    }
+    }
+  }
+  static __device__ __forceinline__ S shfl_down(const S &s, int d) {
+    S o;
+    o.a = __shfl_down_sync(0xffffffffu, s.a, d);
+    o.b = __shfl_down_sync(0xffffffffu, s.b, d);
+    o.c = __shfl_down_sync(0xffffffffu, s.c, d);
+    return o;
+  }
+  static __device__ __forceinline__ S shfl0(const S &s) {
+    S o;
+    o.a = __shfl_sync(0xffffffffu, s.a, 0);
+    o.b = __shfl_sync(0xffffffffu, s.b, 0);
+    o.c = __shfl_sync(0xffffffffu, s.c, 0);
+    return o;
+  }
+  /* The result for a reduction of L elements (var divides by L - correction). */
+  template <class T> __device__ __forceinline__ T fin(const S &s, int64_t L, float correction) const {
+    float v;
+    switch (op) {
+    case MLP_SUM: v = s.a; break;
+    case MLP_MEAN: v = s.a / (float)L; break;
+    case MLP_AMAX: v = s.a; break;
+    case MLP_LOGSUMEXP: v = is_nan(s.a) || is_inf(s.a) ? s.a : logf(s.b) + s.a; break;
+    default: {
+      float div = (float)L - correction;
+      v = (L ? s.c : NAN) / (div > 0.0f ? div : 0.0f);
+    }
+    }
+    return from_f<T>(v);
+  }
+};
+
+/* Reductions of i32: sum wraps, amax exact. */
+struct RedI {
+  int op;
+  struct S {
+    int32_t a;
+  };
+  __device__ __forceinline__ S init() const { return S{op == MLP_AMAX ? INT32_MIN : 0}; }
+  __device__ __forceinline__ void push(S &s, int32_t x) const {
+    if (op == MLP_AMAX)
+      s.a = x > s.a ? x : s.a;
+    else
+      s.a = (int32_t)((uint32_t)s.a + (uint32_t)x);
+  }
+  __device__ __forceinline__ void merge(S &s, const S &o) const { push(s, o.a); }
+  static __device__ __forceinline__ S shfl_down(const S &s, int d) { return S{__shfl_down_sync(0xffffffffu, s.a, d)}; }
+  static __device__ __forceinline__ S shfl0(const S &s) { return S{__shfl_sync(0xffffffffu, s.a, 0)}; }
+  template <class T> __device__ __forceinline__ T fin(const S &s, int64_t, float) const { return s.a; }
+};
+
+/* The state of a whole warp, in every lane (deterministic: a fixed tree,
+ * then lane 0's result broadcast). */
+template <class R> __device__ __forceinline__ typename R::S warp_merge(const R &r, typename R::S s) {
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) {
+    typename R::S o = R::shfl_down(s, d);
+    r.merge(s, o);
+  }
+  return R::shfl0(s);
+}
+
+/* The state of a whole block (blockDim.x a multiple of 32), in every thread;
+ * sh holds 32 states. Every thread of the block must call it. */
+template <class R>
+__device__ __forceinline__ typename R::S block_merge(const R &r, typename R::S s, typename R::S *sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  s = warp_merge(r, s);
+  __syncthreads(); /* sh may still be read from a previous call */
+  if (lane == 0)
+    sh[warp] = s;
+  __syncthreads();
+  s = lane < nw ? sh[lane] : r.init();
+  return warp_merge(r, s);
+}
+
+template <class R, bool BLOCK>
+__device__ __forceinline__ typename R::S group_merge(const R &r, typename R::S s, typename R::S *sh) {
+  if constexpr (BLOCK)
+    return block_merge(r, s, sh);
+  else
+    return warp_merge(r, s);
+}
+
+/* ---------------------------------------------------------------- reduction kernels */
+
+/* Reduced dims innermost: one group (a warp, or with BLOCK a block) per
+ * (output o, chunk c) of the reduction; the lanes stride over the reduced
+ * index. With part, the states go there ([M, nsplit]) for k_reduce_merge. */
+template <class T, class R, bool BLOCK>
+__global__ void __launch_bounds__(1024)
+    k_reduce_rows(const T *__restrict__ x, Geo<1> kept, Geo<1> red, int64_t M, int64_t L, int64_t chunk, int nsplit,
+                  R r, float corr, T *__restrict__ y, typename R::S *__restrict__ part) {
+  __shared__ typename R::S sh[32];
+  const int lane = BLOCK ? threadIdx.x : (threadIdx.x & 31);
+  const int nthr = BLOCK ? blockDim.x : 32;
+  const int64_t per = BLOCK ? 1 : blockDim.x / 32;
+  const int64_t ng = M * nsplit;
+  for (int64_t g = blockIdx.x * per + (BLOCK ? 0 : threadIdx.x / 32); g < ng; g += (int64_t)gridDim.x * per) {
+    int64_t o = g / nsplit, c = g - o * nsplit;
+    int64_t base = geo_off1(kept, o), lo = c * chunk, hi = lo + chunk < L ? lo + chunk : L;
+    typename R::S s = r.init();
+    if (red.rank == 1) {
+      int64_t st = red.st[0][0];
+      for (int64_t i = lo + lane; i < hi; i += nthr)
+        r.push(s, x[base + i * st]);
+    } else {
+      for (int64_t i = lo + lane; i < hi; i += nthr)
+        r.push(s, x[base + geo_off1(red, i)]);
+    }
+    s = group_merge<R, BLOCK>(r, s, sh);
+    if (lane == 0) {
+      if (part)
+        part[g] = s;
+      else
+        y[o] = r.template fin<T>(s, L, corr);
+    }
+  }
+}
+
+/* Kept dims innermost: threadIdx.x runs along 32 consecutive outputs (so the
+ * reads are coalesced), threadIdx.y (8) and blockIdx.y (nsplit chunks) split
+ * the reduction. */
+template <class T, class R>
+__global__ void k_reduce_cols(const T *__restrict__ x, Geo<1> kept, Geo<1> red, int64_t M, int64_t L, int64_t chunk,
+                              int nsplit, R r, float corr, T *__restrict__ y, typename R::S *__restrict__ part) {
+  __shared__ typename R::S sh[8][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.y, lo = c * chunk, hi = lo + chunk < L ? lo + chunk : L;
+  for (int64_t ob = blockIdx.x; ob * 32 < M; ob += gridDim.x) { /* uniform per block */
+    int64_t o = ob * 32 + tx;
+    typename R::S s = r.init();
+    if (o < M) {
+      int64_t base = geo_off1(kept, o), i = lo + ty;
+      if (red.rank == 1) { /* four loads in flight, pushed in the same order */
+        const int64_t st = red.st[0][0];
+        for (; i + 24 < hi; i += 32) {
+          T v0 = x[base + i * st], v1 = x[base + (i + 8) * st], v2 = x[base + (i + 16) * st],
+            v3 = x[base + (i + 24) * st];
+          r.push(s, v0);
+          r.push(s, v1);
+          r.push(s, v2);
+          r.push(s, v3);
+        }
+      }
+      for (; i < hi; i += 8)
+        r.push(s, x[base + geo_off1(red, i)]);
+    }
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && o < M) {
+      for (int k = 1; k < 8; k++)
+        r.merge(s, sh[k][tx]);
+      if (part)
+        part[o * nsplit + c] = s;
+      else
+        y[o] = r.template fin<T>(s, L, corr);
+    }
+    __syncthreads();
+  }
+}
+
+/* Second stage of a split reduction: one warp per output merges its nsplit
+ * partial states in a fixed order. */
+template <class T, class R>
+__global__ void k_reduce_merge(const typename R::S *__restrict__ part, int64_t M, int nsplit, R r, int64_t L,
+                               float corr, T *__restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < M;
+       o += (int64_t)gridDim.x * (blockDim.x / 32)) {
+    typename R::S s = r.init();
+    for (int k = lane; k < nsplit; k += 32)
+      r.merge(s, part[o * nsplit + k]);
+    s = warp_merge(r, s);
+    if (lane == 0)
+      y[o] = r.template fin<T>(s, L, corr);
+  }
+}
+
+/* ---------------------------------------------------------------- row kernels */
+
+/* The groups of a row kernel: a warp per row (8 rows per 256-thread block) or,
+ * with BLOCK, a block per row. Loops are uniform per group, so the group
+ * reductions inside are safe. */
+template <bool BLOCK> struct Rows {
+  int lane, nthr;
+  int64_t first, step;
+  __device__ Rows() {
+    lane = BLOCK ? threadIdx.x : (threadIdx.x & 31);
+    nthr = BLOCK ? blockDim.x : 32;
+    int64_t per = BLOCK ? 1 : blockDim.x / 32;
+    first = blockIdx.x * per + (BLOCK ? 0 : threadIdx.x / 32);
+    step = (int64_t)gridDim.x * per;
+  }
+};
+
+/* Row access for the row kernels: f(j, value) for each element j of a row
+ * of n that this thread owns, in 16-byte packs when vec (n a multiple of the
+ * pack, the row pointers aligned: checked by the host), else one by one.
+ * row_map writes yr[j] = f(j, xr[j]) with the same ownership, so a thread
+ * rewrites only what it read (in-place safe). */
+template <class T, class F>
+__device__ __forceinline__ void row_read(const T *xr, int64_t n, int lane, int nthr, int vec, F f) {
+  constexpr int V = 16 / sizeof(T);
+  if (vec) {
+    const Vec<T, V> *xv = reinterpret_cast<const Vec<T, V> *>(xr);
+    for (int64_t jv = lane; jv < n / V; jv += nthr) {
+      Vec<T, V> p = xv[jv];
+#pragma unroll
+      for (int u = 0; u < V; u++)
+        f(jv * V + u, to_f(p.v[u]));
+    }
+  } else {
+    for (int64_t j = lane; j < n; j += nthr)
+      f(j, to_f(xr[j]));
+  }
+}
+
+template <class TI, class TO, class F>
+__device__ __forceinline__ void row_map(const TI *xr, TO *yr, int64_t n, int lane, int nthr, int vec, F f) {
+  constexpr int V = 16 / sizeof(TI);
+  if (vec) {
+    const Vec<TI, V> *xv = reinterpret_cast<const Vec<TI, V> *>(xr);
+    Vec<TO, V> *yv = reinterpret_cast<Vec<TO, V> *>(yr);
+    for (int64_t jv = lane; jv < n / V; jv += nthr) {
+      Vec<TI, V> p = xv[jv];
+      Vec<TO, V> o;
+#pragma unroll
+      for (int u = 0; u < V; u++)
+        o.v[u] = from_f<TO>(f(jv * V + u, to_f(p.v[u])));
+      yv[jv] = o;
+    }
+  } else {
+    for (int64_t j = lane; j < n; j += nthr)
+      yr[j] = from_f<TO>(f(j, to_f(xr[j])));
+  }
+}
+
+/* softmax / log_softmax along rows of n (inner == 1). With causal_t > 0 (the
+ * attention scores), row r masks columns j > r % causal_t to -inf. x and y
+ * may be the same buffer (row_map rewrites only what each thread read). */
+template <class TI, class TO, bool BLOCK>
+__global__ void __launch_bounds__(1024)
+    k_softmax_rows(const TI *x, TO *y, int64_t rows, int64_t n, int logsm, int64_t causal_t, int vec) {
+  __shared__ RedF::S sh[32];
+  const RedF r{MLP_LOGSUMEXP};
+  Rows<BLOCK> g;
+  for (int64_t row = g.first; row < rows; row += g.step) {
+    const TI *xr = x + row * n;
+    int64_t lim = causal_t ? row % causal_t : n; /* columns j <= lim are kept */
+    RedF::S s = r.init();
+    row_read(xr, n, g.lane, g.nthr, vec, [&](int64_t j, float v) { RedF::lse_push(s, j <= lim ? v : -INFINITY); });
+    s = group_merge<RedF, BLOCK>(r, s, sh);
+    float m = s.a, sum = is_inf(m) ? NAN : s.b, lsum = logf(sum); /* an infinite max: NaN, as torch */
+    row_map(xr, y + row * n, n, g.lane, g.nthr, vec, [&](int64_t j, float v) {
+      float z = (j <= lim ? v : -INFINITY) - m;
+      return logsm ? z - lsum : expf(z) / sum;
+    });
+  }
+}
+
+/* softmax along a strided dim (inner > 1): a thread per (outer, inner) column. */
+template <class T>
+__global__ void k_softmax_cols(const T *__restrict__ x, T *__restrict__ y, int64_t outer, int64_t n, int64_t inner,
+                               int logsm) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t col = t; col < outer * inner; col += step) {
+    int64_t o = col / inner, k = col - o * inner, base = o * n * inner + k;
+    RedF::S s = {-INFINITY, 0.0f, 0.0f};
+    for (int64_t j = 0; j < n; j++)
+      RedF::lse_push(s, to_f(x[base + j * inner]));
+    float m = s.a, sum = is_inf(m) ? NAN : s.b, lsum = logf(sum);
+    for (int64_t j = 0; j < n; j++) {
+      float z = to_f(x[base + j * inner]) - m;
+      y[base + j * inner] = from_f<T>(logsm ? z - lsum : expf(z) / sum);
+    }
+  }
+}
+
+/* layer_norm (biased variance, Welford) or rms_norm over rows of d; w and b
+ * may be NULL. */
+template <class T, bool BLOCK, bool RMS>
+__global__ void __launch_bounds__(1024)
+    k_norm_rows(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b, T *__restrict__ y,
+                int64_t rows, int64_t d, float eps, int vec) {
+  __shared__ RedF::S sh[32];
+  const RedF r{RMS ? MLP_SUM : MLP_VAR};
+  Rows<BLOCK> g;
+  for (int64_t row = g.first; row < rows; row += g.step) {
+    const T *xr = x + row * d;
+    RedF::S s = r.init();
+    row_read(xr, d, g.lane, g.nthr, vec, [&](int64_t, float v) {
+      if (RMS)
+        s.a += v * v;
+      else
+        r.push(s, v);
+    });
+    s = group_merge<RedF, BLOCK>(r, s, sh);
+    float mean = RMS ? 0.0f : s.b, ms = RMS ? s.a / (float)d : s.c / (float)d;
+    float rstd = 1.0f / sqrtf(ms + eps);
+    row_map(xr, y + row * d, d, g.lane, g.nthr, vec, [&](int64_t j, float v) {
+      v = (v - mean) * rstd;
+      if (w)
+        v *= to_f(w[j]);
+      if (b)
+        v += to_f(b[j]);
+      return v;
+    });
+  }
+}
+
+/* cross-entropy rows: loss[i] = logsumexp(row) - row[t] and valid[i] = 1, or
+ * 0 and 0 for an ignored row; a target outside [0, C) records i in *bad. */
+template <class T, bool BLOCK>
+__global__ void __launch_bounds__(1024)
+    k_xent_rows(const T *__restrict__ logits, const int32_t *__restrict__ target, int64_t N, int64_t C, int64_t ignore,
+                float *__restrict__ loss, float *__restrict__ valid, unsigned long long *bad, int vec) {
+  __shared__ RedF::S sh[32];
+  const RedF r{MLP_LOGSUMEXP};
+  Rows<BLOCK> g;
+  for (int64_t row = g.first; row < N; row += g.step) {
+    int64_t t = target[row];
+    if (t == ignore || t < 0 || t >= C) { /* uniform per group */
+      if (g.lane == 0) {
+        if (t != ignore)
+          atomicMin(bad, (unsigned long long)row);
+        loss[row] = 0.0f;
+        valid[row] = 0.0f;
+      }
+      continue;
+    }
+    const T *xr = logits + row * C;
+    RedF::S s = r.init();
+    row_read(xr, C, g.lane, g.nthr, vec, [&](int64_t, float v) { RedF::lse_push(s, v); });
+    s = group_merge<RedF, BLOCK>(r, s, sh);
+    if (g.lane == 0) {
+      float lse = is_nan(s.a) || is_inf(s.a) ? NAN : logf(s.b) + s.a; /* as torch: inf - inf */
+      loss[row] = lse - to_f(xr[t]);
+      valid[row] = 1.0f;
+    }
+  }
+}
+
+/* Block sum in double (all threads call; blockDim.x a multiple of 32). */
+__device__ double block_sum_d(double v, double *sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int d = 16; d >= 1; d >>= 1)
+    v += __shfl_down_sync(0xffffffffu, v, d);
+  __syncthreads();
+  if (lane == 0)
+    sh[warp] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : 0.0;
+  for (int d = 16; d >= 1; d >>= 1)
+    v += __shfl_down_sync(0xffffffffu, v, d);
+  return v; /* valid in thread 0 */
+}
+
+/* y[0] = sum(num) / sum(den) (den NULL: / count), one block, fixed order. */
+template <class T>
+__global__ void __launch_bounds__(1024) k_mean_final(const float *__restrict__ num, const float *__restrict__ den,
+                                                     int64_t n, double count, T *__restrict__ y) {
+  __shared__ double sh[32];
+  double s = 0.0, c = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    s += num[i];
+    if (den)
+      c += den[i];
+  }
+  s = block_sum_d(s, sh);
+  if (den)
+    c = block_sum_d(c, sh);
+  if (threadIdx.x == 0)
+    y[0] = from_f<T>((float)(s / (den ? c : count)));
+}
+
+/* mse_loss, first stage: part[block] = sum over its elements of (a - b)^2. */
+template <class T, class I>
+__global__ void k_mse_part(const T *__restrict__ a, const T *__restrict__ b, int64_t n, Geo<2> g,
+                           float *__restrict__ part) {
+  __shared__ double sh[32];
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  float s = 0.0f;
+  for (int64_t i = t; i < n; i += step) {
+    int64_t off[2];
+    geo_offsets<2, I>(g, (I)i, off);
+    float d = to_f(a[off[0]]) - to_f(b[off[1]]);
+    s += d * d;
+  }
+  double tot = block_sum_d((double)s, sh);
+  if (threadIdx.x == 0)
+    part[blockIdx.x] = (float)tot;
+}
+
+/* ---------------------------------------------------------------- host: geometry */
+
+int64_t numel_of(int rank, const int64_t *shape) {
+  int64_t n = 1;
+  for (int k = 0; k < rank; k++)
+    n *= shape[k];
+  return n;
+}
+
+/* Checks a rank and shape: 0 <= rank <= MLP_MAXRANK, shape non-NULL when
+ * needed, no negative dims. */
+int check_shape(mlp_cuda_ctx *cx, const char *what, int rank, const int64_t *shape) {
+  if (rank < 0 || rank > MLP_MAXRANK)
+    return MLP_CUDA_BAD("%s: rank %d is outside [0, %d]", what, rank, MLP_MAXRANK);
+  if (rank && !shape)
+    return MLP_CUDA_BAD("%s: shape is NULL", what);
+  for (int k = 0; k < rank; k++)
+    if (shape[k] < 0)
+      return MLP_CUDA_BAD("%s: dim %d is negative (%lld)", what, k, (long long)shape[k]);
+  return 0;
+}
+
+/* Element strides that read a contiguous tensor of shape si[ri] at the
+ * coordinates of shape so[ro] under NumPy broadcasting; `unit` multiplies
+ * every stride (elements per index of these dims). Returns 0 if it does not
+ * broadcast. */
+int bcast_strides(int ri, const int64_t *si, int ro, const int64_t *so, int64_t unit, int64_t *st) {
+  if (ri > ro)
+    return 0;
+  int64_t s = unit;
+  for (int k = 0; k < ro; k++)
+    st[k] = 0;
+  for (int k = ri - 1; k >= 0; k--) {
+    int o = ro - ri + k;
+    if (si[k] == so[o])
+      st[o] = si[k] == 1 ? 0 : s;
+    else if (si[k] != 1)
+      return 0;
+    s *= si[k];
+  }
+  return 1;
+}
+
+/* Drops size-1 dims and merges dim k into k+1 where every operand steps
+ * contiguously (st[k] == st[k+1] * shape[k+1]); rank >= 1 afterwards. */
+template <int NOP> void collapse(Geo<NOP> *g) {
+  int r = 0;
+  for (int k = 0; k < g->rank; k++) {
+    if (g->shape[k] == 1)
+      continue;
+    if (r > 0) {
+      bool merge = true;
+      for (int p = 0; p < NOP; p++)
+        merge = merge && g->st[p][r - 1] == g->st[p][k] * g->shape[k];
+      if (merge) {
+        g->shape[r - 1] *= g->shape[k];
+        for (int p = 0; p < NOP; p++)
+          g->st[p][r - 1] = g->st[p][k];
+        continue;
+      }
+    }
+    g->shape[r] = g->shape[k];
+    for (int p = 0; p < NOP; p++)
+      g->st[p][r] = g->st[p][k];
+    r++;
+  }
+  if (r == 0) {
+    g->shape[0] = 1;
+    for (int p = 0; p < NOP; p++)
+      g->st[p][0] = 0;
+    r = 1;
+  }
+  g->rank = r;
+}
+
+/* Row-major strides of a shape, times unit. */
+void contiguous_strides(int rank, const int64_t *shape, int64_t unit, int64_t *st) {
+  int64_t s = unit;
+  for (int k = rank - 1; k >= 0; k--) {
+    st[k] = s;
+    s *= shape[k];
+  }
+}
+
+bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+/* ---------------------------------------------------------------- host: launchers */
+
+template <class TI, class TO, class F> int launch_map1(mlp_cuda_ctx *cx, const void *x, void *y, int64_t n, F f) {
+  constexpr int V = 16 / sizeof(TI);
+  int vec = aligned(x, 16) && aligned(y, alignof(Vec<TO, V>)) && n >= V;
+  k_map1<TI, TO, F>
+      <<<grid_for(cx, vec ? n / V : n, kThreads), kThreads, 0, cx->stream>>>((const TI *)x, (TO *)y, n, vec, f);
+  MLP_CUDA_LAUNCHED("k_map1");
+  return 0;
+}
+
+/* Binary op: the contiguous same-shape fast path, or the broadcasting one. */
+template <class T, class TO, class F>
+int launch_binary(mlp_cuda_ctx *cx, const void *a, const void *b, void *y, int64_t n, const Geo<2> &g, F f) {
+  constexpr int V = 16 / sizeof(T);
+  if (g.rank == 1 && g.st[0][0] == 1 && g.st[1][0] == 1) {
+    int vec = aligned(a, 16) && aligned(b, 16) && aligned(y, alignof(Vec<TO, V>)) && n >= V;
+    k_map2<T, TO, F><<<grid_for(cx, vec ? n / V : n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b,
+                                                                                           (TO *)y, n, vec, f);
+  } else if (n <= (int64_t)UINT32_MAX) {
+    k_bcast2<T, TO, F, uint32_t>
+        <<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, (TO *)y, n, g, f);
+  } else {
+    k_bcast2<T, TO, F, int64_t>
+        <<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, (TO *)y, n, g, f);
+  }
+  MLP_CUDA_LAUNCHED("binary kernel");
+  return 0;
+}
+
+template <class T>
+int binary_typed(mlp_cuda_ctx *cx, int op, const void *a, const void *b, void *y, int64_t n, const Geo<2> &g) {
+  if (op >= MLP_GT)
+    return launch_binary<T, uint8_t>(cx, a, b, y, n, g, CompareF{op});
+  return launch_binary<T, T>(cx, a, b, y, n, g, BinaryF{op});
+}
+
+template <class E> int launch_gather(mlp_cuda_ctx *cx, const void *x, void *y, int64_t n, const Geo<1> &g) {
+  if (g.rank == 1 && g.st[0][0] == 1) {
+    MLP_CUDA_TRY(cudaMemcpyAsync(y, x, (size_t)n * sizeof(E), cudaMemcpyDeviceToDevice, cx->stream));
+    return 0;
+  }
+  if (n <= (int64_t)UINT32_MAX)
+    k_gather<E, uint32_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const E *)x, (E *)y, n, g);
+  else
+    k_gather<E, int64_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const E *)x, (E *)y, n, g);
+  MLP_CUDA_LAUNCHED("k_gather");
+  return 0;
+}
+
+/* Strided copy of `n` elements of `es` bytes through a collapsed geometry. */
+int gather(mlp_cuda_ctx *cx, int es, const void *x, void *y, int64_t n, const Geo<1> &g) {
+  switch (es) {
+  case 1: return launch_gather<uint8_t>(cx, x, y, n, g);
+  case 2: return launch_gather<uint16_t>(cx, x, y, n, g);
+  default: return launch_gather<uint32_t>(cx, x, y, n, g);
+  }
+}
+
+/* The widest unit (1..16 bytes) dividing every given byte quantity. */
+int unit_for(const int64_t *v, int nv) {
+  int u = 16;
+  for (int i = 0; i < nv; i++)
+    while (u > 1 && v[i] % u)
+      u >>= 1;
+  return u;
+}
+
+template <class U>
+int launch_rows(mlp_cuda_ctx *cx, const void *src, int64_t spitch, void *dst, int64_t dpitch, int64_t rows, int64_t w,
+                const int32_t *idx, int64_t V) {
+  int bx = 32;
+  while (bx < 256 && bx < w)
+    bx *= 2;
+  dim3 block(bx, kThreads / bx);
+  int64_t nb = (rows + block.y - 1) / block.y, cap = (int64_t)cx->sms * 16;
+  k_rows<U><<<(unsigned)(nb < cap ? nb : cap), block, 0, cx->stream>>>((const U *)src, spitch, (U *)dst, dpitch, rows,
+                                                                       w, idx, V, cx->d_bad);
+  MLP_CUDA_LAUNCHED("k_rows");
+  return 0;
+}
+
+/* dst[p, 0:wb) = src[p (or idx[p]), 0:wb) in bytes, rows with byte pitches. */
+int copy_rows(mlp_cuda_ctx *cx, const void *src, int64_t spb, void *dst, int64_t dpb, int64_t rows, int64_t wb,
+              const int32_t *idx, int64_t V) {
+  if (rows == 0 || wb == 0)
+    return 0;
+  int64_t q[5] = {(int64_t)(uintptr_t)src, (int64_t)(uintptr_t)dst, spb, dpb, wb};
+  int u = unit_for(q, 5);
+  switch (u) {
+  case 16: return launch_rows<uint4>(cx, src, spb / 16, dst, dpb / 16, rows, wb / 16, idx, V);
+  case 8: return launch_rows<uint2>(cx, src, spb / 8, dst, dpb / 8, rows, wb / 8, idx, V);
+  case 4: return launch_rows<uint32_t>(cx, src, spb / 4, dst, dpb / 4, rows, wb / 4, idx, V);
+  case 2: return launch_rows<uint16_t>(cx, src, spb / 2, dst, dpb / 2, rows, wb / 2, idx, V);
+  default: return launch_rows<uint8_t>(cx, src, spb, dst, dpb, rows, wb, idx, V);
+  }
+}
+
+/* ---------------------------------------------------------------- host: reductions */
+
+/* Chooses the kernels of a reduction of M outputs over L elements (geometry
+ * kept/red already collapsed) and launches them. */
+template <class T, class R>
+int reduce_typed(mlp_cuda_ctx *cx, R r, const T *x, const Geo<1> &kept, const Geo<1> &red, int64_t M, int64_t L,
+                 float corr, T *y) {
+  typedef typename R::S S;
+  bool rows_mode = red.st[0][red.rank - 1] == 1 || kept.st[0][kept.rank - 1] != 1;
+  int64_t target = (int64_t)cx->sms * 4; /* groups wanted to fill the machine */
+  int64_t nsplit = 1;
+  if (rows_mode) {
+    if (M < target && L > 16384) {
+      nsplit = (target + M - 1) / M;
+      int64_t maxs = (L + 4095) / 4096;
+      nsplit = nsplit < maxs ? nsplit : maxs;
+      nsplit = nsplit < 1024 ? nsplit : 1024;
+    }
+  } else {
+    int64_t bx = (M + 31) / 32;
+    if (bx < target && L > 256) {
+      nsplit = (target + bx - 1) / bx;
+      int64_t maxs = (L + 63) / 64;
+      nsplit = nsplit < maxs ? nsplit : maxs;
+      nsplit = nsplit < 1024 ? nsplit : 1024;
+    }
+  }
+  int64_t chunk = nsplit > 1 ? (L + nsplit - 1) / nsplit : L;
+  S *part = NULL;
+  if (nsplit > 1) {
+    void *p;
+    int rc = scratch(cx, sizeof(S) * (size_t)(M * nsplit), &p);
+    if (rc)
+      return rc;
+    part = (S *)p;
+  }
+  if (rows_mode) {
+    int64_t ng = M * nsplit, cap = (int64_t)cx->sms * 32;
+    if (chunk <= 1024) {
+      int64_t nb = (ng + 7) / 8;
+      k_reduce_rows<T, R, false><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(
+          x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
+    } else {
+      int threads = chunk >= 16384 ? 1024 : 256;
+      k_reduce_rows<T, R, true><<<(unsigned)(ng < cap ? ng : cap), threads, 0, cx->stream>>>(
+          x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
+    }
+    MLP_CUDA_LAUNCHED("k_reduce_rows");
+  } else {
+    int64_t bx = (M + 31) / 32, cap = (int64_t)cx->sms * 32;
+    dim3 grid((unsigned)(bx < cap ? bx : cap), (unsigned)nsplit);
+    k_reduce_cols<T, R><<<grid, dim3(32, 8), 0, cx->stream>>>(x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
+    MLP_CUDA_LAUNCHED("k_reduce_cols");
+  }
+  if (part) {
+    int64_t nb = (M + 7) / 8, cap = (int64_t)cx->sms * 32;
+    k_reduce_merge<T, R>
+        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(part, M, (int)nsplit, r, L, corr, y);
+    MLP_CUDA_LAUNCHED("k_reduce_merge");
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- host: GEMM */
+
+cudaDataType_t blas_type(int dt) { return dt == MLP_F32 ? CUDA_R_32F : dt == MLP_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+/* Column-major C[m, n] (+ batch) = alpha op(A) op(B) + beta C through
+ * cublasGemmEx / cublasGemmStridedBatchedEx, f32 compute (no TF32). A stride
+ * of 0 broadcasts an operand over the batch. k == 0 writes beta * C, i.e.
+ * zeros (C is contiguous in every use here). */
+int gemm(mlp_cuda_ctx *cx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
+         const void *A, cudaDataType_t tA, int64_t lda, int64_t sA, const void *B, cudaDataType_t tB, int64_t ldb,
+         int64_t sB, float beta, void *C, cudaDataType_t tC, int64_t ldc, int64_t sC, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0)
+    return 0;
+  size_t ces = tC == CUDA_R_32F ? 4 : 2;
+  if (k == 0) {
+    if (beta != 0.0f)
+      return MLP_CUDA_BAD("internal: gemm with k = 0 and beta != 0");
+    MLP_CUDA_TRY(cudaMemsetAsync(C, 0, (size_t)(m * n * batch) * ces, cx->stream));
+    return 0;
+  }
+  const int64_t big = INT_MAX;
+  if (m > big || n > big || k > big || lda > big || ldb > big || ldc > big)
+    return MLP_CUDA_BAD("GEMM of %lld x %lld x %lld is too large for cuBLAS's int dims", (long long)m, (long long)n,
+                        (long long)k);
+  for (int64_t b0 = 0; b0 < batch; b0 += 65535) {
+    int64_t nb = batch - b0 < 65535 ? batch - b0 : 65535;
+    const char *pa = (const char *)A + (size_t)(b0 * sA) * (tA == CUDA_R_32F ? 4 : 2);
+    const char *pb = (const char *)B + (size_t)(b0 * sB) * (tB == CUDA_R_32F ? 4 : 2);
+    char *pc = (char *)C + (size_t)(b0 * sC) * ces;
+    if (nb == 1)
+      MLP_CUDA_BLAS(cublasGemmEx(cx->blas, ta, tb, (int)m, (int)n, (int)k, &alpha, pa, tA, (int)lda, pb, tB, (int)ldb,
+                                 &beta, pc, tC, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+      MLP_CUDA_BLAS(cublasGemmStridedBatchedEx(cx->blas, ta, tb, (int)m, (int)n, (int)k, &alpha, pa, tA, (int)lda, sA,
+                                               pb, tB, (int)ldb, sB, &beta, pc, tC, (int)ldc, sC, (int)nb,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  return 0;
+}
+
+/* Batch dims of several operands over an output batch shape, collapsed; the
+ * last collapsed dim runs inside a strided-batched call and the others in a
+ * host loop (usually there are none). */
+template <int NOP> struct BatchWalk {
+  Geo<NOP> g;
+  int64_t outer, inner; /* host iterations, batch count per call */
+  void init(int rank, const int64_t *shape, int64_t st[NOP][MLP_MAXRANK]) {
+    g.rank = rank;
+    for (int k = 0; k < rank; k++) {
+      g.shape[k] = shape[k];
+      for (int p = 0; p < NOP; p++)
+        g.st[p][k] = st[p][k];
+    }
+    collapse(&g);
+    inner = g.shape[g.rank - 1];
+    outer = 1;
+    for (int k = 0; k < g.rank - 1; k++)
+      outer *= g.shape[k];
+  }
+  /* Element offsets of the start of host iteration t. */
+  void offsets(int64_t t, int64_t *off) const {
+    for (int p = 0; p < NOP; p++)
+      off[p] = 0;
+    for (int k = g.rank - 2; k >= 0; k--) {
+      int64_t i = t % g.shape[k];
+      t /= g.shape[k];
+      for (int p = 0; p < NOP; p++)
+        off[p] += i * g.st[p][k];
+    }
+  }
+  int64_t stride(int p) const { return g.st[p][g.rank - 1]; }
+};
+
+/* ---------------------------------------------------------------- host: attention */
+
+template <class TO, bool BLOCK>
+int launch_softmax_rows(mlp_cuda_ctx *cx, const float *x, TO *y, int64_t rows, int64_t n, int64_t causal_t) {
+  int64_t cap = (int64_t)cx->sms * 32;
+  int vec = n % 4 == 0 && aligned(x, 16) && aligned(y, alignof(Vec<TO, 4>));
+  if (BLOCK) {
+    int threads = n >= 8192 ? 1024 : 256;
+    k_softmax_rows<float, TO, true>
+        <<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(x, y, rows, n, 0, causal_t, vec);
+  } else {
+    int64_t nb = (rows + 7) / 8;
+    k_softmax_rows<float, TO, false>
+        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, rows, n, 0, causal_t, vec);
+  }
+  MLP_CUDA_LAUNCHED("k_softmax_rows");
+  return 0;
+}
+
+template <class T>
+int attention_typed(mlp_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
+                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  const bool f32 = dt == MLP_F32;
+  const size_t per = (size_t)(Tq * Tk) * (sizeof(float) + (f32 ? 0 : sizeof(T)));
+  int64_t chunk = per ? (int64_t)(MLP_CUDA_ATTN_BUDGET / per) : bw.inner;
+  chunk = chunk < 1 ? 1 : chunk > bw.inner ? bw.inner : chunk;
+  void *p;
+  int rc = scratch(cx, per * (size_t)chunk, &p);
+  if (rc)
+    return rc;
+  float *S = (float *)p;
+  T *P = f32 ? (T *)p : (T *)(S + (size_t)(chunk * Tq * Tk));
+  cudaDataType_t ty = blas_type(dt);
+  for (int64_t t = 0; t < bw.outer; t++) {
+    int64_t off[4];
+    bw.offsets(t, off);
+    for (int64_t b0 = 0; b0 < bw.inner; b0 += chunk) {
+      int64_t nb = bw.inner - b0 < chunk ? bw.inner - b0 : chunk;
+      const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
+      const T *vb = v + off[2] + b0 * bw.stride(2);
+      T *yb = y + off[3] + b0 * bw.stride(3);
+      /* S^T [Tk, Tq] (column-major) = K [Tk, D] Q^T: row-major S = scale q k^T */
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, D, bw.stride(1), qb, ty, D, bw.stride(0), 0.0f,
+                S, CUDA_R_32F, Tk, Tq * Tk, nb);
+      if (rc)
+        return rc;
+      rc = Tk <= 1024 ? launch_softmax_rows<T, false>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0)
+                      : launch_softmax_rows<T, true>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0);
+      if (rc)
+        return rc;
+      /* O^T [Dv, Tq] = V^T P^T: row-major O = P v */
+      rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, Dv, Tq, Tk, 1.0f, vb, ty, Dv, bw.stride(2), P, ty, Tk, Tq * Tk, 0.0f, yb,
+                ty, Dv, bw.stride(3), nb);
+      if (rc)
+        return rc;
+    }
+  }
+  return 0;
+}
+
+} // namespace
+
+/* ================================================================ entry points */
+
+/* (C linkage comes from the declarations in mlp_rt.h.) */
+
+/* Makes a context on the current device: a non-blocking stream, a cuBLAS
+ * handle bound to it (workspace set, reduced-precision split-K reductions
+ * off), the d_bad cell. */
+int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
+  int n = 0, dev = 0;
+  cudaError_t e;
+  const char *what = "";
+  if (!out) {
+    if (err && errlen)
+      snprintf(err, errlen, "mlp_cuda_ctx_create: out is NULL");
+    return (int)cudaErrorInvalidValue;
+  }
+  *out = NULL;
+  e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (err && errlen)
+      snprintf(err, errlen, "no CUDA device available (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    cudaGetLastError();
+    return e != cudaSuccess ? (int)e : (int)cudaErrorNoDevice;
+  }
+  mlp_cuda_ctx *cx = (mlp_cuda_ctx *)calloc(1, sizeof *cx);
+  if (!cx) {
+    if (err && errlen)
+      snprintf(err, errlen, "mlp_cuda_ctx_create: out of host memory");
+    return (int)cudaErrorMemoryAllocation;
+  }
+  cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+  cx->op = "mlp_cuda_ctx_create";
+  const unsigned long long none = (unsigned long long)INT64_MAX;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess) {
+    what = "cudaGetDevice";
+    goto cuda_error;
+  }
+  cx->device = dev;
+  if ((e = cudaDeviceGetAttribute(&cx->sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) {
+    what = "cudaDeviceGetAttribute";
+    goto cuda_error;
+  }
+  if (cx->sms < 1)
+    cx->sms = 1;
+  if ((e = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    what = "cudaStreamCreateWithFlags";
+    goto cuda_error;
+  }
+  if ((e = cudaMalloc((void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
+    what = "cudaMalloc (d_bad)";
+    goto cuda_error;
+  }
+  if ((e = cudaMemcpy(cx->d_bad, &none, sizeof none, cudaMemcpyHostToDevice)) != cudaSuccess) {
+    what = "cudaMemcpy (d_bad)";
+    goto cuda_error;
+  }
+  if ((e = cudaMalloc(&cx->blas_ws, MLP_CUDA_BLAS_WS)) != cudaSuccess) {
+    what = "cudaMalloc (cuBLAS workspace)";
+    goto cuda_error;
+  }
+  if ((bs = cublasCreate(&cx->blas)) != CUBLAS_STATUS_SUCCESS) {
+    cx->blas = NULL;
+    what = "cublasCreate";
+    goto blas_error;
+  }
+  if ((bs = cublasSetStream(cx->blas, cx->stream)) != CUBLAS_STATUS_SUCCESS) {
+    what = "cublasSetStream";
+    goto blas_error;
+  }
+  if ((bs = cublasSetWorkspace(cx->blas, cx->blas_ws, MLP_CUDA_BLAS_WS)) != CUBLAS_STATUS_SUCCESS) {
+    what = "cublasSetWorkspace";
+    goto blas_error;
+  }
+  if ((bs = cublasSetMathMode(
+           cx->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION))) !=
+      CUBLAS_STATUS_SUCCESS) {
+    what = "cublasSetMathMode";
+    goto blas_error;
+  }
+  cx->op = NULL;
+  *out = cx;
+  return 0;
+cuda_error:
+  if (err && errlen)
+    snprintf(err, errlen, "creating the CUDA context: %s failed: %s", what, cudaGetErrorString(e));
+  cudaGetLastError();
+  mlp_cuda_ctx_destroy(cx);
+  return (int)e;
+blas_error:
+  if (err && errlen)
+    snprintf(err, errlen, "creating the CUDA context: %s failed: %s", what, cublasGetStatusString(bs));
+  mlp_cuda_ctx_destroy(cx);
+  return (int)bs;
+}
+
+/* Waits for the stream, then frees everything the context owns. */
+void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx) {
+  if (!cx)
+    return;
+  if (cx->stream)
+    cudaStreamSynchronize(cx->stream);
+  if (cx->blas)
+    cublasDestroy(cx->blas);
+  cudaFree(cx->scratch);
+  cudaFree(cx->blas_ws);
+  cudaFree(cx->d_bad);
+  if (cx->stream)
+    cudaStreamDestroy(cx->stream);
+  cudaGetLastError();
+  free(cx);
+}
+
+const char *mlp_cuda_ctx_error(const mlp_cuda_ctx *cx) { return cx ? cx->err : "no CUDA context"; }
+
+int mlp_cuda_sync(mlp_cuda_ctx *cx) {
+  cx->op = "mlp_cuda_sync";
+  MLP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+  MLP_CUDA_TRY(cudaGetLastError());
+  return 0;
+}
+
+/* Reads d_bad after the work so far; resets it when it was set. */
+int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos) {
+  cx->op = "mlp_cuda_bad_index";
+  unsigned long long v = 0;
+  *pos = -1;
+  MLP_CUDA_TRY(cudaMemcpyAsync(&v, cx->d_bad, sizeof v, cudaMemcpyDeviceToHost, cx->stream));
+  MLP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+  if (v != (unsigned long long)INT64_MAX) {
+    *pos = (int64_t)v;
+    k_set_bad<<<1, 1, 0, cx->stream>>>(cx->d_bad);
+    MLP_CUDA_LAUNCHED("k_set_bad");
+  }
+  return 0;
+}
+
+int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n) {
+  cx->op = "mlp_cuda_malloc";
+  *p = NULL;
+  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *p = NULL;
+    return fail(cx, (int)e, "could not allocate %zu bytes of device memory: %s", n, cudaGetErrorString(e));
+  }
+  return 0;
+}
+
+/* Waits for the stream (the memory may still be in use), then frees. */
+void mlp_cuda_free(mlp_cuda_ctx *cx, void *p) {
+  if (!p)
+    return;
+  if (cx)
+    cudaStreamSynchronize(cx->stream);
+  cudaFree(p);
+  cudaGetLastError();
+}
+
+/* h2d and d2h return when the copy is done (host buffers are free to reuse
+ * and results readable); d2d is enqueued. */
+int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind) {
+  cx->op = "mlp_cuda_memcpy";
+  if (kind < 0 || kind > 2)
+    return MLP_CUDA_BAD("kind %d is not 0 (h2d), 1 (d2h) or 2 (d2d)", kind);
+  if (n == 0)
+    return 0;
+  if (!dst || !src)
+    return MLP_CUDA_BAD("NULL pointer");
+  static const cudaMemcpyKind k[3] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+  MLP_CUDA_TRY(cudaMemcpyAsync(dst, src, n, k[kind], cx->stream));
+  if (kind != 2)
+    MLP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+  return 0;
+}
+
+/* ---------------------------------------------------------------- pointwise */
+
+int mlp_cuda_unary(mlp_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b) {
+  cx->op = "mlp_cuda_unary";
+  if (op < MLP_NEG || op > MLP_COPY)
+    return MLP_CUDA_BAD("unknown op %d", op);
+  if (!dt_ok(dt) || n < 0)
+    return MLP_CUDA_BAD("bad dtype %d or size %lld", dt, (long long)n);
+  if (n == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  if (op == MLP_COPY) {
+    if (x != y)
+      MLP_CUDA_TRY(cudaMemcpyAsync(y, x, (size_t)n * dt_size(dt), cudaMemcpyDeviceToDevice, cx->stream));
+    return 0;
+  }
+  UnaryF f = {op, (float)a, (float)b};
+  switch (dt) {
+  case MLP_F32: return launch_map1<float, float>(cx, x, y, n, f);
+  case MLP_BF16: return launch_map1<bf16, bf16>(cx, x, y, n, f);
+  case MLP_F16: return launch_map1<f16, f16>(cx, x, y, n, f);
+  case MLP_I32: {
+    if (op != MLP_NEG && op != MLP_ABS && op != MLP_RELU && op != MLP_SQUARE && op != MLP_CLAMP)
+      return MLP_CUDA_BAD("op %d is not defined on i32", op);
+    /* integer clamp bounds: ceil(min), floor(max), saturated to the i32 range */
+    double lo = ceil(a), hi = floor(b);
+    UnaryI fi = {op,
+                 lo <= (double)INT32_MIN   ? INT32_MIN
+                 : lo >= (double)INT32_MAX ? INT32_MAX
+                                           : (int32_t)lo,
+                 hi >= (double)INT32_MAX   ? INT32_MAX
+                 : hi <= (double)INT32_MIN ? INT32_MIN
+                                           : (int32_t)hi};
+    return launch_map1<int32_t, int32_t>(cx, x, y, n, fi);
+  }
+  default: return MLP_CUDA_BAD("op %d is not defined on bool", op);
+  }
+}
+
+template <class TI> static int cast_from(mlp_cuda_ctx *cx, int dt_out, const void *x, void *y, int64_t n) {
+  switch (dt_out) {
+  case MLP_F32: return launch_map1<TI, float>(cx, x, y, n, CastF<float>());
+  case MLP_BF16: return launch_map1<TI, bf16>(cx, x, y, n, CastF<bf16>());
+  case MLP_F16: return launch_map1<TI, f16>(cx, x, y, n, CastF<f16>());
+  case MLP_I32: return launch_map1<TI, int32_t>(cx, x, y, n, CastF<int32_t>());
+  default: return launch_map1<TI, uint8_t>(cx, x, y, n, CastF<uint8_t>());
+  }
+}
+
+int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n) {
+  cx->op = "mlp_cuda_cast";
+  if (!dt_ok(dt_in) || !dt_ok(dt_out) || n < 0)
+    return MLP_CUDA_BAD("bad dtypes %d -> %d or size %lld", dt_in, dt_out, (long long)n);
+  if (n == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  if (dt_in == dt_out) {
+    if (x != y)
+      MLP_CUDA_TRY(cudaMemcpyAsync(y, x, (size_t)n * dt_size(dt_in), cudaMemcpyDeviceToDevice, cx->stream));
+    return 0;
+  }
+  switch (dt_in) {
+  case MLP_F32: return cast_from<float>(cx, dt_out, x, y, n);
+  case MLP_BF16: return cast_from<bf16>(cx, dt_out, x, y, n);
+  case MLP_F16: return cast_from<f16>(cx, dt_out, x, y, n);
+  case MLP_I32: return cast_from<int32_t>(cx, dt_out, x, y, n);
+  default: return cast_from<uint8_t>(cx, dt_out, x, y, n);
+  }
+}
+
+int mlp_cuda_binary(mlp_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy) {
+  cx->op = "mlp_cuda_binary";
+  int rc;
+  if (op < MLP_ADD || op > MLP_NE)
+    return MLP_CUDA_BAD("unknown op %d", op);
+  if (dt != MLP_F32 && dt != MLP_BF16 && dt != MLP_F16 && dt != MLP_I32)
+    return MLP_CUDA_BAD("dtype %s is not numeric", dt_name(dt));
+  if (dt == MLP_I32 && op == MLP_DIV)
+    return MLP_CUDA_BAD("div is not defined on i32");
+  if ((rc = check_shape(cx, "a", ra, sa)) || (rc = check_shape(cx, "b", rb, sb)) || (rc = check_shape(cx, "y", ry, sy)))
+    return rc;
+  Geo<2> g;
+  g.rank = ry;
+  for (int k = 0; k < ry; k++)
+    g.shape[k] = sy[k];
+  if (!bcast_strides(ra, sa, ry, sy, 1, g.st[0]) || !bcast_strides(rb, sb, ry, sy, 1, g.st[1]))
+    return MLP_CUDA_BAD("the operands do not broadcast to the result's shape");
+  int64_t n = numel_of(ry, sy);
+  if (n == 0)
+    return 0;
+  if (!a || !b || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  collapse(&g);
+  switch (dt) {
+  case MLP_F32: return binary_typed<float>(cx, op, a, b, y, n, g);
+  case MLP_BF16: return binary_typed<bf16>(cx, op, a, b, y, n, g);
+  case MLP_F16: return binary_typed<f16>(cx, op, a, b, y, n, g);
+  default: return binary_typed<int32_t>(cx, op, a, b, y, n, g);
+  }
+}
+
+int mlp_cuda_where(mlp_cuda_ctx *cx, int dt, const uint8_t *c, int rcnd, const int64_t *sc, const void *a, int ra,
+                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy) {
+  cx->op = "mlp_cuda_where";
+  int rc;
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if ((rc = check_shape(cx, "cond", rcnd, sc)) || (rc = check_shape(cx, "a", ra, sa)) ||
+      (rc = check_shape(cx, "b", rb, sb)) || (rc = check_shape(cx, "y", ry, sy)))
+    return rc;
+  Geo<3> g;
+  g.rank = ry;
+  for (int k = 0; k < ry; k++)
+    g.shape[k] = sy[k];
+  if (!bcast_strides(rcnd, sc, ry, sy, 1, g.st[0]) || !bcast_strides(ra, sa, ry, sy, 1, g.st[1]) ||
+      !bcast_strides(rb, sb, ry, sy, 1, g.st[2]))
+    return MLP_CUDA_BAD("the operands do not broadcast to the result's shape");
+  int64_t n = numel_of(ry, sy);
+  if (n == 0)
+    return 0;
+  if (!c || !a || !b || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  collapse(&g);
+  unsigned grid = grid_for(cx, n, kThreads);
+  bool small = n <= (int64_t)UINT32_MAX;
+#define MLP_WHERE(E)                                                                                                   \
+  if (small)                                                                                                           \
+    k_where<E, uint32_t><<<grid, kThreads, 0, cx->stream>>>(c, (const E *)a, (const E *)b, (E *)y, n, g);              \
+  else                                                                                                                 \
+    k_where<E, int64_t><<<grid, kThreads, 0, cx->stream>>>(c, (const E *)a, (const E *)b, (E *)y, n, g);
+  switch (dt_size(dt)) {
+  case 1: MLP_WHERE(uint8_t) break;
+  case 2: MLP_WHERE(uint16_t) break;
+  default: MLP_WHERE(uint32_t) break;
+  }
+#undef MLP_WHERE
+  MLP_CUDA_LAUNCHED("k_where");
+  return 0;
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+int mlp_cuda_reduce(mlp_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
+                    void *y, double correction) {
+  cx->op = "mlp_cuda_reduce";
+  int rc;
+  if (op < MLP_SUM || op > MLP_LOGSUMEXP)
+    return MLP_CUDA_BAD("unknown op %d", op);
+  if (dt == MLP_I32 ? op != MLP_SUM && op != MLP_AMAX : !is_float_dt(dt))
+    return MLP_CUDA_BAD("op %d is not defined on %s", op, dt_name(dt));
+  if ((rc = check_shape(cx, "x", rank, shape)))
+    return rc;
+  int64_t st[MLP_MAXRANK];
+  Geo<1> kept, red;
+  kept.rank = red.rank = 0;
+  contiguous_strides(rank, shape, 1, st);
+  int64_t M = 1, L = 1;
+  for (int k = 0; k < rank; k++) {
+    Geo<1> *g = (axes >> k) & 1 ? &red : &kept;
+    g->shape[g->rank] = shape[k];
+    g->st[0][g->rank++] = st[k];
+    ((axes >> k) & 1 ? L : M) *= shape[k];
+  }
+  collapse(&kept);
+  collapse(&red);
+  if (M == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  float corr = (float)correction;
+  switch (dt) {
+  case MLP_F32: return reduce_typed(cx, RedF{op}, (const float *)x, kept, red, M, L, corr, (float *)y);
+  case MLP_BF16: return reduce_typed(cx, RedF{op}, (const bf16 *)x, kept, red, M, L, corr, (bf16 *)y);
+  case MLP_F16: return reduce_typed(cx, RedF{op}, (const f16 *)x, kept, red, M, L, corr, (f16 *)y);
+  default: return reduce_typed(cx, RedI{op}, (const int32_t *)x, kept, red, M, L, corr, (int32_t *)y);
+  }
+}
+
+template <class T>
+static int softmax_typed(mlp_cuda_ctx *cx, int log, const T *x, T *y, int64_t outer, int64_t n, int64_t inner) {
+  int64_t cap = (int64_t)cx->sms * 32;
+  const int V = 16 / sizeof(T);
+  int vec = n % V == 0 && aligned(x, 16) && aligned(y, 16);
+  if (inner == 1) {
+    if (n <= 1024) {
+      int64_t nb = (outer + 7) / 8;
+      k_softmax_rows<T, T, false>
+          <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, outer, n, log, 0, vec);
+    } else {
+      int threads = n >= 8192 ? 1024 : 256;
+      k_softmax_rows<T, T, true>
+          <<<(unsigned)(outer < cap ? outer : cap), threads, 0, cx->stream>>>(x, y, outer, n, log, 0, vec);
+    }
+    MLP_CUDA_LAUNCHED("k_softmax_rows");
+  } else {
+    k_softmax_cols<T><<<grid_for(cx, outer * inner, kThreads), kThreads, 0, cx->stream>>>(x, y, outer, n, inner, log);
+    MLP_CUDA_LAUNCHED("k_softmax_cols");
+  }
+  return 0;
+}
+
+int mlp_cuda_softmax(mlp_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n,
+                     int64_t inner) {
+  cx->op = "mlp_cuda_softmax";
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (outer < 0 || n < 0 || inner < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (outer * n * inner == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  switch (dt) {
+  case MLP_F32: return softmax_typed(cx, log, (const float *)x, (float *)y, outer, n, inner);
+  case MLP_BF16: return softmax_typed(cx, log, (const bf16 *)x, (bf16 *)y, outer, n, inner);
+  default: return softmax_typed(cx, log, (const f16 *)x, (f16 *)y, outer, n, inner);
+  }
+}
+
+template <class T, bool RMS>
+static int norm_typed(mlp_cuda_ctx *cx, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
+                      float eps) {
+  int64_t cap = (int64_t)cx->sms * 32;
+  const int V = 16 / sizeof(T);
+  int vec = d % V == 0 && aligned(x, 16) && aligned(y, 16) && aligned(w, 16) && aligned(b, 16);
+  if (d <= 1024) {
+    int64_t nb = (rows + 7) / 8;
+    k_norm_rows<T, false, RMS><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(
+        (const T *)x, (const T *)w, (const T *)b, (T *)y, rows, d, eps, vec);
+  } else {
+    int threads = d >= 8192 ? 1024 : 256;
+    k_norm_rows<T, true, RMS><<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(
+        (const T *)x, (const T *)w, (const T *)b, (T *)y, rows, d, eps, vec);
+  }
+  MLP_CUDA_LAUNCHED("k_norm_rows");
+  return 0;
+}
+
+template <bool RMS>
+static int norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
+                double eps) {
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (rows < 0 || d < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (rows * d == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  switch (dt) {
+  case MLP_F32: return norm_typed<float, RMS>(cx, x, w, b, y, rows, d, (float)eps);
+  case MLP_BF16: return norm_typed<bf16, RMS>(cx, x, w, b, y, rows, d, (float)eps);
+  default: return norm_typed<f16, RMS>(cx, x, w, b, y, rows, d, (float)eps);
+  }
+}
+
+int mlp_cuda_layer_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                        int64_t d, double eps) {
+  cx->op = "mlp_cuda_layer_norm";
+  return norm<false>(cx, dt, x, w, b, y, rows, d, eps);
+}
+
+int mlp_cuda_rms_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
+                      double eps) {
+  cx->op = "mlp_cuda_rms_norm";
+  return norm<true>(cx, dt, x, w, NULL, y, rows, d, eps);
+}
+
+/* ---------------------------------------------------------------- shape ops */
+
+template <class E>
+static int launch_transpose(mlp_cuda_ctx *cx, const void *x, void *y, int64_t SA, int64_t SB, int64_t inB, int64_t outA,
+                            int64_t nbatch, const Geo<2> &bg) {
+  int64_t tiles = nbatch * ((SA + 31) / 32) * ((SB + 31) / 32), cap = (int64_t)cx->sms * 16;
+  k_transpose<E><<<(unsigned)(tiles < cap ? tiles : cap), dim3(32, 8), 0, cx->stream>>>((const E *)x, (E *)y, SA, SB,
+                                                                                        inB, outA, nbatch, bg);
+  MLP_CUDA_LAUNCHED("k_transpose");
+  return 0;
+}
+
+int mlp_cuda_permute(mlp_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm,
+                     void *y) {
+  cx->op = "mlp_cuda_permute";
+  int rc;
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if ((rc = check_shape(cx, "x", rank, shape)))
+    return rc;
+  if (rank && !perm)
+    return MLP_CUDA_BAD("perm is NULL");
+  int64_t ist[MLP_MAXRANK];
+  unsigned seen = 0;
+  contiguous_strides(rank, shape, 1, ist);
+  Geo<1> g;
+  g.rank = rank;
+  for (int k = 0; k < rank; k++) {
+    if (perm[k] < 0 || perm[k] >= rank || (seen >> perm[k]) & 1)
+      return MLP_CUDA_BAD("perm is not a permutation of 0..%d", rank - 1);
+    seen |= 1u << perm[k];
+    g.shape[k] = shape[perm[k]];
+    g.st[0][k] = ist[perm[k]];
+  }
+  int64_t n = numel_of(rank, shape);
+  if (n == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  collapse(&g);
+  int r = g.rank, es = dt_size(dt);
+  int A = -1; /* the output dim that reads the input's contiguous dim */
+  for (int k = 0; k < r; k++)
+    if (g.st[0][k] == 1)
+      A = k;
+  if (r >= 2 && A >= 0 && A != r - 1) {
+    /* tiled transpose of (A, last); the other dims form the batch */
+    int64_t ost[MLP_MAXRANK];
+    contiguous_strides(r, g.shape, 1, ost);
+    Geo<2> bg;
+    bg.rank = 0;
+    int64_t nbatch = 1;
+    for (int k = 0; k < r; k++)
+      if (k != A && k != r - 1) {
+        bg.shape[bg.rank] = g.shape[k];
+        bg.st[0][bg.rank] = g.st[0][k];
+        bg.st[1][bg.rank++] = ost[k];
+        nbatch *= g.shape[k];
+      }
+    if (bg.rank == 0) {
+      bg.rank = 1;
+      bg.shape[0] = 1;
+      bg.st[0][0] = bg.st[1][0] = 0;
+    }
+    switch (es) {
+    case 1: return launch_transpose<uint8_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
+    case 2: return launch_transpose<uint16_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
+    default:
+      return launch_transpose<uint32_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
+    }
+  }
+  return gather(cx, es, x, y, n, g);
+}
+
+int mlp_cuda_slice(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
+                   int64_t hi, void *y) {
+  cx->op = "mlp_cuda_slice";
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if (outer < 0 || n < 0 || inner < 0 || lo < 0 || lo > hi || hi > n)
+    return MLP_CUDA_BAD("[%lld, %lld) is not a range of a dim of size %lld", (long long)lo, (long long)hi,
+                        (long long)n);
+  if (outer * (hi - lo) * inner == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  int64_t es = dt_size(dt);
+  if (outer == 1 || hi - lo == n) {
+    MLP_CUDA_TRY(cudaMemcpyAsync(y, (const char *)x + lo * inner * es, (size_t)(outer * (hi - lo) * inner * es),
+                                 cudaMemcpyDeviceToDevice, cx->stream));
+    return 0;
+  }
+  return copy_rows(cx, (const char *)x + lo * inner * es, n * inner * es, y, (hi - lo) * inner * es, outer,
+                   (hi - lo) * inner * es, NULL, 0);
+}
+
+int mlp_cuda_copy_into(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
+                       int64_t ny, int64_t at) {
+  cx->op = "mlp_cuda_copy_into";
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if (outer < 0 || nx < 0 || inner < 0 || at < 0 || at + nx > ny)
+    return MLP_CUDA_BAD("[%lld, %lld) does not fit in a dim of size %lld", (long long)at, (long long)(at + nx),
+                        (long long)ny);
+  if (outer * nx * inner == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  int64_t es = dt_size(dt);
+  if (outer == 1 || nx == ny) {
+    MLP_CUDA_TRY(cudaMemcpyAsync((char *)y + at * inner * es, x, (size_t)(outer * nx * inner * es),
+                                 cudaMemcpyDeviceToDevice, cx->stream));
+    return 0;
+  }
+  return copy_rows(cx, x, nx * inner * es, (char *)y + at * inner * es, ny * inner * es, outer, nx * inner * es, NULL,
+                   0);
+}
+
+int mlp_cuda_broadcast(mlp_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
+                       const int64_t *sy) {
+  cx->op = "mlp_cuda_broadcast";
+  int rc;
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if ((rc = check_shape(cx, "x", rx, sx)) || (rc = check_shape(cx, "y", ry, sy)))
+    return rc;
+  Geo<1> g;
+  g.rank = ry;
+  for (int k = 0; k < ry; k++)
+    g.shape[k] = sy[k];
+  if (!bcast_strides(rx, sx, ry, sy, 1, g.st[0]))
+    return MLP_CUDA_BAD("x does not broadcast to the result's shape");
+  int64_t n = numel_of(ry, sy);
+  if (n == 0)
+    return 0;
+  if (!x || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  collapse(&g);
+  return gather(cx, dt_size(dt), x, y, n, g);
+}
+
+/* ---------------------------------------------------------------- linear algebra */
+
+/* torch.matmul: C[M, N] = A[M, K] B[K, N] per batch, as the column-major
+ * C^T = B^T A^T; batch dims broadcast (stride 0). When b has no batch and a's
+ * batch is contiguous, the batch folds into M: one GEMM. */
+int mlp_cuda_matmul(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy) {
+  cx->op = "mlp_cuda_matmul";
+  int rc;
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if ((rc = check_shape(cx, "a", ra, sa)) || (rc = check_shape(cx, "b", rb, sb)) || (rc = check_shape(cx, "y", ry, sy)))
+    return rc;
+  if (ra < 1 || rb < 1)
+    return MLP_CUDA_BAD("scalar operand");
+  int64_t M = ra >= 2 ? sa[ra - 2] : 1, K = sa[ra - 1];
+  int64_t K2 = rb >= 2 ? sb[rb - 2] : sb[0], N = rb >= 2 ? sb[rb - 1] : 1;
+  int obr = ry - (ra >= 2) - (rb >= 2);
+  if (K != K2 || obr < 0 || (ra >= 2 && sy[obr] != M) || (rb >= 2 && sy[ry - 1] != N))
+    return MLP_CUDA_BAD("operand shapes do not match the result (K %lld vs %lld)", (long long)K, (long long)K2);
+  int64_t st[3][MLP_MAXRANK];
+  if (!bcast_strides(ra >= 2 ? ra - 2 : 0, sa, obr, sy, M * K, st[0]) ||
+      !bcast_strides(rb >= 2 ? rb - 2 : 0, sb, obr, sy, K * N, st[1]))
+    return MLP_CUDA_BAD("batch dims do not broadcast to the result's");
+  contiguous_strides(obr, sy, M * N, st[2]);
+  int64_t nbatch = numel_of(obr, sy);
+  if (nbatch * M * N == 0)
+    return 0;
+  if (!a || !b || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  BatchWalk<3> bw;
+  bw.init(obr, sy, st);
+  int64_t Mf = M, inner = bw.inner, sA = bw.stride(0), sB = bw.stride(1), sC = bw.stride(2);
+  if (bw.outer == 1 && sB == 0 && sA == M * K) { /* fold the batch into M */
+    Mf = M * inner;
+    inner = 1;
+  }
+  cudaDataType_t t = blas_type(dt);
+  int64_t es = dt_size(dt);
+  for (int64_t i = 0; i < bw.outer; i++) {
+    int64_t off[3];
+    bw.offsets(i, off);
+    rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, N, Mf, K, 1.0f, (const char *)b + off[1] * es, t, N, sB,
+              (const char *)a + off[0] * es, t, K, sA, 0.0f, (char *)y + off[2] * es, t, N, sC, inner);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* y = x w^T + b: y is first filled with b broadcast over the rows, then the
+ * GEMM accumulates into it (beta = 1), so the bias is added in f32 and the
+ * result rounded once. Column-major: Y^T [out, rows] = W [out, in] X^T. */
+int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                    int64_t in, int64_t out) {
+  cx->op = "mlp_cuda_linear";
+  int rc;
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (rows < 0 || in < 0 || out < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (rows * out == 0)
+    return 0;
+  if (!x || !w || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  int64_t es = dt_size(dt);
+  if (b) {
+    if ((rc = copy_rows(cx, b, 0, y, out * es, rows, out * es, NULL, 0)))
+      return rc;
+    if (in == 0)
+      return 0;
+  }
+  cudaDataType_t t = blas_type(dt);
+  return gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, 1.0f, w, t, in, 0, x, t, in, 0, b ? 1.0f : 0.0f, y, t, out,
+              0, 1);
+}
+
+/* ---------------------------------------------------------------- neural */
+
+int mlp_cuda_embedding(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
+                       void *y) {
+  cx->op = "mlp_cuda_embedding";
+  if (!dt_ok(dt))
+    return MLP_CUDA_BAD("bad dtype %d", dt);
+  if (n < 0 || V < 0 || D < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (n == 0)
+    return 0;
+  if (!idx || (!table && V && D) || (!y && D))
+    return MLP_CUDA_BAD("NULL pointer");
+  int64_t es = dt_size(dt);
+  if (D == 0) /* nothing to copy, but the indices are still checked */
+    return launch_rows<uint8_t>(cx, table, 0, y, 0, n, 0, idx, V);
+  return copy_rows(cx, table, D * es, y, D * es, n, D * es, idx, V);
+}
+
+int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
+                       int causal, double scale) {
+  cx->op = "mlp_cuda_attention";
+  int rc;
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if ((rc = check_shape(cx, "q", rq, sq)) || (rc = check_shape(cx, "k", rk, sk)) ||
+      (rc = check_shape(cx, "v", rv, sv)) || (rc = check_shape(cx, "y", ry, sy)))
+    return rc;
+  if (rq < 2 || rk < 2 || rv < 2 || ry < 2)
+    return MLP_CUDA_BAD("operand of rank < 2");
+  int64_t Tq = sq[rq - 2], D = sq[rq - 1], Tk = sk[rk - 2], Dv = sv[rv - 1];
+  if (sk[rk - 1] != D || sv[rv - 2] != Tk || sy[ry - 2] != Tq || sy[ry - 1] != Dv)
+    return MLP_CUDA_BAD("operand shapes do not match");
+  int br = ry - 2;
+  int64_t st[4][MLP_MAXRANK];
+  if (!bcast_strides(rq - 2, sq, br, sy, Tq * D, st[0]) || !bcast_strides(rk - 2, sk, br, sy, Tk * D, st[1]) ||
+      !bcast_strides(rv - 2, sv, br, sy, Tk * Dv, st[2]))
+    return MLP_CUDA_BAD("batch dims do not broadcast to the result's");
+  contiguous_strides(br, sy, Tq * Dv, st[3]);
+  int64_t nbatch = numel_of(br, sy);
+  if (nbatch * Tq * Dv == 0)
+    return 0;
+  if (!q || !k || !v || !y)
+    return MLP_CUDA_BAD("NULL pointer");
+  if (Tk == 0) { /* softmax over nothing, times nothing: zeros, as the reference */
+    MLP_CUDA_TRY(cudaMemsetAsync(y, 0, (size_t)(nbatch * Tq * Dv * dt_size(dt)), cx->stream));
+    return 0;
+  }
+  BatchWalk<4> bw;
+  bw.init(br, sy, st);
+  switch (dt) {
+  case MLP_F32:
+    return attention_typed(cx, dt, (const float *)q, (const float *)k, (const float *)v, (float *)y, bw, Tq, Tk, D, Dv,
+                           causal, (float)scale);
+  case MLP_BF16:
+    return attention_typed(cx, dt, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)y, bw, Tq, Tk, D, Dv,
+                           causal, (float)scale);
+  default:
+    return attention_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (f16 *)y, bw, Tq, Tk, D, Dv, causal,
+                           (float)scale);
+  }
+}
+
+/* ---------------------------------------------------------------- losses */
+
+template <class T>
+static int xent_typed(mlp_cuda_ctx *cx, const T *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
+                      T *y) {
+  void *p;
+  int rc = scratch(cx, sizeof(float) * 2 * (size_t)N, &p);
+  if (rc)
+    return rc;
+  float *loss = (float *)p, *valid = loss + N;
+  int64_t cap = (int64_t)cx->sms * 32;
+  int vec = C % (int64_t)(16 / sizeof(T)) == 0 && aligned(logits, 16);
+  if (C <= 1024) {
+    int64_t nb = (N + 7) / 8;
+    k_xent_rows<T, false><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(logits, target, N, C, ignore,
+                                                                                        loss, valid, cx->d_bad, vec);
+  } else {
+    int threads = C >= 8192 ? 1024 : 256;
+    k_xent_rows<T, true><<<(unsigned)(N < cap ? N : cap), threads, 0, cx->stream>>>(logits, target, N, C, ignore, loss,
+                                                                                    valid, cx->d_bad, vec);
+  }
+  MLP_CUDA_LAUNCHED("k_xent_rows");
+  k_mean_final<T><<<1, 1024, 0, cx->stream>>>(loss, valid, N, 0.0, y);
+  MLP_CUDA_LAUNCHED("k_mean_final");
+  return 0;
+}
+
+int mlp_cuda_cross_entropy(mlp_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
+                           int64_t ignore, void *y) {
+  cx->op = "mlp_cuda_cross_entropy";
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (N < 0 || C < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (!y || (N && (!target || (C && !logits))))
+    return MLP_CUDA_BAD("NULL pointer");
+  if (N == 0) { /* the mean over no rows: 0/0 */
+    const float nan = NAN;
+    return mlp_cuda_fill(cx, dt, y, 1, (double)nan);
+  }
+  switch (dt) {
+  case MLP_F32: return xent_typed(cx, (const float *)logits, target, N, C, ignore, (float *)y);
+  case MLP_BF16: return xent_typed(cx, (const bf16 *)logits, target, N, C, ignore, (bf16 *)y);
+  default: return xent_typed(cx, (const f16 *)logits, target, N, C, ignore, (f16 *)y);
+  }
+}
+
+template <class T>
+static int mse_typed(mlp_cuda_ctx *cx, const void *a, const void *b, int64_t n, const Geo<2> &g, void *y) {
+  unsigned blocks = grid_for(cx, n, kThreads);
+  void *p;
+  int rc = scratch(cx, sizeof(float) * blocks, &p);
+  if (rc)
+    return rc;
+  if (n <= (int64_t)UINT32_MAX)
+    k_mse_part<T, uint32_t><<<blocks, kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, n, g, (float *)p);
+  else
+    k_mse_part<T, int64_t><<<blocks, kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, n, g, (float *)p);
+  MLP_CUDA_LAUNCHED("k_mse_part");
+  k_mean_final<T><<<1, 1024, 0, cx->stream>>>((const float *)p, NULL, blocks, (double)n, (T *)y);
+  MLP_CUDA_LAUNCHED("k_mean_final");
+  return 0;
+}
+
+int mlp_cuda_mse_loss(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                      const int64_t *sb, void *y) {
+  cx->op = "mlp_cuda_mse_loss";
+  int rc;
+  if (!is_float_dt(dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if ((rc = check_shape(cx, "a", ra, sa)) || (rc = check_shape(cx, "b", rb, sb)))
+    return rc;
+  int r = ra > rb ? ra : rb;
+  int64_t sh[MLP_MAXRANK] = {0};
+  for (int k = 0; k < r; k++) {
+    int ka = k - (r - ra), kb = k - (r - rb);
+    int64_t da = ka >= 0 ? sa[ka] : 1, db = kb >= 0 ? sb[kb] : 1;
+    if (da != db && da != 1 && db != 1)
+      return MLP_CUDA_BAD("the operands do not broadcast");
+    sh[k] = da == 1 ? db : da;
+  }
+  Geo<2> g;
+  g.rank = r;
+  for (int k = 0; k < r; k++)
+    g.shape[k] = sh[k];
+  bcast_strides(ra, sa, r, sh, 1, g.st[0]);
+  bcast_strides(rb, sb, r, sh, 1, g.st[1]);
+  int64_t n = numel_of(r, sh);
+  if (!y)
+    return MLP_CUDA_BAD("NULL pointer");
+  if (n == 0) {
+    const float nan = NAN;
+    return mlp_cuda_fill(cx, dt, y, 1, (double)nan);
+  }
+  if (!a || !b)
+    return MLP_CUDA_BAD("NULL pointer");
+  collapse(&g);
+  switch (dt) {
+  case MLP_F32: return mse_typed<float>(cx, a, b, n, g, y);
+  case MLP_BF16: return mse_typed<bf16>(cx, a, b, n, g, y);
+  default: return mse_typed<f16>(cx, a, b, n, g, y);
+  }
+}
+
+/* ---------------------------------------------------------------- creation */
+
+int mlp_cuda_arange(mlp_cuda_ctx *cx, int32_t *y, int64_t n) {
+  cx->op = "mlp_cuda_arange";
+  if (n < 0)
+    return MLP_CUDA_BAD("negative size");
+  if (n == 0)
+    return 0;
+  if (!y)
+    return MLP_CUDA_BAD("NULL pointer");
+  k_arange<<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(y, n);
+  MLP_CUDA_LAUNCHED("k_arange");
+  return 0;
+}
+
+/* Every element = v rounded to dt (via f32 for bf16/f16, as the host's
+ * conversions; to i32 truncated; to bool v != 0). */
+int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v) {
+  cx->op = "mlp_cuda_fill";
+  if (!dt_ok(dt) || n < 0)
+    return MLP_CUDA_BAD("bad dtype %d or size %lld", dt, (long long)n);
+  if (n == 0)
+    return 0;
+  if (!y)
+    return MLP_CUDA_BAD("NULL pointer");
+  uint32_t bits = 0;
+  float f = (float)v;
+  switch (dt) {
+  case MLP_F32: memcpy(&bits, &f, 4); break;
+  case MLP_BF16: {
+    bf16 h = __float2bfloat16_rn(f);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    bits = u;
+    break;
+  }
+  case MLP_F16: {
+    f16 h = __float2half_rn(f);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    bits = u;
+    break;
+  }
+  case MLP_I32: {
+    int32_t i = v != v ? 0 : v <= (double)INT32_MIN ? INT32_MIN : v >= (double)INT32_MAX ? INT32_MAX : (int32_t)v;
+    memcpy(&bits, &i, 4);
+    break;
+  }
+  default: bits = v != 0; break;
+  }
+  int es = dt_size(dt);
+  if (bits == 0 || es == 1) {
+    MLP_CUDA_TRY(cudaMemsetAsync(y, (int)bits, (size_t)n * es, cx->stream));
+    return 0;
+  }
+  if (es == 2)
+    k_fill<uint16_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((uint16_t *)y, n, (uint16_t)bits);
+  else
+    k_fill<uint32_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((uint32_t *)y, n, bits);
+  MLP_CUDA_LAUNCHED("k_fill");
+  return 0;
+}

@@ -1,0 +1,275 @@
+/* mlp_rt.h: the runtime shared by every emitted model (internal header).
+ *
+ * This is a template: tgen copies it into the emitted project as
+ * src/NAME_rt.h, replacing every "mlp_" with "NAME_" and "MLP_" with
+ * "NAME_" upper-cased. It compiles on its own as the runtime of a model
+ * called "mlp", which is how the runtime's own tests build it.
+ *
+ * Contents:
+ *   dtypes and their conversions (bf16, f16 stored as uint16_t; math in f32)
+ *   the model-independent parts of the model object (errors, params buffer)
+ *   parameter init (Philox4x32-10, the same bits as tgen's interpreter)
+ *   safetensors reading and writing (atomic: temp file + rename)
+ *   the CPU kernel library (mlp_cpu.c)  and  the CUDA kernel library (mlp_cuda.cu)
+ *
+ * Conventions for every kernel: tensors are dense row-major; `dt` is the
+ * storage dtype of the floating operands (MLP_F32, MLP_BF16, MLP_F16; some
+ * ops also take MLP_I32); arithmetic is done in f32 for floating dtypes
+ * (accumulations in f32 too; the CPU path accumulates long reductions in
+ * double where that is free) and exactly for i32. Shapes are `int rank,
+ * const int64_t *shape`; a rank-0 tensor has one element. Broadcasting
+ * follows NumPy: trailing dims align, size-1 (or missing) dims repeat. */
+#ifndef MLP_RT_H
+#define MLP_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLP_MAXRANK 8
+
+/* ---------------------------------------------------------------- dtypes */
+
+enum { MLP_F32 = 0, MLP_BF16 = 1, MLP_F16 = 2, MLP_I32 = 3, MLP_BOOL = 4 };
+extern const char *const mlp_dtype_names[5];      /* "f32", "bf16", ...          */
+extern const char *const mlp_dtype_st_names[5];   /* safetensors: "F32", "BF16", "F16", "I32", "BOOL" */
+extern const int mlp_dtype_sizes[5];              /* 4, 2, 2, 4, 1               */
+
+float mlp_bf16_to_f32(uint16_t h);
+uint16_t mlp_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
+float mlp_f16_to_f32(uint16_t h);
+uint16_t mlp_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
+
+/* ---------------------------------------------------------------- status */
+
+/* Status codes of the public API (the public header mlp.h defines the same
+ * enum under the same guard). Every failing call also leaves a message naming
+ * what was wrong, e.g. "input 'x': dim 0 is 5000, above max 4096 (B)". */
+#ifndef MLP_STATUS_DEFINED
+#define MLP_STATUS_DEFINED
+typedef enum mlp_status {
+  MLP_OK = 0,
+  MLP_EINVAL = 1,   /* bad argument (NULL pointer, unknown device, bad dims) */
+  MLP_ESHAPE = 2,   /* a shape or dtype does not match the model */
+  MLP_EIO = 3,      /* a file could not be read or written */
+  MLP_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
+  MLP_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
+  MLP_ENOMEM = 6,   /* out of host or device memory */
+  MLP_EDATA = 7     /* bad data at run time (an index out of range) */
+} mlp_status;
+#endif
+
+/* ---------------------------------------------------------------- init */
+
+void mlp_philox4x32(uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+uint32_t mlp_name_hash(const char *s); /* FNV-1a 32 */
+enum { MLP_INIT_ZEROS = 1, MLP_INIT_ONES, MLP_INIT_NORMAL, MLP_INIT_UNIFORM, MLP_INIT_XAVIER_UNIFORM,
+       MLP_INIT_KAIMING_UNIFORM };
+/* Element i of a param: see spec/LANGUAGE.md "Params and initialisation".
+ * Returns the value already rounded to `dtype` (as a double). */
+double mlp_init_value(const char *name, int init, double a, double b, int dtype, int rank, const int64_t *shape,
+                      uint64_t seed, int64_t i);
+
+/* ---------------------------------------------------------------- safetensors */
+
+typedef struct mlp_tensor_desc {
+  const char *name;
+  int dtype;
+  int rank;
+  int64_t shape[MLP_MAXRANK];
+  const void *data;  /* host memory, row-major */
+} mlp_tensor_desc;
+
+/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename).
+ * Returns MLP_OK; MLP_EIO when the file cannot be written; MLP_EINVAL for a
+ * bad descriptor (unknown dtype, rank > 8, duplicate name, ...); MLP_ENOMEM.
+ * The message in err names the file and the problem. */
+int mlp_st_write(const char *path, const mlp_tensor_desc *t, int n, char *err, size_t errlen);
+
+/* A file read fully into memory and its header parsed and validated
+ * (header length, JSON syntax, dtypes, shapes, data_offsets inside the file
+ * and consistent with dtype x numel, no overlaps). */
+typedef struct mlp_st_file {
+  unsigned char *buf;   /* the whole file */
+  size_t size;
+  int n;
+  mlp_tensor_desc *t;   /* names point into allocated strings */
+} mlp_st_file;
+int mlp_st_read(const char *path, mlp_st_file *f, char *err, size_t errlen);
+const mlp_tensor_desc *mlp_st_find(const mlp_st_file *f, const char *name);
+void mlp_st_free(mlp_st_file *f);
+
+/* ---------------------------------------------------------------- CPU kernels (mlp_cpu.c) */
+
+/* unary ops: y[i] = f(x[i]) */
+enum { MLP_NEG, MLP_ABS, MLP_EXP, MLP_LOG, MLP_SQRT, MLP_RSQRT, MLP_SIN, MLP_COS, MLP_TANH, MLP_SIGMOID,
+       MLP_RELU, MLP_SILU, MLP_ERF, MLP_SQUARE, MLP_RECIPROCAL, MLP_GELU, MLP_GELU_TANH,
+       MLP_POW,    /* x^a */
+       MLP_CLAMP,  /* a <= x <= b (a = -inf / b = +inf when absent); NaN stays NaN */
+       MLP_COPY };
+/* binary ops, broadcasting; compares write bool (uint8 0/1) */
+enum { MLP_ADD, MLP_SUB, MLP_MUL, MLP_DIV, MLP_MAX, MLP_MIN, MLP_GT, MLP_GE, MLP_LT, MLP_LE, MLP_EQ, MLP_NE };
+/* reductions */
+enum { MLP_SUM, MLP_MEAN, MLP_AMAX, MLP_VAR, MLP_LOGSUMEXP };
+
+void mlp_cpu_unary(int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
+void mlp_cpu_binary(int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy); /* dt: operands' dtype */
+void mlp_cpu_where(int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra, const int64_t *sa,
+                   const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
+/* Reduce the dims whose bit is set in `axes`; y holds the remaining dims in
+ * order (keepdim changes only the shape). var divides by (N - correction). */
+void mlp_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes, void *y,
+                    double correction);
+/* x viewed as [outer, n, inner], softmax (or log_softmax) along n */
+void mlp_cpu_softmax(int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
+/* over the last dim d of x [rows, d]; w, b may be NULL; biased variance */
+void mlp_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
+                        double eps);
+void mlp_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps);
+/* y dim i = x dim perm[i] (transpose is a permute) */
+void mlp_cpu_permute(int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
+/* x [outer, n, inner] -> y [outer, hi - lo, inner] */
+void mlp_cpu_slice(int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo, int64_t hi, void *y);
+/* x [outer, nx, inner] into y [outer, ny, inner] at [., at:at+nx, .] (concat) */
+void mlp_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y, int64_t ny,
+                       int64_t at);
+void mlp_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y, int ry, const int64_t *sy);
+/* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
+void mlp_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
+                    void *y, int ry, const int64_t *sy);
+/* y [rows, out] = x [rows, in] @ w[out, in]^T + b[out] (b may be NULL) */
+void mlp_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
+                    int64_t out);
+/* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
+int64_t mlp_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
+/* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
+void mlp_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
+                       const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
+                       double scale);
+/* mean over rows with target != ignore of logsumexp(row) - row[target];
+ * returns -1, or the first row whose target is outside [0, C) and not ignore */
+int64_t mlp_cpu_cross_entropy(int dt, const void *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
+                              void *y);
+void mlp_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
+                      void *y);
+void mlp_cpu_arange(int32_t *y, int64_t n);
+void mlp_cpu_fill(int dt, void *y, int64_t n, double v);
+
+/* ---------------------------------------------------------------- CUDA kernels (mlp_cuda.cu) */
+
+/* The same operations on device pointers, enqueued on the context's stream.
+ * Each returns 0, or a CUDA/cuBLAS error code with a message in the context.
+ * Data errors (embedding indices, cross-entropy targets) are recorded in
+ * cx->d_bad (device int64: the smallest bad position, INT64_MAX if none) and
+ * checked by the caller after synchronising. */
+typedef struct mlp_cuda_ctx mlp_cuda_ctx;
+int mlp_cuda_ctx_create(mlp_cuda_ctx **cx, char *err, size_t errlen); /* picks the current device */
+void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx);
+const char *mlp_cuda_ctx_error(const mlp_cuda_ctx *cx);
+int mlp_cuda_sync(mlp_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
+int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
+int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n);
+void mlp_cuda_free(mlp_cuda_ctx *cx, void *p);
+int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
+
+int mlp_cuda_unary(mlp_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
+int mlp_cuda_binary(mlp_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy);
+int mlp_cuda_where(mlp_cuda_ctx *cx, int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra,
+                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
+int mlp_cuda_reduce(mlp_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
+                    void *y, double correction);
+int mlp_cuda_softmax(mlp_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
+int mlp_cuda_layer_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                        int64_t d, double eps);
+int mlp_cuda_rms_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
+                      double eps);
+int mlp_cuda_permute(mlp_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
+int mlp_cuda_slice(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
+                   int64_t hi, void *y);
+int mlp_cuda_copy_into(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
+                       int64_t ny, int64_t at);
+int mlp_cuda_broadcast(mlp_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
+                       const int64_t *sy);
+int mlp_cuda_matmul(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy);
+int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                    int64_t in, int64_t out);
+int mlp_cuda_embedding(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
+                       void *y);
+int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
+                       int causal, double scale);
+int mlp_cuda_cross_entropy(mlp_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
+                           int64_t ignore, void *y);
+int mlp_cuda_mse_loss(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                      const int64_t *sb, void *y);
+int mlp_cuda_arange(mlp_cuda_ctx *cx, int32_t *y, int64_t n);
+int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v);
+
+/* ---------------------------------------------------------------- the model (mlp_model.c) */
+
+/* Compile-time description of the model, generated by tgen into NAME_common.c. */
+typedef struct mlp_param_info {
+  const char *name;       /* internal name: "h.0.up" */
+  const char *ckpt;       /* checkpoint name */
+  int dtype, rank;
+  int64_t shape[MLP_MAXRANK];
+  int64_t numel;
+  int64_t offset;         /* bytes from the start of the params buffer */
+  int init;               /* MLP_INIT_* */
+  double a, b;            /* init arguments */
+} mlp_param_info;
+
+typedef struct mlp_io_info {
+  const char *name;
+  int dtype, rank;
+} mlp_io_info;
+
+typedef struct mlp_model_info {
+  const char *name;
+  int nsym, ndyn;               /* symbols: dynamic dims first, then derived sizes */
+  const char *const *sym_names;
+  const int64_t *dyn_max;
+  int nparams;
+  const mlp_param_info *params;
+  int64_t param_bytes;
+  int ninputs, noutputs;
+  const mlp_io_info *inputs, *outputs;
+  uint64_t seed;
+} mlp_model_info;
+extern const mlp_model_info mlp_info;
+
+/* Generated: derived sizes and the guards on dims (0, or MLP_EINVAL with a
+ * message); shapes of inputs and outputs; workspace bytes; the forward passes. */
+int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
+void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
+int64_t mlp_ws_bytes_cpu(const int64_t *sym);
+int64_t mlp_ws_bytes_cuda(const int64_t *sym);
+
+struct mlp_model {
+  int device;              /* 0 cpu, 1 cuda */
+  unsigned char *params;   /* host (cpu) or device (cuda) */
+  unsigned char *ws;       /* workspace: activations, sized for the current dims */
+  int64_t ws_bytes;
+  mlp_cuda_ctx *cx;
+  char err[512];
+};
+int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

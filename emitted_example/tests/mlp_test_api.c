@@ -1,0 +1,100 @@
+/* mlp_test_api: bad arguments, bad dims and bad checkpoints are refused with
+ * a status and a message; nothing aborts; a failed load leaves the params as
+ * they were; save + load round-trips exactly. Usage: mlp_test_api TMPDIR */
+#include "mlp_io.h"
+
+static int passed, failed;
+
+static void check(int cond, const char *what, const char *detail) {
+  if (cond)
+    passed++;
+  else
+    failed++;
+  printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, detail && *detail ? ": " : "", detail ? detail : "");
+}
+
+static int contains(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : ".";
+  char err[512] = "", path[1024], bad[1024], tmp[1024];
+  mlp_model *m = NULL;
+
+  check(mlp_create("tpu", &m, err, sizeof err) == MLP_EINVAL && !m && contains(err, "device"), "unknown device refused", err);
+  check(mlp_create(NULL, &m, err, sizeof err) == MLP_EINVAL, "NULL device refused", err);
+  check(mlp_create("cpu", NULL, err, sizeof err) == MLP_EINVAL, "NULL out refused", err);
+  check(mlp_forward_v(NULL, NULL, NULL, NULL) == MLP_EINVAL, "forward on NULL model refused", "");
+  if (mlp_create("cpu", &m, err, sizeof err)) {
+    printf("FAIL create: %s\n", err);
+    return 1;
+  }
+  check(mlp_init_params(m, 7) == MLP_OK, "init params", mlp_error(m));
+  size_t nb = mlp_param_bytes();
+  unsigned char *a = malloc(nb + 1), *b = malloc(nb + 1);
+  check(mlp_get_params(m, a, nb) == MLP_OK, "get params", mlp_error(m));
+  check(mlp_get_params(m, a, nb + 1) == MLP_EINVAL, "get params with a wrong size refused", mlp_error(m));
+
+  /* dims */
+  int64_t dyn[16] = {0};
+  void *outs[64] = {0};
+  const void *ins[64] = {0};
+  if (mlp_info.ndyn) {
+    dyn[0] = mlp_info.dyn_max[0] + 1;
+    for (int k = 1; k < mlp_info.ndyn; k++)
+      dyn[k] = 1;
+    int rc = mlp_forward_v(m, dyn, ins, outs);
+    check(rc == MLP_EINVAL, "forward refuses NULL buffers or a dim above its max", mlp_error(m));
+  }
+  check(mlp_forward_v(m, mlp_info.ndyn ? NULL : dyn, ins, NULL) == MLP_EINVAL, "forward refuses NULL outputs or dims", mlp_error(m));
+
+  /* checkpoints */
+  snprintf(path, sizeof path, "%s/api_params.safetensors", dir);
+  check(mlp_save_params(m, path) == MLP_OK, "save params", mlp_error(m));
+  check(mlp_init_params(m, 8) == MLP_OK, "re-init with another seed", mlp_error(m));
+  check(mlp_load_params(m, path) == MLP_OK, "load params", mlp_error(m));
+  check(mlp_get_params(m, b, nb) == MLP_OK && memcmp(a, b, nb) == 0, "save + load round-trips exactly", "");
+  check(mlp_load_params(m, "/nonexistent/params.safetensors") == MLP_EIO, "missing checkpoint refused", mlp_error(m));
+  snprintf(bad, sizeof bad, "%s/api_junk.safetensors", dir);
+  FILE *f = fopen(bad, "wb");
+  if (f) {
+    fputs("this is not a safetensors file at all", f);
+    fclose(f);
+  }
+  check(mlp_load_params(m, bad) == MLP_ECORRUPT, "junk checkpoint refused", mlp_error(m));
+  /* truncated: the saved file minus its last byte */
+  FILE *src = fopen(path, "rb");
+  snprintf(tmp, sizeof tmp, "%s/api_truncated.safetensors", dir);
+  FILE *dst = fopen(tmp, "wb");
+  if (src && dst) {
+    fseek(src, 0, SEEK_END);
+    long n = ftell(src);
+    fseek(src, 0, SEEK_SET);
+    for (long i = 0; i + 1 < n; i++)
+      fputc(fgetc(src), dst);
+  }
+  if (src)
+    fclose(src);
+  if (dst)
+    fclose(dst);
+  check(mlp_load_params(m, tmp) == MLP_ECORRUPT, "truncated checkpoint refused", mlp_error(m));
+  if (mlp_info.nparams > 0) {
+    /* the first param with a wrong shape */
+    const mlp_param_info *p = &mlp_info.params[0];
+    mlp_tensor_desc t = {p->ckpt, p->dtype, 1, {p->numel + 1}, NULL};
+    void *z = calloc((size_t)p->numel + 1, (size_t)mlp_dtype_sizes[p->dtype]);
+    t.data = z;
+    snprintf(tmp, sizeof tmp, "%s/api_shape.safetensors", dir);
+    mlp_st_write(tmp, &t, 1, err, sizeof err);
+    int rc = mlp_load_params(m, tmp);
+    check(rc == MLP_ECORRUPT && contains(mlp_error(m), p->ckpt), "wrong shape refused, naming the tensor", mlp_error(m));
+    free(z);
+  }
+  check(mlp_get_params(m, b, nb) == MLP_OK && memcmp(a, b, nb) == 0, "failed loads leave the params untouched", "");
+  check(mlp_save_params(m, "/nonexistent/dir/p.safetensors") == MLP_EIO, "save into a missing directory refused",
+        mlp_error(m));
+  free(a);
+  free(b);
+  mlp_destroy(m);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,100 @@
+/* tgm_test_api: bad arguments, bad dims and bad checkpoints are refused with
+ * a status and a message; nothing aborts; a failed load leaves the params as
+ * they were; save + load round-trips exactly. Usage: tgm_test_api TMPDIR */
+#include "tgm_io.h"
+
+static int passed, failed;
+
+static void check(int cond, const char *what, const char *detail) {
+  if (cond)
+    passed++;
+  else
+    failed++;
+  printf("%s %s%s%s\n", cond ? "ok  " : "FAIL", what, detail && *detail ? ": " : "", detail ? detail : "");
+}
+
+static int contains(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : ".";
+  char err[512] = "", path[1024], bad[1024], tmp[1024];
+  tgm_model *m = NULL;
+
+  check(tgm_create("tpu", &m, err, sizeof err) == TGM_EINVAL && !m && contains(err, "device"), "unknown device refused", err);
+  check(tgm_create(NULL, &m, err, sizeof err) == TGM_EINVAL, "NULL device refused", err);
+  check(tgm_create("cpu", NULL, err, sizeof err) == TGM_EINVAL, "NULL out refused", err);
+  check(tgm_forward_v(NULL, NULL, NULL, NULL) == TGM_EINVAL, "forward on NULL model refused", "");
+  if (tgm_create("cpu", &m, err, sizeof err)) {
+    printf("FAIL create: %s\n", err);
+    return 1;
+  }
+  check(tgm_init_params(m, 7) == TGM_OK, "init params", tgm_error(m));
+  size_t nb = tgm_param_bytes();
+  unsigned char *a = malloc(nb + 1), *b = malloc(nb + 1);
+  check(tgm_get_params(m, a, nb) == TGM_OK, "get params", tgm_error(m));
+  check(tgm_get_params(m, a, nb + 1) == TGM_EINVAL, "get params with a wrong size refused", tgm_error(m));
+
+  /* dims */
+  int64_t dyn[16] = {0};
+  void *outs[64] = {0};
+  const void *ins[64] = {0};
+  if (tgm_info.ndyn) {
+    dyn[0] = tgm_info.dyn_max[0] + 1;
+    for (int k = 1; k < tgm_info.ndyn; k++)
+      dyn[k] = 1;
+    int rc = tgm_forward_v(m, dyn, ins, outs);
+    check(rc == TGM_EINVAL, "forward refuses NULL buffers or a dim above its max", tgm_error(m));
+  }
+  check(tgm_forward_v(m, tgm_info.ndyn ? NULL : dyn, ins, NULL) == TGM_EINVAL, "forward refuses NULL outputs or dims", tgm_error(m));
+
+  /* checkpoints */
+  snprintf(path, sizeof path, "%s/api_params.safetensors", dir);
+  check(tgm_save_params(m, path) == TGM_OK, "save params", tgm_error(m));
+  check(tgm_init_params(m, 8) == TGM_OK, "re-init with another seed", tgm_error(m));
+  check(tgm_load_params(m, path) == TGM_OK, "load params", tgm_error(m));
+  check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "save + load round-trips exactly", "");
+  check(tgm_load_params(m, "/nonexistent/params.safetensors") == TGM_EIO, "missing checkpoint refused", tgm_error(m));
+  snprintf(bad, sizeof bad, "%s/api_junk.safetensors", dir);
+  FILE *f = fopen(bad, "wb");
+  if (f) {
+    fputs("this is not a safetensors file at all", f);
+    fclose(f);
+  }
+  check(tgm_load_params(m, bad) == TGM_ECORRUPT, "junk checkpoint refused", tgm_error(m));
+  /* truncated: the saved file minus its last byte */
+  FILE *src = fopen(path, "rb");
+  snprintf(tmp, sizeof tmp, "%s/api_truncated.safetensors", dir);
+  FILE *dst = fopen(tmp, "wb");
+  if (src && dst) {
+    fseek(src, 0, SEEK_END);
+    long n = ftell(src);
+    fseek(src, 0, SEEK_SET);
+    for (long i = 0; i + 1 < n; i++)
+      fputc(fgetc(src), dst);
+  }
+  if (src)
+    fclose(src);
+  if (dst)
+    fclose(dst);
+  check(tgm_load_params(m, tmp) == TGM_ECORRUPT, "truncated checkpoint refused", tgm_error(m));
+  if (tgm_info.nparams > 0) {
+    /* the first param with a wrong shape */
+    const tgm_param_info *p = &tgm_info.params[0];
+    tgm_tensor_desc t = {p->ckpt, p->dtype, 1, {p->numel + 1}, NULL};
+    void *z = calloc((size_t)p->numel + 1, (size_t)tgm_dtype_sizes[p->dtype]);
+    t.data = z;
+    snprintf(tmp, sizeof tmp, "%s/api_shape.safetensors", dir);
+    tgm_st_write(tmp, &t, 1, err, sizeof err);
+    int rc = tgm_load_params(m, tmp);
+    check(rc == TGM_ECORRUPT && contains(tgm_error(m), p->ckpt), "wrong shape refused, naming the tensor", tgm_error(m));
+    free(z);
+  }
+  check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "failed loads leave the params untouched", "");
+  check(tgm_save_params(m, "/nonexistent/dir/p.safetensors") == TGM_EIO, "save into a missing directory refused",
+        tgm_error(m));
+  free(a);
+  free(b);
+  tgm_destroy(m);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,275 @@
+/* tgm_rt.h: the runtime shared by every emitted model (internal header).
+ *
+ * This is a template: tgen copies it into the emitted project as
+ * src/NAME_rt.h, replacing every "tgm_" with "NAME_" and "TGM_" with
+ * "NAME_" upper-cased. It compiles on its own as the runtime of a model
+ * called "tgm", which is how the runtime's own tests build it.
+ *
+ * Contents:
+ *   dtypes and their conversions (bf16, f16 stored as uint16_t; math in f32)
+ *   the model-independent parts of the model object (errors, params buffer)
+ *   parameter init (Philox4x32-10, the same bits as tgen's interpreter)
+ *   safetensors reading and writing (atomic: temp file + rename)
+ *   the CPU kernel library (tgm_cpu.c)  and  the CUDA kernel library (tgm_cuda.cu)
+ *
+ * Conventions for every kernel: tensors are dense row-major; `dt` is the
+ * storage dtype of the floating operands (TGM_F32, TGM_BF16, TGM_F16; some
+ * ops also take TGM_I32); arithmetic is done in f32 for floating dtypes
+ * (accumulations in f32 too; the CPU path accumulates long reductions in
+ * double where that is free) and exactly for i32. Shapes are `int rank,
+ * const int64_t *shape`; a rank-0 tensor has one element. Broadcasting
+ * follows NumPy: trailing dims align, size-1 (or missing) dims repeat. */
+#ifndef TGM_RT_H
+#define TGM_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TGM_MAXRANK 8
+
+/* ---------------------------------------------------------------- dtypes */
+
+enum { TGM_F32 = 0, TGM_BF16 = 1, TGM_F16 = 2, TGM_I32 = 3, TGM_BOOL = 4 };
+extern const char *const tgm_dtype_names[5];      /* "f32", "bf16", ...          */
+extern const char *const tgm_dtype_st_names[5];   /* safetensors: "F32", "BF16", "F16", "I32", "BOOL" */
+extern const int tgm_dtype_sizes[5];              /* 4, 2, 2, 4, 1               */
+
+float tgm_bf16_to_f32(uint16_t h);
+uint16_t tgm_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
+float tgm_f16_to_f32(uint16_t h);
+uint16_t tgm_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
+
+/* ---------------------------------------------------------------- status */
+
+/* Status codes of the public API (the public header tgm.h defines the same
+ * enum under the same guard). Every failing call also leaves a message naming
+ * what was wrong, e.g. "input 'x': dim 0 is 5000, above max 4096 (B)". */
+#ifndef TGM_STATUS_DEFINED
+#define TGM_STATUS_DEFINED
+typedef enum tgm_status {
+  TGM_OK = 0,
+  TGM_EINVAL = 1,   /* bad argument (NULL pointer, unknown device, bad dims) */
+  TGM_ESHAPE = 2,   /* a shape or dtype does not match the model */
+  TGM_EIO = 3,      /* a file could not be read or written */
+  TGM_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
+  TGM_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
+  TGM_ENOMEM = 6,   /* out of host or device memory */
+  TGM_EDATA = 7     /* bad data at run time (an index out of range) */
+} tgm_status;
+#endif
+
+/* ---------------------------------------------------------------- init */
+
+void tgm_philox4x32(uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+uint32_t tgm_name_hash(const char *s); /* FNV-1a 32 */
+enum { TGM_INIT_ZEROS = 1, TGM_INIT_ONES, TGM_INIT_NORMAL, TGM_INIT_UNIFORM, TGM_INIT_XAVIER_UNIFORM,
+       TGM_INIT_KAIMING_UNIFORM };
+/* Element i of a param: see spec/LANGUAGE.md "Params and initialisation".
+ * Returns the value already rounded to `dtype` (as a double). */
+double tgm_init_value(const char *name, int init, double a, double b, int dtype, int rank, const int64_t *shape,
+                      uint64_t seed, int64_t i);
+
+/* ---------------------------------------------------------------- safetensors */
+
+typedef struct tgm_tensor_desc {
+  const char *name;
+  int dtype;
+  int rank;
+  int64_t shape[TGM_MAXRANK];
+  const void *data;  /* host memory, row-major */
+} tgm_tensor_desc;
+
+/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename).
+ * Returns TGM_OK; TGM_EIO when the file cannot be written; TGM_EINVAL for a
+ * bad descriptor (unknown dtype, rank > 8, duplicate name, ...); TGM_ENOMEM.
+ * The message in err names the file and the problem. */
+int tgm_st_write(const char *path, const tgm_tensor_desc *t, int n, char *err, size_t errlen);
+
+/* A file read fully into memory and its header parsed and validated
+ * (header length, JSON syntax, dtypes, shapes, data_offsets inside the file
+ * and consistent with dtype x numel, no overlaps). */
+typedef struct tgm_st_file {
+  unsigned char *buf;   /* the whole file */
+  size_t size;
+  int n;
+  tgm_tensor_desc *t;   /* names point into allocated strings */
+} tgm_st_file;
+int tgm_st_read(const char *path, tgm_st_file *f, char *err, size_t errlen);
+const tgm_tensor_desc *tgm_st_find(const tgm_st_file *f, const char *name);
+void tgm_st_free(tgm_st_file *f);
+
+/* ---------------------------------------------------------------- CPU kernels (tgm_cpu.c) */
+
+/* unary ops: y[i] = f(x[i]) */
+enum { TGM_NEG, TGM_ABS, TGM_EXP, TGM_LOG, TGM_SQRT, TGM_RSQRT, TGM_SIN, TGM_COS, TGM_TANH, TGM_SIGMOID,
+       TGM_RELU, TGM_SILU, TGM_ERF, TGM_SQUARE, TGM_RECIPROCAL, TGM_GELU, TGM_GELU_TANH,
+       TGM_POW,    /* x^a */
+       TGM_CLAMP,  /* a <= x <= b (a = -inf / b = +inf when absent); NaN stays NaN */
+       TGM_COPY };
+/* binary ops, broadcasting; compares write bool (uint8 0/1) */
+enum { TGM_ADD, TGM_SUB, TGM_MUL, TGM_DIV, TGM_MAX, TGM_MIN, TGM_GT, TGM_GE, TGM_LT, TGM_LE, TGM_EQ, TGM_NE };
+/* reductions */
+enum { TGM_SUM, TGM_MEAN, TGM_AMAX, TGM_VAR, TGM_LOGSUMEXP };
+
+void tgm_cpu_unary(int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
+void tgm_cpu_binary(int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy); /* dt: operands' dtype */
+void tgm_cpu_where(int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra, const int64_t *sa,
+                   const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
+/* Reduce the dims whose bit is set in `axes`; y holds the remaining dims in
+ * order (keepdim changes only the shape). var divides by (N - correction). */
+void tgm_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes, void *y,
+                    double correction);
+/* x viewed as [outer, n, inner], softmax (or log_softmax) along n */
+void tgm_cpu_softmax(int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
+/* over the last dim d of x [rows, d]; w, b may be NULL; biased variance */
+void tgm_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
+                        double eps);
+void tgm_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps);
+/* y dim i = x dim perm[i] (transpose is a permute) */
+void tgm_cpu_permute(int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
+/* x [outer, n, inner] -> y [outer, hi - lo, inner] */
+void tgm_cpu_slice(int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo, int64_t hi, void *y);
+/* x [outer, nx, inner] into y [outer, ny, inner] at [., at:at+nx, .] (concat) */
+void tgm_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y, int64_t ny,
+                       int64_t at);
+void tgm_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y, int ry, const int64_t *sy);
+/* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
+void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
+                    void *y, int ry, const int64_t *sy);
+/* y [rows, out] = x [rows, in] @ w[out, in]^T + b[out] (b may be NULL) */
+void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
+                    int64_t out);
+/* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
+int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
+/* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
+void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
+                       const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
+                       double scale);
+/* mean over rows with target != ignore of logsumexp(row) - row[target];
+ * returns -1, or the first row whose target is outside [0, C) and not ignore */
+int64_t tgm_cpu_cross_entropy(int dt, const void *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
+                              void *y);
+void tgm_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
+                      void *y);
+void tgm_cpu_arange(int32_t *y, int64_t n);
+void tgm_cpu_fill(int dt, void *y, int64_t n, double v);
+
+/* ---------------------------------------------------------------- CUDA kernels (tgm_cuda.cu) */
+
+/* The same operations on device pointers, enqueued on the context's stream.
+ * Each returns 0, or a CUDA/cuBLAS error code with a message in the context.
+ * Data errors (embedding indices, cross-entropy targets) are recorded in
+ * cx->d_bad (device int64: the smallest bad position, INT64_MAX if none) and
+ * checked by the caller after synchronising. */
+typedef struct tgm_cuda_ctx tgm_cuda_ctx;
+int tgm_cuda_ctx_create(tgm_cuda_ctx **cx, char *err, size_t errlen); /* picks the current device */
+void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx);
+const char *tgm_cuda_ctx_error(const tgm_cuda_ctx *cx);
+int tgm_cuda_sync(tgm_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
+int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
+int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n);
+void tgm_cuda_free(tgm_cuda_ctx *cx, void *p);
+int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
+
+int tgm_cuda_unary(tgm_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+int tgm_cuda_cast(tgm_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
+int tgm_cuda_binary(tgm_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy);
+int tgm_cuda_where(tgm_cuda_ctx *cx, int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra,
+                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
+int tgm_cuda_reduce(tgm_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
+                    void *y, double correction);
+int tgm_cuda_softmax(tgm_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
+int tgm_cuda_layer_norm(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                        int64_t d, double eps);
+int tgm_cuda_rms_norm(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
+                      double eps);
+int tgm_cuda_permute(tgm_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
+int tgm_cuda_slice(tgm_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
+                   int64_t hi, void *y);
+int tgm_cuda_copy_into(tgm_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
+                       int64_t ny, int64_t at);
+int tgm_cuda_broadcast(tgm_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
+                       const int64_t *sy);
+int tgm_cuda_matmul(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                    const int64_t *sb, void *y, int ry, const int64_t *sy);
+int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                    int64_t in, int64_t out);
+int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
+                       void *y);
+int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
+                       int causal, double scale);
+int tgm_cuda_cross_entropy(tgm_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
+                           int64_t ignore, void *y);
+int tgm_cuda_mse_loss(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
+                      const int64_t *sb, void *y);
+int tgm_cuda_arange(tgm_cuda_ctx *cx, int32_t *y, int64_t n);
+int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v);
+
+/* ---------------------------------------------------------------- the model (tgm_model.c) */
+
+/* Compile-time description of the model, generated by tgen into NAME_common.c. */
+typedef struct tgm_param_info {
+  const char *name;       /* internal name: "h.0.up" */
+  const char *ckpt;       /* checkpoint name */
+  int dtype, rank;
+  int64_t shape[TGM_MAXRANK];
+  int64_t numel;
+  int64_t offset;         /* bytes from the start of the params buffer */
+  int init;               /* TGM_INIT_* */
+  double a, b;            /* init arguments */
+} tgm_param_info;
+
+typedef struct tgm_io_info {
+  const char *name;
+  int dtype, rank;
+} tgm_io_info;
+
+typedef struct tgm_model_info {
+  const char *name;
+  int nsym, ndyn;               /* symbols: dynamic dims first, then derived sizes */
+  const char *const *sym_names;
+  const int64_t *dyn_max;
+  int nparams;
+  const tgm_param_info *params;
+  int64_t param_bytes;
+  int ninputs, noutputs;
+  const tgm_io_info *inputs, *outputs;
+  uint64_t seed;
+} tgm_model_info;
+extern const tgm_model_info tgm_info;
+
+/* Generated: derived sizes and the guards on dims (0, or TGM_EINVAL with a
+ * message); shapes of inputs and outputs; workspace bytes; the forward passes. */
+int tgm_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
+void tgm_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
+int64_t tgm_ws_bytes_cpu(const int64_t *sym);
+int64_t tgm_ws_bytes_cuda(const int64_t *sym);
+
+struct tgm_model {
+  int device;              /* 0 cpu, 1 cuda */
+  unsigned char *params;   /* host (cpu) or device (cuda) */
+  unsigned char *ws;       /* workspace: activations, sized for the current dims */
+  int64_t ws_bytes;
+  tgm_cuda_ctx *cx;
+  char err[512];
+};
+int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_forward_cuda(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+#!/bin/sh
+# run_e2e.sh TGEN SPEC WORKDIR [CMAKE_ARGS...]: the end-to-end path of one
+# model: generate the project, configure and build it (with the CUDA path
+# compiled when nvcc is present: CI has nvcc but no GPU), and run the emitted
+# CTest suite (CPU golden test, API test, runner; the CUDA golden test skips
+# without a GPU). Also checks that generating twice gives identical files.
+set -e
+tgen=$1
+spec=$2
+work=$3
+shift 3
+name=$(basename "$spec" .yaml)
+out="$work/$name"
+rm -rf "$out" "$out.again" "$out-build"
+mkdir -p "$work"
+t0=$(date +%s.%N)
+"$tgen" "$spec" -o "$out"
+t1=$(date +%s.%N)
+echo "generated in $(echo "$t1 - $t0" | bc) s"
+"$tgen" "$spec" -o "$out.again" >/dev/null
+diff -r "$out" "$out.again" >/dev/null || { echo "FAIL: two generations differ"; diff -r "$out" "$out.again" | head -20; exit 1; }
+rm -rf "$out.again"
+# the model's name (the emitted options are NAME_CUDA, NAME_BLAS); "TGM_" in
+# the extra arguments stands for it
+model=$(basename "$(ls "$out"/include/*.h)" .h)
+MODEL=$(echo "$model" | tr '[:lower:]' '[:upper:]')
+args=""
+for a in "$@"; do args="$args $(echo "$a" | sed "s/TGM_/${MODEL}_/")"; done
+if command -v nvcc >/dev/null 2>&1; then
+  cuda="-DCMAKE_CUDA_ARCHITECTURES=90"
+else
+  cuda="-D${MODEL}_CUDA=OFF"
+fi
+cmake -S "$out" -B "$out-build" $cuda $args >"$work/$name.configure.log" 2>&1 || { cat "$work/$name.configure.log"; exit 1; }
+grep -E "tgm|CPU GEMM|CUDA path" "$work/$name.configure.log" | sed 's/^-- //' || true
+t2=$(date +%s.%N)
+cmake --build "$out-build" -j "$(nproc 2>/dev/null || echo 2)" >"$work/$name.build.log" 2>&1 || { tail -50 "$work/$name.build.log"; exit 1; }
+t3=$(date +%s.%N)
+echo "configured and built in $(echo "$t3 - $t1" | bc) s"
+grep -i "warning" "$work/$name.build.log" | head -10 || true
+ctest --test-dir "$out-build" --output-on-failure
