@@ -49,6 +49,7 @@ typedef struct E {
   int64_t param_bytes;
   int64_t test_sym[MAXSYM];
   Buf cuda_checks;   /* the CUDA pass's index-checking ops, for its message */
+  int cur;           /* the node being printed */
 } E;
 
 #define P(...) buf_printf(b, __VA_ARGS__)
@@ -247,7 +248,7 @@ typedef struct Dialect {
 
 /* A shape array declaration for a kernel call; returns its name. */
 static const char *shape_arr(E *e, Buf *b, const Node *n, const char *tag) {
-  const char *nm = arena_printf(e->a, "s%d%s", n->id, tag);
+  const char *nm = arena_printf(e->a, "s%d%s", e->cur, tag); /* named after the consuming node */
   P("  const int64_t %s[%d] = {", nm, n->shape.rank ? n->shape.rank : 1);
   if (n->shape.rank == 0)
     P("1");
@@ -336,6 +337,7 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
     const char *dt = dtc(e, n->dtype);
     if (n->op == OP_INPUT || n->op == OP_PARAM || x->kind == 0)
       continue; /* declared up front, or not needed by any output */
+    e->cur = n->id;
     P("\n  /* %%%d = %s : %s   %s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n));
     if (x->kind == 4) {
       P("  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct, x->var,
@@ -552,7 +554,7 @@ static Val *plan_values(E *e) {
 
 static void emit_sym_locals(E *e, Buf *b) {
   for (int k = 0; k < e->g->nsyms; k++)
-    P("  const int64_t %s = sym[%d]; (void)%s;%s\n", sym_var(e->g, k), k, sym_var(e->g, k),
+    P("  UNUSED const int64_t %s = sym[%d];%s\n", sym_var(e->g, k), k,
       e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
 }
 
@@ -583,6 +585,7 @@ static const char *forward_file(E *e, const Dialect *d) {
     " * 256-byte aligned offsets (%s_ws_bytes_%s gives the total for the dims). */\n", e->name, d->cuda ? "cuda" : "cpu");
   P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
   P("#define ALIGN(n) (((int64_t)(n) + 255) & ~(int64_t)255)\n");
+  P("#define UNUSED __attribute__((unused))\n");
   if (d->cuda)
     P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
       e->name, e->NAME, e->name);
@@ -591,15 +594,15 @@ static const char *forward_file(E *e, const Dialect *d) {
   P("\nint %s_forward_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n", e->name,
     d->cuda ? "cuda" : "cpu", e->name);
   emit_sym_locals(e, b);
-  P("  unsigned char *ws = m->ws;\n  const unsigned char *P = m->params;\n  int64_t o = 0, bad = -1;\n  (void)bad; (void)P; (void)o; (void)ws;\n");
+  P("  UNUSED unsigned char *ws = m->ws;\n  UNUSED const unsigned char *P = m->params;\n  UNUSED int64_t o = 0, bad = -1;\n");
   for (int k = 0; k < g->ninputs; k++) {
     Node *n = g->inputs[k].node;
-    P("  const %s *%s = (const %s *)in[%d]; (void)%s;  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
-      v[n->id].var, shape_comment(e, n));
+    P("  UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
+      shape_comment(e, n));
   }
   for (int k = 0; k < g->nparams; k++) {
     Param *p = &g->params[k];
-    P("  const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", ctype(p->dtype), v[p->node->id].var,
+    P("  UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", ctype(p->dtype), v[p->node->id].var,
       ctype(p->dtype), (long long)e->pbyte[k], p->name, shape_comment(e, p->node));
   }
   e->cuda_checks = (Buf){0};
@@ -645,7 +648,7 @@ static const char *common_file(E *e) {
   P("/* %s_common.c: what tgen knows about model %s at compile time (generated\n"
     " * from %s): dims and their guards, the param layout, input and output\n"
     " * shapes, and the typed forward entry point. */\n", e->name, e->name, e->o->spec_name);
-  P("#include \"%s_rt.h\"\n#include \"%s.h\"\n\n#include <stdio.h>\n\n", e->name, e->name);
+  P("#include \"%s_rt.h\"\n#include \"%s.h\"\n\n#include <stdio.h>\n\n#define UNUSED __attribute__((unused))\n\n", e->name, e->name);
   int ndyn = 0;
   for (int k = 0; k < g->nsyms; k++)
     ndyn += !g->syms[k].derived;

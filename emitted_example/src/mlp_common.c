@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#define UNUSED __attribute__((unused))
+
 static const char *const sym_names[] = {"B", NULL};
 static const int64_t dyn_max[] = {2048, 0};
 
@@ -42,7 +44,7 @@ int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen)
 }
 
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape) {
-  const int64_t d_B = sym[0]; (void)d_B;
+  UNUSED const int64_t d_B = sym[0];
   static const int8_t none = 0; (void)none;
   if (!is_output) {
     switch (k) {

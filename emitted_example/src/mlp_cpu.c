@@ -8,9 +8,10 @@
 #include <string.h>
 
 #define ALIGN(n) (((int64_t)(n) + 255) & ~(int64_t)255)
+#define UNUSED __attribute__((unused))
 
 int64_t mlp_ws_bytes_cpu(const int64_t *sym) {
-  const int64_t d_B = sym[0]; (void)d_B;
+  UNUSED const int64_t d_B = sym[0];
   int64_t o = 0;
   o += ALIGN(128 * d_B * 4);  /* %6 linear */
   o += ALIGN(128 * d_B * 4);  /* %7 relu */
@@ -19,17 +20,16 @@ int64_t mlp_ws_bytes_cpu(const int64_t *sym) {
 }
 
 int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
-  const int64_t d_B = sym[0]; (void)d_B;
-  unsigned char *ws = m->ws;
-  const unsigned char *P = m->params;
-  int64_t o = 0, bad = -1;
-  (void)bad; (void)P; (void)o; (void)ws;
-  const float *in_x = (const float *)in[0]; (void)in_x;  /* f32[B, 64] */
-  const int32_t *in_y = (const int32_t *)in[1]; (void)in_y;  /* i32[B] */
-  const float *p0 = (const float *)(P + 0);  /* w1 f32[128, 64] */
-  const float *p1 = (const float *)(P + 32768);  /* b1 f32[128] */
-  const float *p2 = (const float *)(P + 33280);  /* w2 f32[10, 128] */
-  const float *p3 = (const float *)(P + 38400);  /* b2 f32[10] */
+  UNUSED const int64_t d_B = sym[0];
+  UNUSED unsigned char *ws = m->ws;
+  UNUSED const unsigned char *P = m->params;
+  UNUSED int64_t o = 0, bad = -1;
+  UNUSED const float *in_x = (const float *)in[0];  /* f32[B, 64] */
+  UNUSED const int32_t *in_y = (const int32_t *)in[1];  /* i32[B] */
+  UNUSED const float *p0 = (const float *)(P + 0);  /* w1 f32[128, 64] */
+  UNUSED const float *p1 = (const float *)(P + 32768);  /* b1 f32[128] */
+  UNUSED const float *p2 = (const float *)(P + 33280);  /* w2 f32[10, 128] */
+  UNUSED const float *p3 = (const float *)(P + 38400);  /* b2 f32[10] */
 
   /* %6 = linear : f32[B, 128]   spec/examples/mlp.yaml:30 'h' */
   float *t6 = (float *)(ws + o); o += ALIGN(128 * d_B * 4);

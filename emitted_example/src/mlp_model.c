@@ -154,7 +154,7 @@ mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   if (!m)
     return MLP_EINVAL;
   size_t n = (size_t)mlp_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   if (!h)
     return mlp_fail(m, MLP_ENOMEM, "mlp_init_params: out of memory (%zu bytes)", n);
   for (int k = 0; k < mlp_info.nparams; k++) {
@@ -175,7 +175,7 @@ mlp_status mlp_save_params(mlp_model *m, const char *path) {
   if (!path)
     return mlp_fail(m, MLP_EINVAL, "mlp_save_params: path is NULL");
   size_t n = (size_t)mlp_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   mlp_tensor_desc *t = calloc((size_t)mlp_info.nparams + 1, sizeof *t);
   int rc = MLP_OK;
   if (!h || !t) {
@@ -219,7 +219,7 @@ mlp_status mlp_load_params(mlp_model *m, const char *path) {
   if (rc)
     return (mlp_status)rc;
   size_t n = (size_t)mlp_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   char a[128], b[128];
   if (!h) {
     rc = mlp_fail(m, MLP_ENOMEM, "mlp_load_params: out of memory");

@@ -154,7 +154,7 @@ tgm_status tgm_init_params(tgm_model *m, uint64_t seed) {
   if (!m)
     return TGM_EINVAL;
   size_t n = (size_t)tgm_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   if (!h)
     return tgm_fail(m, TGM_ENOMEM, "tgm_init_params: out of memory (%zu bytes)", n);
   for (int k = 0; k < tgm_info.nparams; k++) {
@@ -175,7 +175,7 @@ tgm_status tgm_save_params(tgm_model *m, const char *path) {
   if (!path)
     return tgm_fail(m, TGM_EINVAL, "tgm_save_params: path is NULL");
   size_t n = (size_t)tgm_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   tgm_tensor_desc *t = calloc((size_t)tgm_info.nparams + 1, sizeof *t);
   int rc = TGM_OK;
   if (!h || !t) {
@@ -219,7 +219,7 @@ tgm_status tgm_load_params(tgm_model *m, const char *path) {
   if (rc)
     return (tgm_status)rc;
   size_t n = (size_t)tgm_info.param_bytes;
-  unsigned char *h = malloc(n ? n : 1);
+  unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   char a[128], b[128];
   if (!h) {
     rc = tgm_fail(m, TGM_ENOMEM, "tgm_load_params: out of memory");

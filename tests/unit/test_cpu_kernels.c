@@ -750,30 +750,30 @@ static void test_softmax(void) {
     for (int d = 0; d < 3; d++)
       for (size_t k = 0; k < sizeof shp / sizeof *shp; k++) {
         int dt = dts[d];
-        int64_t O = shp[k][0], N = shp[k][1], I = shp[k][2], n = O * N * I;
+        int64_t O = shp[k][0], N = shp[k][1], In = shp[k][2], n = O * N * In;
         T x = rnd(dt, 1, &n, -6, 6), y = mk(dt, 1, &n);
-        if (N > 10 && n > 3 * N * I) {
+        if (N > 10 && n > 3 * N * In) {
           for (int64_t j = 0; j < N; j++) /* one group all -inf (NaN, as torch) */
-            setv(&x, (0 * N + j) * I, -INFINITY);
+            setv(&x, (0 * N + j) * In, -INFINITY);
           for (int64_t j = 0; j < N; j += 2) /* one group half masked */
-            setv(&x, (1 * N + j) * I, -INFINITY);
+            setv(&x, (1 * N + j) * In, -INFINITY);
         }
         double *ref = malloc(sizeof(double) * (size_t)n);
         for (int64_t o = 0; o < O; o++)
-          for (int64_t i = 0; i < I; i++) {
+          for (int64_t i = 0; i < In; i++) {
             double m = -INFINITY, s = 0;
             for (int64_t j = 0; j < N; j++)
-              m = isnan(x.v[(o * N + j) * I + i]) || x.v[(o * N + j) * I + i] > m ? x.v[(o * N + j) * I + i] : m;
+              m = isnan(x.v[(o * N + j) * In + i]) || x.v[(o * N + j) * In + i] > m ? x.v[(o * N + j) * In + i] : m;
             for (int64_t j = 0; j < N; j++)
-              s += exp(x.v[(o * N + j) * I + i] - m);
+              s += exp(x.v[(o * N + j) * In + i] - m);
             for (int64_t j = 0; j < N; j++) {
-              double z = x.v[(o * N + j) * I + i] - m;
-              ref[(o * N + j) * I + i] = lg ? z - log(s) : exp(z) / s;
+              double z = x.v[(o * N + j) * In + i] - m;
+              ref[(o * N + j) * In + i] = lg ? z - log(s) : exp(z) / s;
             }
           }
-        tgm_cpu_softmax(lg, dt, x.p, y.p, O, N, I);
+        tgm_cpu_softmax(lg, dt, x.p, y.p, O, N, In);
         expect(fmt("%s %s [%lld,%lld,%lld]", lg ? "log_softmax" : "softmax", dtn[dt], (long long)O, (long long)N,
-                   (long long)I),
+                   (long long)In),
                dt, y.p, ref, n, tol_of(dt));
         free(ref);
         tfree(&x);
@@ -966,27 +966,27 @@ static void test_slice_concat(void) {
                                   {2, 5, 3, 2, 2},   {70, 130, 33, 1, 129}, {1, 300000, 1, 5, 299999}};
   for (int dt = 0; dt < 5; dt++)
     for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
-      int64_t O = cs[k][0], N = cs[k][1], I = cs[k][2], lo = cs[k][3], hi = cs[k][4], n = O * N * I;
-      int64_t ny = O * (hi - lo) * I;
+      int64_t O = cs[k][0], N = cs[k][1], In = cs[k][2], lo = cs[k][3], hi = cs[k][4], n = O * N * In;
+      int64_t ny = O * (hi - lo) * In;
       T x = rnd(dt, 1, &n, -100, 100), y = mk(dt, 1, &ny);
       double *ref = malloc(sizeof(double) * (size_t)(ny ? ny : 1));
       for (int64_t o = 0; o < O; o++)
         for (int64_t j = lo; j < hi; j++)
-          for (int64_t i = 0; i < I; i++)
-            ref[(o * (hi - lo) + j - lo) * I + i] = x.v[(o * N + j) * I + i];
-      tgm_cpu_slice(dt, x.p, O, N, I, lo, hi, y.p);
-      expect(fmt("slice %s [%lld,%lld,%lld] %lld:%lld", dtn[dt], (long long)O, (long long)N, (long long)I,
+          for (int64_t i = 0; i < In; i++)
+            ref[(o * (hi - lo) + j - lo) * In + i] = x.v[(o * N + j) * In + i];
+      tgm_cpu_slice(dt, x.p, O, N, In, lo, hi, y.p);
+      expect(fmt("slice %s [%lld,%lld,%lld] %lld:%lld", dtn[dt], (long long)O, (long long)N, (long long)In,
                  (long long)lo, (long long)hi),
              dt, y.p, ref, ny, 0);
       /* concat: the slice, the rest before it and after it, back into x's shape */
-      int64_t n1 = O * lo * I, n3 = O * (N - hi) * I;
+      int64_t n1 = O * lo * In, n3 = O * (N - hi) * In;
       T p1 = mk(dt, 1, &n1), p3 = mk(dt, 1, &n3), z = mk(dt, 1, &n);
-      tgm_cpu_slice(dt, x.p, O, N, I, 0, lo, p1.p);
-      tgm_cpu_slice(dt, x.p, O, N, I, hi, N, p3.p);
-      tgm_cpu_copy_into(dt, p1.p, O, lo, I, z.p, N, 0);
-      tgm_cpu_copy_into(dt, y.p, O, hi - lo, I, z.p, N, lo);
-      tgm_cpu_copy_into(dt, p3.p, O, N - hi, I, z.p, N, hi);
-      expect(fmt("copy_into %s [%lld,%lld,%lld] at %lld, %lld", dtn[dt], (long long)O, (long long)N, (long long)I,
+      tgm_cpu_slice(dt, x.p, O, N, In, 0, lo, p1.p);
+      tgm_cpu_slice(dt, x.p, O, N, In, hi, N, p3.p);
+      tgm_cpu_copy_into(dt, p1.p, O, lo, In, z.p, N, 0);
+      tgm_cpu_copy_into(dt, y.p, O, hi - lo, In, z.p, N, lo);
+      tgm_cpu_copy_into(dt, p3.p, O, N - hi, In, z.p, N, hi);
+      expect(fmt("copy_into %s [%lld,%lld,%lld] at %lld, %lld", dtn[dt], (long long)O, (long long)N, (long long)In,
                  (long long)lo, (long long)hi),
              dt, z.p, x.v, n, 0);
       free(ref);
@@ -1035,22 +1035,25 @@ static void test_gemm_direct(void) {
                                   {7, 3100, 9}};
   for (size_t k = 0; k < sizeof cs / sizeof *cs; k++)
     for (int ta = 0; ta < 2; ta++)
-      for (int tb = 0; tb < 2; tb++)
+      for (int tb = 0; tb < 2; tb++) {
+        int64_t M = cs[k][0], N = cs[k][1], K = cs[k][2], na = M * K, nb = K * N, nc = M * N;
+        T a = rnd(TGM_F32, 1, &na, -1, 1), b = rnd(TGM_F32, 1, &nb, -1, 1);
+        double *prod = malloc(sizeof(double) * (size_t)nc), *ref = malloc(sizeof(double) * (size_t)nc);
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t l = 0; l < K; l++)
+              s += a.v[ta ? l * M + i : i * K + l] * b.v[tb ? j * K + l : l * N + j];
+            prod[i * N + j] = s;
+          }
         for (int bv = 0; bv < 3; bv++) {
-          int64_t M = cs[k][0], N = cs[k][1], K = cs[k][2], na = M * K, nb = K * N, nc = M * N;
           float alpha = bv == 2 ? 0.5f : 1.0f, beta = bv == 0 ? 0.0f : bv == 1 ? 1.0f : -0.25f;
-          T a = rnd(TGM_F32, 1, &na, -1, 1), b = rnd(TGM_F32, 1, &nb, -1, 1), c = rnd(TGM_F32, 1, &nc, -1, 1);
-          if (beta == 0)
-            for (int64_t i = 0; i < nc; i++)
+          T c = rnd(TGM_F32, 1, &nc, -1, 1);
+          for (int64_t i = 0; i < nc; i++) {
+            if (beta == 0)
               setv(&c, i, NAN); /* beta 0 must not read C */
-          double *ref = malloc(sizeof(double) * (size_t)nc);
-          for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) {
-              double s = 0;
-              for (int64_t l = 0; l < K; l++)
-                s += a.v[ta ? l * M + i : i * K + l] * b.v[tb ? j * K + l : l * N + j];
-              ref[i * N + j] = alpha * s + (beta == 0 ? 0 : beta * c.v[i * N + j]);
-            }
+            ref[i] = alpha * prod[i] + (beta == 0 ? 0 : beta * c.v[i]);
+          }
           sgemm(ta, tb, M, N, K, alpha, a.p, ta ? M : K, b.p, tb ? K : N, beta, c.p, N, 1);
           expect(fmt("sgemm ta=%d tb=%d M=%lld N=%lld K=%lld alpha=%g beta=%g", ta, tb, (long long)M, (long long)N,
                      (long long)K, alpha, beta),
@@ -1062,11 +1065,13 @@ static void test_gemm_direct(void) {
             expect(fmt("gemm_naive ta=%d tb=%d M=%lld N=%lld K=%lld", ta, tb, (long long)M, (long long)N, (long long)K),
                    TGM_F32, c.p, ref, nc, 1e-4);
           }
-          free(ref);
-          tfree(&a);
-          tfree(&b);
           tfree(&c);
         }
+        free(prod);
+        free(ref);
+        tfree(&a);
+        tfree(&b);
+      }
 }
 
 /* torch.matmul in double: batch dims broadcast, 1-D operands promoted. */
@@ -1141,18 +1146,18 @@ static void test_linear(void) {
     for (size_t k = 0; k < sizeof cs / sizeof *cs; k++)
       for (int hb = 0; hb < 2; hb++) {
         int dt = dts[d];
-        int64_t R = cs[k][0], I = cs[k][1], O = cs[k][2], nx = R * I, nw = O * I, ny = R * O;
+        int64_t R = cs[k][0], In = cs[k][1], O = cs[k][2], nx = R * In, nw = O * In, ny = R * O;
         T x = rnd(dt, 1, &nx, -1, 1), w = rnd(dt, 1, &nw, -1, 1), b = rnd(dt, 1, &O, -1, 1), y = mk(dt, 1, &ny);
         double *ref = malloc(sizeof(double) * (size_t)ny);
         for (int64_t r = 0; r < R; r++)
           for (int64_t o = 0; o < O; o++) {
             double s = hb ? b.v[o] : 0;
-            for (int64_t i = 0; i < I; i++)
-              s += x.v[r * I + i] * w.v[o * I + i];
+            for (int64_t i = 0; i < In; i++)
+              s += x.v[r * In + i] * w.v[o * In + i];
             ref[r * O + o] = s;
           }
-        tgm_cpu_linear(dt, x.p, w.p, hb ? b.p : NULL, y.p, R, I, O);
-        expect(fmt("linear %s rows=%lld in=%lld out=%lld bias=%d", dtn[dt], (long long)R, (long long)I, (long long)O,
+        tgm_cpu_linear(dt, x.p, w.p, hb ? b.p : NULL, y.p, R, In, O);
+        expect(fmt("linear %s rows=%lld in=%lld out=%lld bias=%d", dtn[dt], (long long)R, (long long)In, (long long)O,
                    hb),
                dt, y.p, ref, ny, gtol_of(dt));
         free(ref);
