@@ -1,0 +1,1202 @@
+/* test_cuda_kernels.cu: every tgm_cuda_* kernel against a naive double-precision
+ * host reference (the semantics of gen/interp.c), on random data with odd sizes
+ * and broadcasting shapes, for f32 / bf16 / f16 (and i32, bool where the op
+ * takes them).
+ *
+ * One line per case: PASS/FAIL, the case, the largest error and the
+ * tolerance. An error is |got - ref| / max(1, |ref|, scale) where scale is the
+ * natural size of the result when it is a sum (the 2-norm of the summed
+ * terms); NaN must meet NaN and infinities must match exactly. Tolerances:
+ * f32 1e-5, f32 GEMM-based 1e-4 (no TF32), bf16 2e-2, f16 2e-3; integer,
+ * bool and data-movement results must be exact.
+ *
+ * Exit status: 0 all passed, 1 some failed, 77 no CUDA device (skip).
+ * Build: tests/gpu/build_and_run.sh. */
+#include "../../templates/runtime/tgm_cuda.cu"
+
+/* The dtype conversions live in tgm_init.c; without it, local copies. */
+#if !defined(TGM_TEST_LOCAL_CONVERSIONS) && __has_include("../../templates/runtime/tgm_init.c")
+#include "../../templates/runtime/tgm_init.c"
+#else
+#ifndef TGM_TEST_CONVERSIONS_DEFINED
+#define TGM_TEST_CONVERSIONS_DEFINED
+float tgm_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t tgm_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+float tgm_f16_to_f32(uint16_t h) {
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+uint16_t tgm_f32_to_f16(float f) {
+  __half x = __float2half_rn(f);
+  uint16_t h;
+  memcpy(&h, &x, 2);
+  return h;
+}
+#endif
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+typedef std::vector<int64_t> Shape;
+typedef std::vector<double> Vals;
+
+static tgm_cuda_ctx *CX;
+static int n_pass, n_fail;
+
+/* ---------------------------------------------------------------- random data */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng_next(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double urand(double lo, double hi) { return lo + (hi - lo) * ((double)(rng_next() >> 11) * 0x1p-53); }
+static int64_t irand(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)); }
+
+/* ---------------------------------------------------------------- dtypes on the host */
+
+static const char *DTN[] = {"f32", "bf16", "f16", "i32", "bool"};
+static const int ESZ[] = {4, 2, 2, 4, 1};
+
+/* The value v once stored in dt (floats via f32, as the kernels round). */
+static double round_dt(int dt, double v) {
+  float f = (float)v;
+  switch (dt) {
+  case TGM_F32: return f;
+  case TGM_BF16: return tgm_bf16_to_f32(tgm_f32_to_bf16(f));
+  case TGM_F16: return tgm_f16_to_f32(tgm_f32_to_f16(f));
+  case TGM_I32: return (double)(int32_t)v;
+  default: return v != 0;
+  }
+}
+static void put(int dt, void *raw, int64_t i, double v) {
+  float f = (float)v;
+  switch (dt) {
+  case TGM_F32: ((float *)raw)[i] = f; break;
+  case TGM_BF16: ((uint16_t *)raw)[i] = tgm_f32_to_bf16(f); break;
+  case TGM_F16: ((uint16_t *)raw)[i] = tgm_f32_to_f16(f); break;
+  case TGM_I32: ((int32_t *)raw)[i] = (int32_t)v; break;
+  default: ((uint8_t *)raw)[i] = v != 0; break;
+  }
+}
+static double get(int dt, const void *raw, int64_t i) {
+  switch (dt) {
+  case TGM_F32: return ((const float *)raw)[i];
+  case TGM_BF16: return tgm_bf16_to_f32(((const uint16_t *)raw)[i]);
+  case TGM_F16: return tgm_f16_to_f32(((const uint16_t *)raw)[i]);
+  case TGM_I32: return ((const int32_t *)raw)[i];
+  default: return ((const uint8_t *)raw)[i];
+  }
+}
+
+static int64_t numel(const Shape &s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+static std::string shape_str(const Shape &s) {
+  std::string r = "[";
+  for (size_t k = 0; k < s.size(); k++)
+    r += (k ? "," : "") + std::to_string(s[k]);
+  return r + "]";
+}
+
+/* A tensor: its values as stored (doubles) and a device copy. The device
+ * buffer can start `skew` elements past an aligned address (to exercise the
+ * unvectorised paths). */
+struct Tensor {
+  int dt = TGM_F32;
+  Shape shape;
+  Vals v;
+  void *base = nullptr, *d = nullptr;
+  Tensor() {}
+  Tensor(const Tensor &) = delete;
+  Tensor &operator=(const Tensor &) = delete;
+  ~Tensor() {
+    if (base)
+      tgm_cuda_free(CX, base);
+  }
+  int64_t n() const { return numel(shape); }
+  /* Allocates the device buffer (and fills it with `fill`'s bit pattern). */
+  void alloc(int dt_, const Shape &s, int skew = 0) {
+    dt = dt_;
+    shape = s;
+    size_t bytes = (size_t)(n() + skew) * ESZ[dt] + 64;
+    if (tgm_cuda_malloc(CX, &base, bytes)) {
+      fprintf(stderr, "allocation failed: %s\n", tgm_cuda_ctx_error(CX));
+      exit(1);
+    }
+    cudaMemsetAsync(base, 0xA5, bytes, CX->stream); /* junk, so unwritten outputs show (on the ctx's stream) */
+    d = (char *)base + (size_t)skew * ESZ[dt];
+  }
+  void upload() {
+    std::vector<unsigned char> raw((size_t)n() * ESZ[dt] + 1);
+    for (int64_t i = 0; i < n(); i++)
+      put(dt, raw.data(), i, v[i]);
+    if (n() && tgm_cuda_memcpy(CX, d, raw.data(), (size_t)n() * ESZ[dt], 0)) {
+      fprintf(stderr, "upload failed: %s\n", tgm_cuda_ctx_error(CX));
+      exit(1);
+    }
+  }
+  Vals download() const {
+    std::vector<unsigned char> raw((size_t)n() * ESZ[dt] + 1);
+    Vals r((size_t)n());
+    if (n() && tgm_cuda_memcpy(CX, raw.data(), d, (size_t)n() * ESZ[dt], 1)) {
+      fprintf(stderr, "download failed: %s\n", tgm_cuda_ctx_error(CX));
+      return Vals((size_t)n(), NAN);
+    }
+    for (int64_t i = 0; i < n(); i++)
+      r[i] = get(dt, raw.data(), i);
+    return r;
+  }
+};
+
+/* A random tensor in [lo, hi] (integers for i32, 0/1 for bool), rounded to dt. */
+static void rand_tensor(Tensor &t, int dt, const Shape &s, double lo, double hi, int skew = 0) {
+  t.alloc(dt, s, skew);
+  t.v.resize((size_t)t.n());
+  for (auto &x : t.v)
+    x = dt == TGM_I32    ? (double)irand((int64_t)lo, (int64_t)hi)
+        : dt == TGM_BOOL ? (double)irand(0, 1)
+                         : round_dt(dt, urand(lo, hi));
+  t.upload();
+}
+/* An output tensor (junk-filled). */
+static void out_tensor(Tensor &t, int dt, const Shape &s) { t.alloc(dt, s); }
+
+/* ---------------------------------------------------------------- checking */
+
+static double tol_for(int dt, bool gemm = false) {
+  switch (dt) {
+  case TGM_F32: return gemm ? 1e-4 : 1e-5;
+  case TGM_BF16: return 2e-2;
+  case TGM_F16: return 2e-3;
+  default: return 0;
+  }
+}
+
+/* Reports a case whose kernel call failed. */
+static void fail_call(const std::string &label, int rc) {
+  printf("FAIL  %-58s call returned %d: %s\n", label.c_str(), rc, tgm_cuda_ctx_error(CX));
+  n_fail++;
+}
+
+/* Runs the GPU side of a case: the call's status, then a sync. */
+static bool ran(const std::string &label, int rc) {
+  if (rc) {
+    fail_call(label, rc);
+    return false;
+  }
+  rc = tgm_cuda_sync(CX);
+  if (rc) {
+    fail_call(label + " (sync)", rc);
+    return false;
+  }
+  return true;
+}
+
+/* Compares got with ref (see the top); scale may be empty. */
+static bool compare(const std::string &label, const Vals &got, const Vals &ref, double tol,
+                    const Vals &scale = Vals()) {
+  double worst = 0;
+  int64_t wi = -1;
+  if (got.size() != ref.size()) {
+    printf("FAIL  %-58s size %zu, expected %zu\n", label.c_str(), got.size(), ref.size());
+    n_fail++;
+    return false;
+  }
+  for (size_t i = 0; i < ref.size(); i++) {
+    double g = got[i], r = ref[i], e;
+    if (std::isnan(r) || std::isnan(g))
+      e = std::isnan(r) && std::isnan(g) ? 0 : INFINITY;
+    else if (std::isinf(r) || std::isinf(g))
+      e = g == r ? 0 : INFINITY;
+    else {
+      double den = std::max(1.0, fabs(r));
+      if (!scale.empty())
+        den = std::max(den, scale[i]);
+      e = fabs(g - r) / den;
+      if (tol == 0 && g != r)
+        e = INFINITY;
+    }
+    if (e > worst || wi < 0) {
+      worst = e;
+      wi = (int64_t)i;
+    }
+  }
+  bool ok = worst <= tol;
+  if (ok)
+    printf("PASS  %-58s n=%-8zu max_err %.3g (tol %.3g)\n", label.c_str(), ref.size(), worst, tol);
+  else
+    printf("FAIL  %-58s n=%-8zu max_err %.3g (tol %.3g) at [%lld]: got %.9g, expected %.9g\n", label.c_str(),
+           ref.size(), worst, tol, (long long)wi, got[wi], ref[wi]);
+  ok ? n_pass++ : n_fail++;
+  return ok;
+}
+
+static void expect(const std::string &label, bool cond, const std::string &why) {
+  if (cond) {
+    printf("PASS  %-58s\n", label.c_str());
+    n_pass++;
+  } else {
+    printf("FAIL  %-58s %s\n", label.c_str(), why.c_str());
+    n_fail++;
+  }
+}
+
+/* Offset in an operand of shape is (NumPy-broadcast) for output element i of shape os. */
+static int64_t bidx(const Shape &os, int64_t i, const Shape &is) {
+  std::vector<int64_t> c(os.size());
+  for (int k = (int)os.size() - 1; k >= 0; k--) {
+    c[k] = i % os[k];
+    i /= os[k];
+  }
+  int64_t off = 0, st = 1;
+  for (int k = (int)is.size() - 1; k >= 0; k--) {
+    int o = (int)os.size() - (int)is.size() + k;
+    off += (is[k] == 1 ? 0 : c[o]) * st;
+    st *= is[k];
+  }
+  return off;
+}
+
+static Shape bshape(const Shape &a, const Shape &b) {
+  size_t r = std::max(a.size(), b.size());
+  Shape s(r);
+  for (size_t k = 0; k < r; k++) {
+    int64_t da = k + a.size() >= r ? a[k + a.size() - r] : 1, db = k + b.size() >= r ? b[k + b.size() - r] : 1;
+    s[k] = da == 1 ? db : da;
+  }
+  return s;
+}
+
+/* ---------------------------------------------------------------- pointwise */
+
+static const char *UNAME[] = {"neg",        "abs",  "exp",       "log",  "sqrt",  "rsqrt", "sin",
+                              "cos",        "tanh", "sigmoid",   "relu", "silu",  "erf",   "square",
+                              "reciprocal", "gelu", "gelu_tanh", "pow",  "clamp", "copy"};
+
+static double ref_unary(int op, double x, double a, double b) {
+  switch (op) {
+  case TGM_NEG: return -x;
+  case TGM_ABS: return fabs(x);
+  case TGM_EXP: return exp(x);
+  case TGM_LOG: return log(x);
+  case TGM_SQRT: return sqrt(x);
+  case TGM_RSQRT: return 1 / sqrt(x);
+  case TGM_SIN: return sin(x);
+  case TGM_COS: return cos(x);
+  case TGM_TANH: return tanh(x);
+  case TGM_SIGMOID: return 1 / (1 + exp(-x));
+  case TGM_RELU: return x < 0 ? 0.0 : x;
+  case TGM_SILU: return x / (1 + exp(-x));
+  case TGM_ERF: return erf(x);
+  case TGM_SQUARE: return x * x;
+  case TGM_RECIPROCAL: return 1 / x;
+  case TGM_GELU: return 0.5 * x * (1 + erf(x * 0.70710678118654752440));
+  case TGM_GELU_TANH: return 0.5 * x * (1 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+  case TGM_POW: return pow(x, a);
+  case TGM_CLAMP: {
+    if (x < a)
+      x = a;
+    if (x > b)
+      x = b;
+    return x;
+  }
+  default: return x;
+  }
+}
+
+static void test_unary(void) {
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (int op = TGM_NEG; op <= TGM_COPY; op++) {
+      bool pos = op == TGM_LOG || op == TGM_SQRT || op == TGM_RSQRT || op == TGM_RECIPROCAL || op == TGM_POW;
+      double a = op == TGM_POW ? 1.7 : op == TGM_CLAMP ? -0.5 : 0, b = op == TGM_CLAMP ? 0.75 : 0;
+      const int64_t sizes[] = {10007, 1};
+      for (int64_t n : sizes)
+        for (int skew = 0; skew < (n > 1 ? 2 : 1); skew++) {
+          Tensor x, y;
+          rand_tensor(x, dt, {n}, pos ? 0.05 : -4, pos ? 4 : 4, skew);
+          out_tensor(y, dt, {n});
+          std::string label = std::string("unary ") + UNAME[op] + " " + DTN[dt] + " n=" + std::to_string(n) +
+                              (skew ? " misaligned" : "");
+          if (!ran(label, tgm_cuda_unary(CX, op, dt, x.d, y.d, n, a, b)))
+            continue;
+          Vals ref((size_t)n);
+          for (int64_t i = 0; i < n; i++)
+            ref[i] = ref_unary(op, x.v[i], a, b);
+          compare(label, y.download(), ref, tol_for(dt));
+        }
+    }
+  /* clamp with one bound (the other infinite) */
+  {
+    Tensor x, y;
+    rand_tensor(x, TGM_F32, {999}, -3, 3);
+    out_tensor(y, TGM_F32, {999});
+    if (ran("unary clamp(min only) f32", tgm_cuda_unary(CX, TGM_CLAMP, TGM_F32, x.d, y.d, 999, -1.25, INFINITY))) {
+      Vals ref(999);
+      for (int i = 0; i < 999; i++)
+        ref[i] = ref_unary(TGM_CLAMP, x.v[i], -1.25, INFINITY);
+      compare("unary clamp(min only) f32", y.download(), ref, 1e-5);
+    }
+  }
+  /* i32: the integer ops, exact (square wraps) */
+  const int iops[] = {TGM_NEG, TGM_ABS, TGM_RELU, TGM_SQUARE, TGM_CLAMP, TGM_COPY};
+  for (int op : iops) {
+    Tensor x, y;
+    rand_tensor(x, TGM_I32, {4099}, -100000, 100000);
+    out_tensor(y, TGM_I32, {4099});
+    std::string label = std::string("unary ") + UNAME[op] + " i32";
+    if (!ran(label, tgm_cuda_unary(CX, op, TGM_I32, x.d, y.d, 4099, -3.5, 7.2)))
+      continue;
+    Vals ref(4099);
+    for (int i = 0; i < 4099; i++) {
+      int32_t v = (int32_t)x.v[i];
+      uint32_t u = (uint32_t)v;
+      ref[i] = op == TGM_NEG      ? -(double)v
+               : op == TGM_ABS    ? fabs((double)v)
+               : op == TGM_RELU   ? std::max(0, v)
+               : op == TGM_SQUARE ? (double)(int32_t)(u * u)
+               : op == TGM_CLAMP  ? std::min(7, std::max(-3, v))
+                                  : v;
+    }
+    compare(label, y.download(), ref, 0);
+  }
+  /* bool copy */
+  {
+    Tensor x, y;
+    rand_tensor(x, TGM_BOOL, {77}, 0, 1);
+    out_tensor(y, TGM_BOOL, {77});
+    if (ran("unary copy bool", tgm_cuda_unary(CX, TGM_COPY, TGM_BOOL, x.d, y.d, 77, 0, 0)))
+      compare("unary copy bool", y.download(), x.v, 0);
+  }
+}
+
+/* cast: every pair of dtypes, exact against the host conversions. */
+static void test_cast(void) {
+  for (int di = 0; di < 5; di++)
+    for (int dout = 0; dout < 5; dout++) {
+      const int64_t n = 1037;
+      Tensor x, y;
+      x.alloc(di, {n});
+      x.v.resize(n);
+      for (int64_t i = 0; i < n; i++) {
+        double v = i % 7 == 0 ? 0.0 : i % 5 == 0 ? (double)irand(-300, 300) : urand(-300, 300);
+        if (di == TGM_I32)
+          v = i % 11 == 0 ? (double)irand(-100000, 100000) : (double)irand(-300, 300);
+        x.v[i] = round_dt(di, v);
+      }
+      x.upload();
+      out_tensor(y, dout, {n});
+      std::string label = std::string("cast ") + DTN[di] + " -> " + DTN[dout];
+      if (!ran(label, tgm_cuda_cast(CX, di, dout, x.d, y.d, n)))
+        continue;
+      Vals ref(n);
+      for (int64_t i = 0; i < n; i++) {
+        double v = x.v[i];
+        ref[i] = dout == TGM_I32 ? trunc(v) : dout == TGM_BOOL ? (double)(v != 0) : round_dt(dout, v);
+      }
+      compare(label, y.download(), ref, 0);
+    }
+}
+
+static const char *BNAME[] = {"add", "sub", "mul", "div", "maximum", "minimum", "gt", "ge", "lt", "le", "eq", "ne"};
+
+static double ref_binary(int op, int dt, double a, double b) {
+  if (dt == TGM_I32) {
+    uint32_t ua = (uint32_t)(int32_t)a, ub = (uint32_t)(int32_t)b;
+    switch (op) {
+    case TGM_ADD: return (int32_t)(ua + ub);
+    case TGM_SUB: return (int32_t)(ua - ub);
+    case TGM_MUL: return (int32_t)(ua * ub);
+    default: break;
+    }
+  }
+  switch (op) {
+  case TGM_ADD: return a + b;
+  case TGM_SUB: return a - b;
+  case TGM_MUL: return a * b;
+  case TGM_DIV: return a / b;
+  case TGM_MAX: return std::isnan(a) || std::isnan(b) ? a + b : a > b ? a : b;
+  case TGM_MIN: return std::isnan(a) || std::isnan(b) ? a + b : a < b ? a : b;
+  case TGM_GT: return a > b;
+  case TGM_GE: return a >= b;
+  case TGM_LT: return a < b;
+  case TGM_LE: return a <= b;
+  case TGM_EQ: return a == b;
+  default: return a != b;
+  }
+}
+
+static void test_binary(void) {
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16, TGM_I32};
+  const Shape cases[][2] = {
+      {{37, 129}, {37, 129}}, {{37, 1, 5}, {4, 5}}, {{}, {7, 3}}, {{3, 1}, {1, 5001}}, {{2, 3, 1, 5}, {2, 1, 4, 5}}};
+  for (int dt : dts)
+    for (int op = TGM_ADD; op <= TGM_NE; op++) {
+      if (dt == TGM_I32 && op == TGM_DIV)
+        continue;
+      for (auto &c : cases) {
+        Shape ys = bshape(c[0], c[1]);
+        Tensor a, b, y;
+        bool cmp = op >= TGM_GT;
+        if (dt == TGM_I32) {
+          rand_tensor(a, dt, c[0], cmp ? -3 : -50000, cmp ? 3 : 50000);
+          rand_tensor(b, dt, c[1], cmp ? -3 : -50000, cmp ? 3 : 50000);
+        } else if (cmp) { /* a grid of halves so that equal values occur */
+          rand_tensor(a, dt, c[0], -3, 3);
+          rand_tensor(b, dt, c[1], -3, 3);
+          for (auto *t : {&a, &b}) {
+            for (auto &v : t->v)
+              v = round(v * 2) / 2;
+            t->upload();
+          }
+        } else {
+          rand_tensor(a, dt, c[0], -3, 3);
+          rand_tensor(b, dt, c[1], op == TGM_DIV ? 0.5 : -3, 3);
+        }
+        out_tensor(y, cmp ? TGM_BOOL : dt, ys);
+        std::string label =
+            std::string("binary ") + BNAME[op] + " " + DTN[dt] + " " + shape_str(c[0]) + "," + shape_str(c[1]);
+        if (!ran(label, tgm_cuda_binary(CX, op, dt, a.d, (int)c[0].size(), c[0].data(), b.d, (int)c[1].size(),
+                                        c[1].data(), y.d, (int)ys.size(), ys.data())))
+          continue;
+        int64_t n = numel(ys);
+        Vals ref(n);
+        for (int64_t i = 0; i < n; i++)
+          ref[i] = ref_binary(op, dt, a.v[bidx(ys, i, c[0])], b.v[bidx(ys, i, c[1])]);
+        compare(label, y.download(), ref, cmp ? 0 : tol_for(dt));
+      }
+    }
+}
+
+static void test_where(void) {
+  const Shape cases[][4] = {
+      {{5, 1, 7}, {1, 4, 7}, {7}, {5, 4, 7}}, {{333}, {333}, {333}, {333}}, {{}, {3, 2}, {}, {3, 2}}};
+  for (int dt = 0; dt < 5; dt++)
+    for (auto &c : cases) {
+      Tensor cond, a, b, y;
+      rand_tensor(cond, TGM_BOOL, c[0], 0, 1);
+      rand_tensor(a, dt, c[1], -1000, 1000);
+      rand_tensor(b, dt, c[2], -1000, 1000);
+      out_tensor(y, dt, c[3]);
+      std::string label =
+          std::string("where ") + DTN[dt] + " " + shape_str(c[0]) + "," + shape_str(c[1]) + "," + shape_str(c[2]);
+      if (!ran(label,
+               tgm_cuda_where(CX, dt, (const uint8_t *)cond.d, (int)c[0].size(), c[0].data(), a.d, (int)c[1].size(),
+                              c[1].data(), b.d, (int)c[2].size(), c[2].data(), y.d, (int)c[3].size(), c[3].data())))
+        continue;
+      int64_t n = numel(c[3]);
+      Vals ref(n);
+      for (int64_t i = 0; i < n; i++)
+        ref[i] = cond.v[bidx(c[3], i, c[0])] ? a.v[bidx(c[3], i, c[1])] : b.v[bidx(c[3], i, c[2])];
+      compare(label, y.download(), ref, 0);
+    }
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+static const char *RNAME[] = {"sum", "mean", "amax", "var", "logsumexp"};
+
+/* The groups of a reduction: for output j, the input offsets it reduces. */
+static void groups(const Shape &s, uint32_t axes, std::vector<std::vector<int64_t>> &g) {
+  int r = (int)s.size();
+  Shape st(r);
+  int64_t acc = 1;
+  for (int k = r - 1; k >= 0; k--) {
+    st[k] = acc;
+    acc *= s[k];
+  }
+  Shape kept, red, kst, rst;
+  for (int k = 0; k < r; k++) {
+    if ((axes >> k) & 1) {
+      red.push_back(s[k]);
+      rst.push_back(st[k]);
+    } else {
+      kept.push_back(s[k]);
+      kst.push_back(st[k]);
+    }
+  }
+  int64_t M = numel(kept), L = numel(red);
+  g.assign(M, {});
+  for (int64_t o = 0; o < M; o++) {
+    int64_t base = 0, t = o;
+    for (int k = (int)kept.size() - 1; k >= 0; k--) {
+      base += (t % kept[k]) * kst[k];
+      t /= kept[k];
+    }
+    g[o].resize(L);
+    for (int64_t i = 0; i < L; i++) {
+      int64_t off = base, u = i;
+      for (int k = (int)red.size() - 1; k >= 0; k--) {
+        off += (u % red[k]) * rst[k];
+        u /= red[k];
+      }
+      g[o][i] = off;
+    }
+  }
+}
+
+static double ref_reduce(int op, int dt, const Vals &x, const std::vector<int64_t> &g, double corr, double *scale) {
+  double s = 0, ss = 0, m = -INFINITY;
+  int64_t L = (int64_t)g.size();
+  bool nan = false;
+  for (int64_t o : g) {
+    s += x[o];
+    ss += x[o] * x[o];
+    if (std::isnan(x[o]))
+      nan = true;
+    m = std::max(m, x[o]);
+  }
+  *scale = 0;
+  switch (op) {
+  case TGM_SUM:
+    *scale = sqrt(ss);
+    if (dt == TGM_I32) {
+      uint32_t u = 0;
+      for (int64_t o : g)
+        u += (uint32_t)(int32_t)x[o];
+      return (int32_t)u;
+    }
+    return s;
+  case TGM_MEAN: *scale = L ? sqrt(ss) / (double)L : 0; return s / (double)L;
+  case TGM_AMAX: return nan ? NAN : dt == TGM_I32 && L == 0 ? (double)INT32_MIN : m;
+  case TGM_VAR: {
+    double mean = s / (double)L, d2 = 0;
+    for (int64_t o : g)
+      d2 += (x[o] - mean) * (x[o] - mean);
+    double div = (double)L - corr;
+    return d2 / (div > 0 ? div : 0.0);
+  }
+  default: {
+    if (std::isinf(m))
+      m = 0;
+    double e = 0;
+    for (int64_t o : g)
+      e += exp(x[o] - m);
+    return log(e) + m;
+  }
+  }
+}
+
+static void test_reduce(void) {
+  struct Case {
+    Shape s;
+    uint32_t axes;
+  };
+  const Case cases[] = {{{5, 7, 9}, 1},  {{5, 7, 9}, 2}, {{5, 7, 9}, 4},     {{5, 7, 9}, 5},   {{5, 7, 9}, 7},
+                        {{5, 7, 9}, 0},  {{5, 7, 9}, 3}, {{3, 2000}, 2},     {{2, 100003}, 2}, {{100003, 3}, 1},
+                        {{4099, 33}, 1}, {{}, 0},        {{6, 5, 4, 3}, 10}, {{3, 0}, 2},      {{0, 4}, 2}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16, TGM_I32};
+  for (int dt : dts)
+    for (int op = TGM_SUM; op <= TGM_LOGSUMEXP; op++) {
+      if (dt == TGM_I32 && op != TGM_SUM && op != TGM_AMAX)
+        continue;
+      for (const Case &c : cases) {
+        Tensor x, y;
+        rand_tensor(x, dt, c.s, dt == TGM_I32 ? -1000 : -3, dt == TGM_I32 ? 1000 : 3);
+        std::vector<std::vector<int64_t>> g;
+        groups(c.s, c.axes, g);
+        Shape ys = {(int64_t)g.size()};
+        out_tensor(y, dt, ys);
+        double corr = c.s.size() == 3 && c.axes == 5 ? 0.0 : 1.0;
+        char lab[160];
+        snprintf(lab, sizeof lab, "reduce %s %s %s axes=0x%x", RNAME[op], DTN[dt], shape_str(c.s).c_str(), c.axes);
+        if (!ran(lab, tgm_cuda_reduce(CX, op, dt, x.d, (int)c.s.size(), c.s.data(), c.axes, y.d, corr)))
+          continue;
+        Vals ref(g.size()), scale(g.size());
+        for (size_t o = 0; o < g.size(); o++)
+          ref[o] = ref_reduce(op, dt, x.v, g[o], corr, &scale[o]);
+        compare(lab, y.download(), ref, tol_for(dt), scale);
+      }
+    }
+}
+
+/* ---------------------------------------------------------------- row ops */
+
+static void test_softmax(void) {
+  struct Case {
+    int64_t outer, n, inner;
+  };
+  const Case cases[] = {{13, 7, 1}, {5, 1000, 1}, {3, 5000, 1}, {2, 20000, 1}, {4, 9, 3}, {2, 37, 65}, {1, 1, 1}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (int log = 0; log < 2; log++)
+      for (int special = 0; special < 2; special++)
+        for (const Case &c : cases) {
+          if (special && c.n < 7)
+            continue;
+          Tensor x, y;
+          Shape s = {c.outer, c.n, c.inner};
+          rand_tensor(x, dt, s, -6, 6, special); /* the special cases also start misaligned */
+          if (special) {                         /* -inf entries (masked), and a row shifted far up */
+            for (int64_t i = 0; i < x.n(); i += 3)
+              x.v[i] = -INFINITY;
+            for (int64_t i = 0; i < c.n * c.inner; i++)
+              if (x.v[i] != -INFINITY)
+                x.v[i] += 60;
+            for (auto &v : x.v)
+              v = round_dt(dt, v);
+            x.upload();
+          }
+          out_tensor(y, dt, s);
+          char lab[160];
+          snprintf(lab, sizeof lab, "%s %s [%lld,%lld,%lld]%s", log ? "log_softmax" : "softmax", DTN[dt],
+                   (long long)c.outer, (long long)c.n, (long long)c.inner, special ? " with -inf, misaligned" : "");
+          if (!ran(lab, tgm_cuda_softmax(CX, log, dt, x.d, y.d, c.outer, c.n, c.inner)))
+            continue;
+          Vals ref(x.n());
+          for (int64_t o = 0; o < c.outer; o++)
+            for (int64_t k = 0; k < c.inner; k++) {
+              double m = -INFINITY, s = 0;
+              for (int64_t j = 0; j < c.n; j++)
+                m = std::max(m, x.v[(o * c.n + j) * c.inner + k]);
+              for (int64_t j = 0; j < c.n; j++)
+                s += exp(x.v[(o * c.n + j) * c.inner + k] - m);
+              for (int64_t j = 0; j < c.n; j++) {
+                double z = x.v[(o * c.n + j) * c.inner + k] - m;
+                ref[(o * c.n + j) * c.inner + k] = log ? z - ::log(s) : exp(z) / s;
+              }
+            }
+          compare(lab, y.download(), ref, tol_for(dt));
+        }
+}
+
+static void test_norms(void) {
+  struct Case {
+    int64_t rows, d;
+  };
+  const Case cases[] = {{13, 5}, {7, 768}, {3, 3000}, {2, 10000}, {1, 1}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (int rms = 0; rms < 2; rms++)
+      for (int affine = 0; affine < 3; affine++) /* 2: with weights, x misaligned */
+        for (const Case &c : cases) {
+          Tensor x, w, b, y;
+          rand_tensor(x, dt, {c.rows, c.d}, -2, 3, affine == 2);
+          rand_tensor(w, dt, {c.d}, 0.5, 1.5);
+          rand_tensor(b, dt, {c.d}, -1, 1);
+          out_tensor(y, dt, {c.rows, c.d});
+          char lab[160];
+          snprintf(lab, sizeof lab, "%s %s [%lld,%lld]%s", rms ? "rms_norm" : "layer_norm", DTN[dt], (long long)c.rows,
+                   (long long)c.d, affine ? affine == 2 ? " +weight, misaligned" : " +weight" : "");
+          const double eps = 1e-5;
+          int rc =
+              rms ? tgm_cuda_rms_norm(CX, dt, x.d, affine ? w.d : NULL, y.d, c.rows, c.d, eps)
+                  : tgm_cuda_layer_norm(CX, dt, x.d, affine ? w.d : NULL, affine ? b.d : NULL, y.d, c.rows, c.d, eps);
+          if (!ran(lab, rc))
+            continue;
+          Vals ref(x.n());
+          for (int64_t r = 0; r < c.rows; r++) {
+            const double *xr = &x.v[r * c.d];
+            double mean = 0, var = 0, ss = 0;
+            for (int64_t j = 0; j < c.d; j++) {
+              mean += xr[j];
+              ss += xr[j] * xr[j];
+            }
+            mean /= (double)c.d;
+            for (int64_t j = 0; j < c.d; j++)
+              var += (xr[j] - mean) * (xr[j] - mean);
+            var /= (double)c.d;
+            double denom = rms ? sqrt(ss / (double)c.d + eps) : sqrt(var + eps);
+            for (int64_t j = 0; j < c.d; j++) {
+              double v = (xr[j] - (rms ? 0 : mean)) / denom;
+              if (affine)
+                v = v * w.v[j] + (rms ? 0 : b.v[j]);
+              ref[r * c.d + j] = v;
+            }
+          }
+          compare(lab, y.download(), ref, tol_for(dt));
+        }
+}
+
+/* ---------------------------------------------------------------- shape ops */
+
+static void test_permute(void) {
+  struct Case {
+    Shape s;
+    std::vector<int> p;
+  };
+  const Case cases[] = {{{4, 5, 6}, {2, 0, 1}},
+                        {{4, 5, 6}, {0, 2, 1}},
+                        {{4, 5, 6}, {1, 0, 2}},
+                        {{2, 3, 4, 5}, {3, 1, 2, 0}},
+                        {{33, 65}, {1, 0}},
+                        {{1, 7, 1, 9}, {2, 3, 0, 1}},
+                        {{3, 70, 41}, {0, 2, 1}},
+                        {{5}, {0}},
+                        {{}, {}}};
+  for (int dt = 0; dt < 5; dt++)
+    for (const Case &c : cases) {
+      int r = (int)c.s.size();
+      Shape ys(r);
+      for (int k = 0; k < r; k++)
+        ys[k] = c.s[c.p[k]];
+      Tensor x, y;
+      rand_tensor(x, dt, c.s, -1000, 1000);
+      out_tensor(y, dt, ys);
+      std::string label = std::string("permute ") + DTN[dt] + " " + shape_str(c.s) + " -> " + shape_str(ys);
+      if (!ran(label, tgm_cuda_permute(CX, dt, x.d, r, c.s.data(), c.p.data(), y.d)))
+        continue;
+      Shape ist(r);
+      int64_t acc = 1;
+      for (int k = r - 1; k >= 0; k--) {
+        ist[k] = acc;
+        acc *= c.s[k];
+      }
+      int64_t n = numel(ys);
+      Vals ref(n);
+      for (int64_t i = 0; i < n; i++) {
+        int64_t t = i, off = 0;
+        for (int k = r - 1; k >= 0; k--) {
+          off += (t % ys[k]) * ist[c.p[k]];
+          t /= ys[k];
+        }
+        ref[i] = x.v[off];
+      }
+      compare(label, y.download(), ref, 0);
+    }
+}
+
+static void test_slice_concat(void) {
+  struct Case {
+    int64_t outer, n, inner, lo, hi;
+  };
+  const Case cases[] = {{6, 10, 7, 3, 8},   {1, 10, 7, 2, 9}, {5, 9, 8, 0, 9},
+                        {4, 12, 16, 4, 12}, {3, 5, 1, 1, 2},  {2, 4, 3, 2, 2}};
+  for (int dt = 0; dt < 5; dt++)
+    for (const Case &c : cases) {
+      int64_t w = c.hi - c.lo;
+      Tensor x, y;
+      rand_tensor(x, dt, {c.outer, c.n, c.inner}, -1000, 1000);
+      out_tensor(y, dt, {c.outer, w, c.inner});
+      char lab[160];
+      snprintf(lab, sizeof lab, "slice %s [%lld,%lld,%lld] [%lld:%lld]", DTN[dt], (long long)c.outer, (long long)c.n,
+               (long long)c.inner, (long long)c.lo, (long long)c.hi);
+      if (ran(lab, tgm_cuda_slice(CX, dt, x.d, c.outer, c.n, c.inner, c.lo, c.hi, y.d))) {
+        Vals ref;
+        for (int64_t o = 0; o < c.outer; o++)
+          for (int64_t j = c.lo; j < c.hi; j++)
+            for (int64_t k = 0; k < c.inner; k++)
+              ref.push_back(x.v[(o * c.n + j) * c.inner + k]);
+        compare(lab, y.download(), ref, 0);
+      }
+      /* copy_into: x' [outer, w, inner] into z [outer, n, inner] at lo; the rest of z stays */
+      Tensor z;
+      rand_tensor(z, dt, {c.outer, c.n, c.inner}, -1000, 1000);
+      Tensor xs;
+      rand_tensor(xs, dt, {c.outer, w, c.inner}, -1000, 1000);
+      snprintf(lab, sizeof lab, "copy_into %s [%lld,%lld,%lld] into n=%lld at %lld", DTN[dt], (long long)c.outer,
+               (long long)w, (long long)c.inner, (long long)c.n, (long long)c.lo);
+      if (ran(lab, tgm_cuda_copy_into(CX, dt, xs.d, c.outer, w, c.inner, z.d, c.n, c.lo))) {
+        Vals ref = z.v;
+        for (int64_t o = 0; o < c.outer; o++)
+          for (int64_t j = 0; j < w; j++)
+            for (int64_t k = 0; k < c.inner; k++)
+              ref[(o * c.n + c.lo + j) * c.inner + k] = xs.v[(o * w + j) * c.inner + k];
+        compare(lab, z.download(), ref, 0);
+      }
+    }
+}
+
+static void test_broadcast(void) {
+  const Shape cases[][2] = {{{3, 1, 5}, {2, 3, 4, 5}}, {{}, {4, 3}}, {{5}, {5}}, {{7, 1}, {7, 300}}, {{1, 9}, {4, 9}}};
+  for (int dt = 0; dt < 5; dt++)
+    for (auto &c : cases) {
+      Tensor x, y;
+      rand_tensor(x, dt, c[0], -1000, 1000);
+      out_tensor(y, dt, c[1]);
+      std::string label = std::string("broadcast ") + DTN[dt] + " " + shape_str(c[0]) + " -> " + shape_str(c[1]);
+      if (!ran(label,
+               tgm_cuda_broadcast(CX, dt, x.d, (int)c[0].size(), c[0].data(), y.d, (int)c[1].size(), c[1].data())))
+        continue;
+      int64_t n = numel(c[1]);
+      Vals ref(n);
+      for (int64_t i = 0; i < n; i++)
+        ref[i] = x.v[bidx(c[1], i, c[0])];
+      compare(label, y.download(), ref, 0);
+    }
+}
+
+/* ---------------------------------------------------------------- linear algebra */
+
+static void test_matmul(void) {
+  const Shape cases[][2] = {{{37, 29}, {29, 41}},
+                            {{3, 37, 29}, {29, 41}},
+                            {{2, 1, 17, 9}, {3, 9, 13}},
+                            {{29}, {29, 41}},
+                            {{3, 37, 29}, {29}},
+                            {{29}, {29}},
+                            {{4, 1, 5, 6}, {1, 3, 6, 7}},
+                            {{2, 3, 5, 6}, {2, 3, 6, 4}},
+                            {{3, 0}, {0, 4}},
+                            {{5, 64}, {2, 64, 33}},
+                            {{130, 257}, {257, 3}}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (auto &c : cases) {
+      const Shape &sa = c[0], &sb = c[1];
+      int ra = (int)sa.size(), rb = (int)sb.size();
+      int64_t M = ra >= 2 ? sa[ra - 2] : 1, K = sa[ra - 1], N = rb >= 2 ? sb[rb - 1] : 1;
+      Shape ab(sa.begin(), sa.end() - std::min(ra, 2)), bb(sb.begin(), sb.end() - std::min(rb, 2));
+      Shape ys = bshape(ab, bb), batch = ys;
+      if (ra >= 2)
+        ys.push_back(M);
+      if (rb >= 2)
+        ys.push_back(N);
+      Tensor a, b, y;
+      rand_tensor(a, dt, sa, -1, 1);
+      rand_tensor(b, dt, sb, -1, 1);
+      out_tensor(y, dt, ys);
+      std::string label = std::string("matmul ") + DTN[dt] + " " + shape_str(sa) + " @ " + shape_str(sb);
+      if (!ran(label, tgm_cuda_matmul(CX, dt, a.d, ra, sa.data(), b.d, rb, sb.data(), y.d, (int)ys.size(), ys.data())))
+        continue;
+      int64_t nb = numel(batch);
+      Vals ref(nb * M * N);
+      for (int64_t t = 0; t < nb; t++) {
+        int64_t ao = bidx(batch, t, ab) * M * K, bo = bidx(batch, t, bb) * K * N;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++)
+              s += a.v[ao + i * K + k] * b.v[bo + k * N + j];
+            ref[(t * M + i) * N + j] = s;
+          }
+      }
+      compare(label, y.download(), ref, tol_for(dt, true));
+    }
+}
+
+static void test_linear(void) {
+  struct Case {
+    int64_t rows, in, out;
+  };
+  const Case cases[] = {{37, 29, 41}, {1, 64, 10}, {130, 257, 3}, {5, 0, 7}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (int bias = 0; bias < 2; bias++)
+      for (const Case &c : cases) {
+        Tensor x, w, b, y;
+        rand_tensor(x, dt, {c.rows, c.in}, -1, 1);
+        rand_tensor(w, dt, {c.out, c.in}, -1, 1);
+        rand_tensor(b, dt, {c.out}, -1, 1);
+        out_tensor(y, dt, {c.rows, c.out});
+        char lab[160];
+        snprintf(lab, sizeof lab, "linear %s rows=%lld in=%lld out=%lld%s", DTN[dt], (long long)c.rows, (long long)c.in,
+                 (long long)c.out, bias ? " +bias" : "");
+        if (!ran(lab, tgm_cuda_linear(CX, dt, x.d, w.d, bias ? b.d : NULL, y.d, c.rows, c.in, c.out)))
+          continue;
+        Vals ref(c.rows * c.out);
+        for (int64_t r = 0; r < c.rows; r++)
+          for (int64_t o = 0; o < c.out; o++) {
+            double s = bias ? b.v[o] : 0;
+            for (int64_t k = 0; k < c.in; k++)
+              s += x.v[r * c.in + k] * w.v[o * c.in + k];
+            ref[r * c.out + o] = s;
+          }
+        compare(lab, y.download(), ref, tol_for(dt, true));
+      }
+}
+
+/* ---------------------------------------------------------------- neural */
+
+static void test_embedding(void) {
+  struct Case {
+    int64_t n, V, D;
+    bool bad;
+  };
+  const Case cases[] = {
+      {37, 50, 33, false}, {64, 1000, 64, false}, {9, 7, 3, false}, {20, 50, 16, true}, {5, 4, 0, true}};
+  for (int dt = 0; dt < 5; dt++)
+    for (const Case &c : cases) {
+      Tensor idx, tab, y;
+      rand_tensor(idx, TGM_I32, {c.n}, 0, c.V - 1);
+      if (c.bad) { /* two bad indices: the smaller position must be reported */
+        idx.v[3] = (double)c.V;
+        idx.v[c.n - 2] = -1;
+        idx.upload();
+      }
+      rand_tensor(tab, dt, {c.V, c.D}, -1000, 1000);
+      out_tensor(y, dt, {c.n, c.D});
+      char lab[160];
+      snprintf(lab, sizeof lab, "embedding %s n=%lld V=%lld D=%lld%s", DTN[dt], (long long)c.n, (long long)c.V,
+               (long long)c.D, c.bad ? " (bad indices)" : "");
+      if (!ran(lab, tgm_cuda_embedding(CX, dt, (const int32_t *)idx.d, c.n, tab.d, c.V, c.D, y.d)))
+        continue;
+      int64_t pos = -2;
+      int rc = tgm_cuda_bad_index(CX, &pos);
+      expect(std::string(lab) + " bad position", rc == 0 && pos == (c.bad ? 3 : -1),
+             "rc " + std::to_string(rc) + ", position " + std::to_string(pos));
+      if (c.bad) {
+        rc = tgm_cuda_bad_index(CX, &pos);
+        expect(std::string(lab) + " d_bad reset", rc == 0 && pos == -1, "position " + std::to_string(pos));
+      }
+      Vals ref(c.n * c.D);
+      for (int64_t p = 0; p < c.n; p++)
+        for (int64_t j = 0; j < c.D; j++) {
+          int64_t i = (int64_t)idx.v[p];
+          ref[p * c.D + j] = i >= 0 && i < c.V ? tab.v[i * c.D + j] : 0.0;
+        }
+      compare(lab, y.download(), ref, 0);
+    }
+}
+
+static void test_attention(void) {
+  struct Case {
+    Shape q, k, v;
+  };
+  const Case cases[] = {{{2, 3, 17, 8}, {2, 3, 17, 8}, {2, 3, 17, 8}},
+                        {{2, 3, 5, 16}, {2, 3, 19, 16}, {2, 3, 19, 12}},
+                        {{2, 3, 11, 8}, {1, 3, 13, 8}, {2, 1, 13, 8}},
+                        {{9, 4}, {9, 4}, {9, 6}},
+                        {{1, 2, 4, 16}, {1, 2, 1500, 16}, {1, 2, 1500, 16}},
+                        {{3, 1, 7, 64}, {3, 4, 7, 64}, {3, 4, 7, 64}},
+                        {{2, 33, 32}, {2, 40, 32}, {2, 40, 32}}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (int causal = 0; causal < 2; causal++)
+      for (const Case &c : cases) {
+        int rq = (int)c.q.size(), rk = (int)c.k.size(), rv = (int)c.v.size();
+        int64_t Tq = c.q[rq - 2], D = c.q[rq - 1], Tk = c.k[rk - 2], Dv = c.v[rv - 1];
+        Shape bq(c.q.begin(), c.q.end() - 2), bk(c.k.begin(), c.k.end() - 2), bv(c.v.begin(), c.v.end() - 2);
+        Shape batch = bshape(bshape(bq, bk), bv), ys = batch;
+        ys.push_back(Tq);
+        ys.push_back(Dv);
+        Tensor q, k, v, y;
+        rand_tensor(q, dt, c.q, -1, 1);
+        rand_tensor(k, dt, c.k, -1, 1);
+        rand_tensor(v, dt, c.v, -1, 1);
+        out_tensor(y, dt, ys);
+        double scale = 1.0 / sqrt((double)D);
+        std::string label = std::string("attention ") + DTN[dt] + (causal ? " causal " : " ") + shape_str(c.q) +
+                            shape_str(c.k) + shape_str(c.v);
+        if (!ran(label, tgm_cuda_attention(CX, dt, q.d, rq, c.q.data(), k.d, rk, c.k.data(), v.d, rv, c.v.data(), y.d,
+                                           (int)ys.size(), ys.data(), causal, scale)))
+          continue;
+        int64_t nb = numel(batch);
+        Vals ref(nb * Tq * Dv), s(Tk);
+        for (int64_t t = 0; t < nb; t++) {
+          const double *Q = &q.v[bidx(batch, t, bq) * Tq * D], *K = &k.v[bidx(batch, t, bk) * Tk * D];
+          const double *V = &v.v[bidx(batch, t, bv) * Tk * Dv];
+          for (int64_t i = 0; i < Tq; i++) {
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < Tk; j++) {
+              double dot = 0;
+              for (int64_t d = 0; d < D; d++)
+                dot += Q[i * D + d] * K[j * D + d];
+              s[j] = causal && j > i ? -INFINITY : scale * dot;
+              m = std::max(m, s[j]);
+            }
+            for (int64_t j = 0; j < Tk; j++)
+              sum += (s[j] = exp(s[j] - m));
+            for (int64_t e = 0; e < Dv; e++) {
+              double acc = 0;
+              for (int64_t j = 0; j < Tk; j++)
+                acc += s[j] / sum * V[j * Dv + e];
+              ref[(t * Tq + i) * Dv + e] = acc;
+            }
+          }
+        }
+        compare(label, y.download(), ref, tol_for(dt, true));
+      }
+}
+
+/* ---------------------------------------------------------------- losses */
+
+static void test_cross_entropy(void) {
+  struct Case {
+    int64_t N, C;
+    int kind; /* 0 plain, 1 some ignored, 2 all ignored, 3 a bad target, 4 logits misaligned */
+  };
+  const Case cases[] = {{37, 11, 0}, {37, 11, 1}, {5, 3000, 1},  {3, 10000, 0},
+                        {4, 7, 2},   {16, 5, 3},  {1, 50304, 0}, {6, 1024, 4}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  const int64_t ignore = -100;
+  for (int dt : dts)
+    for (const Case &c : cases) {
+      Tensor x, t, y;
+      rand_tensor(x, dt, {c.N, c.C}, -4, 4, c.kind == 4);
+      rand_tensor(t, TGM_I32, {c.N}, 0, c.C - 1);
+      for (int64_t i = 0; i < c.N; i++)
+        if ((c.kind == 1 && i % 3 == 1) || c.kind == 2)
+          t.v[i] = (double)ignore;
+      if (c.kind == 3) {
+        t.v[9] = (double)c.C;
+        t.v[12] = -1;
+        t.v[4] = (double)ignore;
+      }
+      t.upload();
+      out_tensor(y, dt, {1});
+      char lab[160];
+      snprintf(lab, sizeof lab, "cross_entropy %s N=%lld C=%lld%s", DTN[dt], (long long)c.N, (long long)c.C,
+               c.kind == 1   ? " some ignored"
+               : c.kind == 2 ? " all ignored"
+               : c.kind == 3 ? " (bad targets)"
+               : c.kind == 4 ? " misaligned"
+                             : "");
+      if (!ran(lab, tgm_cuda_cross_entropy(CX, dt, x.d, (const int32_t *)t.d, c.N, c.C, ignore, y.d)))
+        continue;
+      int64_t pos = -2;
+      int rc = tgm_cuda_bad_index(CX, &pos);
+      expect(std::string(lab) + " bad position", rc == 0 && pos == (c.kind == 3 ? 9 : -1),
+             "rc " + std::to_string(rc) + ", position " + std::to_string(pos));
+      if (c.kind == 3)
+        continue; /* the value is meaningless when a target is bad */
+      double tot = 0, cnt = 0;
+      for (int64_t i = 0; i < c.N; i++) {
+        if (t.v[i] == (double)ignore)
+          continue;
+        const double *row = &x.v[i * c.C];
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < c.C; j++)
+          m = std::max(m, row[j]);
+        for (int64_t j = 0; j < c.C; j++)
+          s += exp(row[j] - m);
+        tot += m + log(s) - row[(int64_t)t.v[i]];
+        cnt += 1;
+      }
+      compare(lab, y.download(), {tot / cnt}, tol_for(dt));
+    }
+}
+
+static void test_mse(void) {
+  const Shape cases[][2] = {{{37, 129}, {37, 129}}, {{37, 1, 5}, {4, 5}}, {{1000003}, {1000003}}, {{}, {3}}};
+  const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  for (int dt : dts)
+    for (auto &c : cases) {
+      Tensor a, b, y;
+      rand_tensor(a, dt, c[0], -2, 2);
+      rand_tensor(b, dt, c[1], -2, 2);
+      out_tensor(y, dt, {1});
+      std::string label = std::string("mse_loss ") + DTN[dt] + " " + shape_str(c[0]) + "," + shape_str(c[1]);
+      if (!ran(label,
+               tgm_cuda_mse_loss(CX, dt, a.d, (int)c[0].size(), c[0].data(), b.d, (int)c[1].size(), c[1].data(), y.d)))
+        continue;
+      Shape s = bshape(c[0], c[1]);
+      int64_t n = numel(s);
+      double tot = 0;
+      for (int64_t i = 0; i < n; i++) {
+        double d = a.v[bidx(s, i, c[0])] - b.v[bidx(s, i, c[1])];
+        tot += d * d;
+      }
+      compare(label, y.download(), {tot / (double)n}, tol_for(dt));
+    }
+}
+
+/* ---------------------------------------------------------------- creation, errors */
+
+static void test_creation(void) {
+  {
+    const int64_t n = 100003;
+    Tensor y;
+    out_tensor(y, TGM_I32, {n});
+    if (ran("arange n=100003", tgm_cuda_arange(CX, (int32_t *)y.d, n))) {
+      Vals ref(n);
+      for (int64_t i = 0; i < n; i++)
+        ref[i] = (double)i;
+      compare("arange n=100003", y.download(), ref, 0);
+    }
+  }
+  const double vals[] = {1.5, -3.0, 0.0, 2.9, 1.0 / 3.0, 70000.0};
+  for (int dt = 0; dt < 5; dt++)
+    for (double v : vals) {
+      if (dt == TGM_BOOL && v != 0 && v != 1.5)
+        continue;
+      const int64_t n = 1001;
+      Tensor y;
+      out_tensor(y, dt, {n});
+      char lab[160];
+      snprintf(lab, sizeof lab, "fill %s %g", DTN[dt], v);
+      if (!ran(lab, tgm_cuda_fill(CX, dt, y.d, n, v)))
+        continue;
+      double r = dt == TGM_I32 ? trunc(v) : round_dt(dt, v);
+      compare(lab, y.download(), Vals(n, r), 0);
+    }
+}
+
+/* Bad arguments: a nonzero status and a message naming the function. */
+static void test_errors(void) {
+  Tensor a, b, y;
+  rand_tensor(a, TGM_F32, {3, 4}, -1, 1);
+  rand_tensor(b, TGM_F32, {5}, -1, 1);
+  out_tensor(y, TGM_F32, {3, 4});
+  const int64_t sa[] = {3, 4}, sb[] = {5};
+  int rc = tgm_cuda_binary(CX, TGM_ADD, TGM_F32, a.d, 2, sa, b.d, 1, sb, y.d, 2, sa);
+  std::string msg = tgm_cuda_ctx_error(CX);
+  expect("error: binary with shapes that do not broadcast", rc != 0 && msg.find("tgm_cuda_binary") != std::string::npos,
+         "rc " + std::to_string(rc) + ", message '" + msg + "'");
+  rc = tgm_cuda_unary(CX, TGM_EXP, TGM_I32, a.d, y.d, 12, 0, 0);
+  msg = tgm_cuda_ctx_error(CX);
+  expect("error: exp on i32", rc != 0 && msg.find("i32") != std::string::npos, "rc " + std::to_string(rc));
+  const int64_t sq[] = {2, 3};
+  rc = tgm_cuda_matmul(CX, TGM_F32, a.d, 2, sa, b.d, 2, sq, y.d, 2, sa);
+  expect("error: matmul with mismatched K", rc != 0, "rc " + std::to_string(rc));
+  rc = tgm_cuda_sync(CX);
+  expect("error: the context still works after refused calls", rc == 0, tgm_cuda_ctx_error(CX));
+}
+
+int main(int argc, char **argv) {
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  char err[256];
+  if (tgm_cuda_ctx_create(&CX, err, sizeof err)) {
+    printf("FAIL: tgm_cuda_ctx_create: %s\n", err);
+    return 1;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  const char *only = argc > 1 ? argv[1] : NULL; /* optional: run only the group with this name */
+  struct Group {
+    const char *name;
+    void (*fn)(void);
+  };
+  const Group groups_[] = {{"unary", test_unary},
+                           {"cast", test_cast},
+                           {"binary", test_binary},
+                           {"where", test_where},
+                           {"reduce", test_reduce},
+                           {"softmax", test_softmax},
+                           {"norms", test_norms},
+                           {"permute", test_permute},
+                           {"slice", test_slice_concat},
+                           {"broadcast", test_broadcast},
+                           {"matmul", test_matmul},
+                           {"linear", test_linear},
+                           {"embedding", test_embedding},
+                           {"attention", test_attention},
+                           {"cross_entropy", test_cross_entropy},
+                           {"mse", test_mse},
+                           {"creation", test_creation},
+                           {"errors", test_errors}};
+  for (const Group &g : groups_)
+    if (!only || !strcmp(only, g.name))
+      g.fn();
+  tgm_cuda_ctx_destroy(CX);
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
