@@ -344,7 +344,7 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
         x->is_const ? "const " : "", ct, v[n->in[0]->id].var);
       continue;
     }
-    P("  %s *%s = (%s *)(ws + o); o += ALIGN(%s * %d);\n", ct, x->var, ct, prod_c(g, &n->shape, 0, n->shape.rank),
+    P("  %s *%s = (%s *)(ws + o); o += %s_ALIGN(%s * %d);\n", ct, x->var, ct, e->NAME, prod_c(g, &n->shape, 0, n->shape.rank),
       dtype_size(n->dtype));
     const char *a0 = n->nin > 0 && n->in[0] ? v[n->in[0]->id].var : "NULL";
     const char *a1 = n->nin > 1 && n->in[1] ? v[n->in[1]->id].var : "NULL";
@@ -554,19 +554,21 @@ static Val *plan_values(E *e) {
 
 static void emit_sym_locals(E *e, Buf *b) {
   for (int k = 0; k < e->g->nsyms; k++)
-    P("  UNUSED const int64_t %s = sym[%d];%s\n", sym_var(e->g, k), k,
+    P("  %s_UNUSED const int64_t %s = sym[%d];%s\n", e->NAME, sym_var(e->g, k), k,
       e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
 }
 
-/* The workspace size: the same bump allocation as the forward pass. */
-static void emit_ws_bytes(E *e, Buf *b, const char *dev, Val *v) {
+/* The workspace size: the same bump allocation as the forward passes (the
+ * CPU and CUDA passes hold the same values). */
+static void emit_ws_bytes(E *e, Buf *b, Val *v) {
   Graph *g = e->g;
-  P("int64_t %s_ws_bytes_%s(const int64_t *sym) {\n", e->name, dev);
+  P("/* Bytes of workspace the forward pass needs for these dims. */\n");
+  P("int64_t %s_ws_bytes(const int64_t *sym) {\n", e->name);
   emit_sym_locals(e, b);
   P("  int64_t o = 0;\n");
   for (int i = 0; i < g->nnodes; i++)
     if (v[i].kind == 3)
-      P("  o += ALIGN(%s * %d);  /* %%%d %s */\n", prod_c(g, &g->nodes[i]->shape, 0, g->nodes[i]->shape.rank),
+      P("  o += %s_ALIGN(%s * %d);  /* %%%d %s */\n", e->NAME, prod_c(g, &g->nodes[i]->shape, 0, g->nodes[i]->shape.rank),
         dtype_size(g->nodes[i]->dtype), i, op_info[g->nodes[i]->op].name);
   P("  return o;\n}\n");
 }
@@ -582,27 +584,26 @@ static const char *forward_file(E *e, const Dialect *d) {
     TGEN_VERSION, e->o->spec_name);
   P(" * One kernel call per op, in the spec's order; each call names the spec line\n"
     " * it came from. Intermediates live in the workspace at bump-allocated,\n"
-    " * 256-byte aligned offsets (%s_ws_bytes_%s gives the total for the dims). */\n", e->name, d->cuda ? "cuda" : "cpu");
+    " * 256-byte aligned offsets (%s_ws_bytes gives the total for the dims). */\n", e->name);
   P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
-  P("#define ALIGN(n) (((int64_t)(n) + 255) & ~(int64_t)255)\n");
-  P("#define UNUSED __attribute__((unused))\n");
+
   if (d->cuda)
     P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
       e->name, e->NAME, e->name);
   P("\n");
-  emit_ws_bytes(e, b, d->cuda ? "cuda" : "cpu", v);
-  P("\nint %s_forward_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n", e->name,
+  P("int %s_forward_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n", e->name,
     d->cuda ? "cuda" : "cpu", e->name);
   emit_sym_locals(e, b);
-  P("  UNUSED unsigned char *ws = m->ws;\n  UNUSED const unsigned char *P = m->params;\n  UNUSED int64_t o = 0, bad = -1;\n");
+  P("  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n  %s_UNUSED int64_t o = 0, bad = -1;\n",
+    e->NAME, e->NAME, e->NAME);
   for (int k = 0; k < g->ninputs; k++) {
     Node *n = g->inputs[k].node;
-    P("  UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
+    P("  %s_UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", e->NAME, ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
       shape_comment(e, n));
   }
   for (int k = 0; k < g->nparams; k++) {
     Param *p = &g->params[k];
-    P("  UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", ctype(p->dtype), v[p->node->id].var,
+    P("  %s_UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", e->NAME, ctype(p->dtype), v[p->node->id].var,
       ctype(p->dtype), (long long)e->pbyte[k], p->name, shape_comment(e, p->node));
   }
   e->cuda_checks = (Buf){0};
@@ -648,7 +649,7 @@ static const char *common_file(E *e) {
   P("/* %s_common.c: what tgen knows about model %s at compile time (generated\n"
     " * from %s): dims and their guards, the param layout, input and output\n"
     " * shapes, and the typed forward entry point. */\n", e->name, e->name, e->o->spec_name);
-  P("#include \"%s_rt.h\"\n#include \"%s.h\"\n\n#include <stdio.h>\n\n#define UNUSED __attribute__((unused))\n\n", e->name, e->name);
+  P("#include \"%s_rt.h\"\n#include \"%s.h\"\n\n#include <stdio.h>\n\n", e->name, e->name);
   int ndyn = 0;
   for (int k = 0; k < g->nsyms; k++)
     ndyn += !g->syms[k].derived;
@@ -739,6 +740,9 @@ static const char *common_file(E *e) {
   if (!g->ninputs)
     P("  {NULL},\n");
   P("};\n\n");
+
+  emit_ws_bytes(e, b, plan_values(e));
+  P("\n");
 
   /* typed entry point */
   P("%s_status %s_forward(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_outputs *out) {\n", e->name,

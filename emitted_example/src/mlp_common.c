@@ -6,8 +6,6 @@
 
 #include <stdio.h>
 
-#define UNUSED __attribute__((unused))
-
 static const char *const sym_names[] = {"B", NULL};
 static const int64_t dyn_max[] = {2048, 0};
 
@@ -44,7 +42,7 @@ int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen)
 }
 
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape) {
-  UNUSED const int64_t d_B = sym[0];
+  MLP_UNUSED const int64_t d_B = sym[0];
   static const int8_t none = 0; (void)none;
   if (!is_output) {
     switch (k) {
@@ -61,6 +59,16 @@ const char *const mlp_input_dim_text[][8] = {
   {"B", "D"},
   {"B"},
 };
+
+/* Bytes of workspace the forward pass needs for these dims. */
+int64_t mlp_ws_bytes(const int64_t *sym) {
+  MLP_UNUSED const int64_t d_B = sym[0];
+  int64_t o = 0;
+  o += MLP_ALIGN(128 * d_B * 4);  /* %6 linear */
+  o += MLP_ALIGN(128 * d_B * 4);  /* %7 relu */
+  o += MLP_ALIGN(10 * d_B * 4);  /* %8 linear */
+  return o;
+}
 
 mlp_status mlp_forward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, mlp_outputs *out) {
   if (!m)

@@ -65,6 +65,31 @@ static int nthreads(void) { return 1; }
 #define UNROLL
 #endif
 
+/* The hot loops are compiled three times (AVX-512, AVX2, baseline) and the
+ * best one for the CPU picked at load time (gcc and clang on x86 glibc, where
+ * ifuncs exist); elsewhere, or with -DTGM_NO_ISA_DISPATCH, once for the
+ * compiler's target. Only leaf functions (no parallel regions) are cloned. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
+    !defined(MLP_NO_ISA_DISPATCH)
+#define ISA_DISPATCH 1
+#if defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#endif
+#ifndef CLONES
+#define CLONES
+#endif
+
+/* Small helpers inside the hot loops must inline even when gcc's unit growth
+ * limit is reached (it is, with the clones), or the loops do not vectorise. */
+#if defined(__GNUC__) || defined(__clang__)
+#define HOT static inline __attribute__((always_inline))
+#else
+#define HOT static inline
+#endif
+
 /* Work below this many elements runs on one thread. */
 #define PAR_MIN 32768
 /* Partial results of a parallel sum: a fixed number of chunks summed in
@@ -78,25 +103,25 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static size_t esize(int dt) { return dt == MLP_BF16 || dt == MLP_F16 ? 2 : dt == MLP_BOOL ? 1 : 4; }
 static int is_half(int dt) { return dt == MLP_BF16 || dt == MLP_F16; }
 
-static inline float bits_f(uint32_t u) {
+HOT float bits_f(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
-static inline uint32_t f_bits(float f) {
+HOT uint32_t f_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 /* All ones when c is true: selects with & and | vectorise where ?: over
  * floating arithmetic does not (gcc will not if-convert under trapping math). */
-static inline uint32_t mask(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
-static inline float sel(uint32_t m, float a, float b) { return bits_f((f_bits(a) & m) | (f_bits(b) & ~m)); }
+HOT uint32_t mask(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
+HOT float sel(uint32_t m, float a, float b) { return bits_f((f_bits(a) & m) | (f_bits(b) & ~m)); }
 
-static inline float ld_bf16(uint16_t h) { return bits_f((uint32_t)h << 16); }
+HOT float ld_bf16(uint16_t h) { return bits_f((uint32_t)h << 16); }
 
 /* Round to nearest even on the bits; NaN stays a quiet NaN of the same sign. */
-static inline uint16_t st_bf16(float f) {
+HOT uint16_t st_bf16(float f) {
   uint32_t u = f_bits(f), nan = mask((u & 0x7fffffffu) > 0x7f800000u);
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
   return (uint16_t)((r & ~nan) | (q & nan));
@@ -104,7 +129,7 @@ static inline uint16_t st_bf16(float f) {
 
 /* Exact: normals rebias the exponent, inf/NaN keep the payload, subnormals
  * come out of one exact subtraction (2^-14 (1 + m/1024) - 2^-14). */
-static inline float ld_f16(uint16_t h) {
+HOT float ld_f16(uint16_t h) {
   uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
   uint32_t inf = mask(e == 0x0f800000u), zero = mask(e == 0);
   o += 0x38000000u + (0x38000000u & inf);
@@ -115,7 +140,7 @@ static inline float ld_f16(uint16_t h) {
 
 /* Round to nearest even: 10 fraction bits for normals, a quantum of 2^-24 for
  * subnormals (rounded by adding 2^23), 65520 and above to inf. */
-static inline uint16_t st_f16(float f) {
+HOT uint16_t st_f16(float f) {
   uint32_t u = f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
   uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
@@ -172,13 +197,13 @@ static inline void stval(int dt, void *p, int64_t i, double v) {
   }
 
 /* n floating elements of dtype dt to f32 and back (serial; blocks). */
-static void to_f32(int dt, const void *x, float *restrict y, int64_t n) {
+CLONES static void to_f32(int dt, const void *x, float *restrict y, int64_t n) {
 #define M_(LD, ST)                                                                                                     \
   SIMD for (int64_t i = 0; i < n; i++) y[i] = LD(x, i);
   DT_CASES(dt, M_)
 #undef M_
 }
-static void from_f32(int dt, const float *restrict x, void *y, int64_t n) {
+CLONES static void from_f32(int dt, const float *restrict x, void *y, int64_t n) {
 #define M_(LD, ST)                                                                                                     \
   SIMD for (int64_t i = 0; i < n; i++) ST(y, i, x[i]);
   DT_CASES(dt, M_)
@@ -212,7 +237,7 @@ static float *f32_copy(int dt, const void *x, int64_t n) {
  * and e^r from Cephes' expf polynomial; 2^n applied as two factors so
  * subnormal results round once. Above 88.75 is inf, below -104 is 0, NaN
  * stays NaN. Max error 1.4 ulp. */
-static inline float exp_f32(float x) {
+HOT float exp_f32(float x) {
   float t = x * 1.44269504088896341f + 12582912.0f;
   float n = t - 12582912.0f;
   int32_t ni = (int32_t)(f_bits(t) - 0x4b400000u), h = ni / 2;
@@ -227,7 +252,7 @@ static inline float exp_f32(float x) {
 
 /* tanh: Cephes' odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1)
  * with the sign of x (both computed, one selected). */
-static inline float tanh_f32(float x) {
+HOT float tanh_f32(float x) {
   float z = x * x;
   float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
                  3.33332819422e-1f) * z * x + x;
@@ -238,7 +263,7 @@ static inline float tanh_f32(float x) {
 }
 
 /* NaN-propagating max (torch.amax, torch.maximum). */
-static inline float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
+HOT float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
 static inline double max_nan_d(double m, double v) { return (v > m || v != v || m != m) ? (m != m ? m : v) : m; }
 
 /* ---------------------------------------------------------------- broadcast */
@@ -359,7 +384,7 @@ static void bc_run(const Bc *b, run_fn fn, void *ctx, int nch) {
 static const float SQRT_HALF = 0.70710678118654752440f, SQRT_2_OVER_PI = 0.79788456080286535588f;
 
 /* y[i] = op(x[i]) in f32; the switch is outside the loops. */
-static void unary_f32(int op, const float *restrict x, float *restrict y, int64_t n, float a, float b) {
+CLONES static void unary_f32(int op, const float *restrict x, float *restrict y, int64_t n, float a, float b) {
 #define LOOP(EXPR)                                                                                                     \
   SIMD for (int64_t i = 0; i < n; i++) {                                                                               \
     const float v = x[i];                                                                                              \
@@ -533,7 +558,7 @@ void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
   }                                                                                                                    \
   break;
 
-static void bin_f32(int op, const float *restrict a, int64_t sa, const float *restrict b, int64_t sb,
+CLONES static void bin_f32(int op, const float *restrict a, int64_t sa, const float *restrict b, int64_t sb,
                     float *restrict y, uint8_t *restrict yb, int64_t n) {
   switch (op) {
   case MLP_ADD: BIN_LOOPS(float, y, u + v)
@@ -801,7 +826,7 @@ void mlp_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const vo
 /* Runs: statistics of n contiguous elements (double accumulators). */
 enum { P_SUM, P_MAX, P_SQDEV, P_EXP };
 
-static double run_pass(int pass, int dt, const void *x, int64_t n, double c) {
+CLONES static double run_pass(int pass, int dt, const void *x, int64_t n, double c) {
   double s = 0;
   float m = -INFINITY, cf = (float)c;
 #define M_(LD, ST)                                                                                                     \
@@ -827,7 +852,7 @@ static double run_pass(int pass, int dt, const void *x, int64_t n, double c) {
 
 /* Columns: acc[j] accumulates element j of n contiguous ones (a row of a
  * reduction along an outer dim); mx is the per-column max or shift. */
-static void col_pass(int pass, int dt, const void *x, int64_t n, double *restrict acc, float *restrict mx,
+CLONES static void col_pass(int pass, int dt, const void *x, int64_t n, double *restrict acc, float *restrict mx,
                      const double *restrict c) {
 #define M_(LD, ST)                                                                                                     \
   switch (pass) {                                                                                                      \
@@ -1000,19 +1025,20 @@ static void reduce_inner(int op, int dt, const void *x, const Rd *d, void *y, do
   }
 }
 
-/* Case B (innermost dim kept, W wide): tiles of up to BLK outputs of one
+/* Case B (innermost dim kept, W wide): tiles of up to CBLK outputs of one
  * output row, accumulated over every reduced index with vector loops. */
+#define CBLK 1024
 static void reduce_outer(int op, int dt, const void *x, const Rd *d, void *y, double corr) {
-  int64_t W = d->ks[d->nk - 1], nrow = d->nout / W, ntile = (W + BLK - 1) / BLK;
+  int64_t W = d->ks[d->nk - 1], nrow = d->nout / W, ntile = (W + CBLK - 1) / CBLK;
   int nko = d->nk - 1;
   size_t es = esize(dt);
   double len = (double)d->len;
   OMP(parallel for schedule(static) if (d->nout * d->len >= PAR_MIN && nrow * ntile > 1))
   for (int64_t t = 0; t < nrow * ntile; t++) {
-    int64_t row = t / ntile, j0 = (t % ntile) * BLK, n = min64(BLK, W - j0);
+    int64_t row = t / ntile, j0 = (t % ntile) * CBLK, n = min64(CBLK, W - j0);
     int64_t base = dims_off(nko, d->ks, d->kst, row) + j0, idx[MLP_MAXRANK] = {0}, roff = 0;
-    double acc[BLK], acc2[BLK], c[BLK];
-    float mx[BLK];
+    double acc[CBLK], acc2[CBLK], c[CBLK];
+    float mx[CBLK];
     for (int64_t j = 0; j < n; j++) {
       acc[j] = acc2[j] = 0;
       mx[j] = -INFINITY;
@@ -1078,7 +1104,7 @@ void mlp_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shap
 
 /* One contiguous row of n: shift by the max (NaN-propagating, as torch), sum
  * of exp in double, then y = e / s or (x - m) - log s. */
-static void softmax_row(int logsm, int dt, const void *x, void *y, int64_t n) {
+CLONES static void softmax_row(int logsm, int dt, const void *x, void *y, int64_t n) {
   float m = (float)run_pass(P_MAX, dt, x, n, 0);
   double s = 0;
   if (dt == MLP_F32 && !logsm) {
@@ -1105,6 +1131,38 @@ static void softmax_row(int logsm, int dt, const void *x, void *y, int64_t n) {
 #undef M_
 }
 
+/* w columns (at most BLK) of a softmax along an outer dim: element r of
+ * column j at x[r * inner + j]. */
+CLONES static void softmax_cols(int logsm, int dt, const void *x, void *y, int64_t n, int64_t inner, int64_t w) {
+  int64_t es = (int64_t)esize(dt);
+  double acc[BLK];
+  float mx[BLK], inv[BLK], ls[BLK];
+  for (int64_t j = 0; j < w; j++) {
+    acc[j] = 0;
+    mx[j] = -INFINITY;
+  }
+  for (int64_t r = 0; r < n; r++)
+    col_pass(P_MAX, dt, (const char *)x + r * inner * es, w, acc, mx, NULL);
+  for (int64_t r = 0; r < n; r++)
+    col_pass(P_EXP, dt, (const char *)x + r * inner * es, w, acc, mx, NULL);
+  for (int64_t j = 0; j < w; j++) {
+    inv[j] = (float)(1.0 / acc[j]);
+    ls[j] = (float)log(acc[j]);
+  }
+  for (int64_t r = 0; r < n; r++) {
+    const void *xr = (const char *)x + r * inner * es;
+    void *yr = (char *)y + r * inner * es;
+#define M_(LD, ST)                                                                                                     \
+  if (logsm) {                                                                                                         \
+    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, (LD(xr, j) - mx[j]) - ls[j]);                                       \
+  } else {                                                                                                             \
+    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, exp_f32(LD(xr, j) - mx[j]) * inv[j]);                               \
+  }
+    DT_CASES(dt, M_)
+#undef M_
+  }
+}
+
 void mlp_cpu_softmax(int logsm, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner) {
   size_t es = esize(dt);
   if (outer <= 0 || n <= 0 || inner <= 0)
@@ -1119,51 +1177,19 @@ void mlp_cpu_softmax(int logsm, int dt, const void *x, void *y, int64_t outer, i
   int64_t ntile = (inner + BLK - 1) / BLK;
   OMP(parallel for schedule(static) if (outer * n * inner >= PAR_MIN && outer * ntile > 1))
   for (int64_t t = 0; t < outer * ntile; t++) {
-    int64_t o = t / ntile, j0 = (t % ntile) * BLK, w = min64(BLK, inner - j0);
-    int64_t base = o * n * inner + j0;
-    double acc[BLK];
-    float mx[BLK], inv[BLK], ls[BLK];
-    for (int64_t j = 0; j < w; j++) {
-      acc[j] = 0;
-      mx[j] = -INFINITY;
-    }
-    for (int64_t r = 0; r < n; r++)
-      col_pass(P_MAX, dt, (const char *)x + (base + r * inner) * (int64_t)es, w, acc, mx, NULL);
-    for (int64_t r = 0; r < n; r++)
-      col_pass(P_EXP, dt, (const char *)x + (base + r * inner) * (int64_t)es, w, acc, mx, NULL);
-    for (int64_t j = 0; j < w; j++) {
-      inv[j] = (float)(1.0 / acc[j]);
-      ls[j] = (float)log(acc[j]);
-    }
-    for (int64_t r = 0; r < n; r++) {
-      const void *xr = (const char *)x + (base + r * inner) * (int64_t)es;
-      void *yr = (char *)y + (base + r * inner) * (int64_t)es;
-#define M_(LD, ST)                                                                                                     \
-  if (logsm) {                                                                                                         \
-    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, (LD(xr, j) - mx[j]) - ls[j]);                                       \
-  } else {                                                                                                             \
-    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, exp_f32(LD(xr, j) - mx[j]) * inv[j]);                               \
-  }
-      DT_CASES(dt, M_)
-#undef M_
-    }
+    int64_t o = t / ntile, j0 = (t % ntile) * BLK, base = (o * n * inner + j0) * (int64_t)es;
+    softmax_cols(logsm, dt, (const char *)x + base, (char *)y + base, n, inner, min64(BLK, inner - j0));
   }
 }
 
 /* ---------------------------------------------------------------- norms */
 
-void mlp_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                        double eps) {
-  size_t es = esize(dt);
-  if (rows <= 0 || d <= 0)
-    return;
-  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
-  for (int64_t r = 0; r < rows; r++) {
-    const void *xr = (const char *)x + r * d * (int64_t)es;
-    void *yr = (char *)y + r * d * (int64_t)es;
-    double mean = run_pass(P_SUM, dt, xr, d, 0) / (double)d;
-    double var = run_pass(P_SQDEV, dt, xr, d, mean) / (double)d;
-    const float mf = (float)mean, rs = (float)(1.0 / sqrt(var + eps));
+/* One row: mean and (biased) variance in double, two passes; then
+ * y = (x - mean) rstd w + b in f32. */
+CLONES static void ln_row(int dt, const void *xr, const void *w, const void *b, void *yr, int64_t d, double eps) {
+  double mean = run_pass(P_SUM, dt, xr, d, 0) / (double)d;
+  double var = run_pass(P_SQDEV, dt, xr, d, mean) / (double)d;
+  const float mf = (float)mean, rs = (float)(1.0 / sqrt(var + eps));
 #define M_(LD, ST)                                                                                                     \
   if (w && b) {                                                                                                        \
     SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs * LD(w, j) + LD(b, j));                       \
@@ -1174,29 +1200,40 @@ void mlp_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, voi
   } else {                                                                                                             \
     SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs);                                             \
   }
-    DT_CASES(dt, M_)
+  DT_CASES(dt, M_)
 #undef M_
-  }
 }
 
-void mlp_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps) {
-  size_t es = esize(dt);
-  if (rows <= 0 || d <= 0)
-    return;
-  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
-  for (int64_t r = 0; r < rows; r++) {
-    const void *xr = (const char *)x + r * d * (int64_t)es;
-    void *yr = (char *)y + r * d * (int64_t)es;
-    const float rs = (float)(1.0 / sqrt(run_pass(P_SQDEV, dt, xr, d, 0) / (double)d + eps));
+/* One row: y = x / sqrt(mean x^2 + eps) w. */
+CLONES static void rms_row(int dt, const void *xr, const void *w, void *yr, int64_t d, double eps) {
+  const float rs = (float)(1.0 / sqrt(run_pass(P_SQDEV, dt, xr, d, 0) / (double)d + eps));
 #define M_(LD, ST)                                                                                                     \
   if (w) {                                                                                                             \
     SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, LD(xr, j) * rs * LD(w, j));                                         \
   } else {                                                                                                             \
     SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, LD(xr, j) * rs);                                                    \
   }
-    DT_CASES(dt, M_)
+  DT_CASES(dt, M_)
 #undef M_
-  }
+}
+
+void mlp_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
+                        double eps) {
+  int64_t es = (int64_t)esize(dt);
+  if (rows <= 0 || d <= 0)
+    return;
+  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
+  for (int64_t r = 0; r < rows; r++)
+    ln_row(dt, (const char *)x + r * d * es, w, b, (char *)y + r * d * es, d, eps);
+}
+
+void mlp_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps) {
+  int64_t es = (int64_t)esize(dt);
+  if (rows <= 0 || d <= 0)
+    return;
+  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
+  for (int64_t r = 0; r < rows; r++)
+    rms_row(dt, (const char *)x + r * d * es, w, (char *)y + r * d * es, d, eps);
 }
 
 /* ---------------------------------------------------------------- losses */
@@ -1260,9 +1297,9 @@ void mlp_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t
   copy_rows(es, x, nx * inner, (char *)y + at * inner * (int64_t)es, ny * inner, outer, nx * inner);
 }
 
-/* 32 x 32 tiles of a transpose: y[a * ya + b] = x[a + b * xb] (a along the
+/* 64 x 64 tiles of a transpose: y[a * ya + b] = x[a + b * xb] (a along the
  * dim that is contiguous in x, b along the one contiguous in y). */
-#define TILE 32
+#define TILE 64
 #define TR_TILE(T)                                                                                                     \
   do {                                                                                                                 \
     const T *restrict xs = (const T *)x;                                                                               \
@@ -1401,9 +1438,7 @@ static void ukernel_generic(int64_t kc, const float *restrict a, const float *re
   UKERNEL_BODY(4, 8, GENERIC_MADD)
 }
 
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
-    !defined(MLP_NO_ISA_DISPATCH)
-#define ISA_DISPATCH 1
+#ifdef ISA_DISPATCH
 __attribute__((target("avx2,fma"))) static void ukernel_avx2(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *restrict c) {
   UKERNEL_BODY(5, 16, fmaf)
@@ -1435,9 +1470,15 @@ static Ukernel pick_ukernel(void) {
 
 /* Cache blocking: a kc x nc panel of B (L3), an mc x kc block of A (L2), a kc
  * x NR sliver of B (L1). */
+#ifndef GEMM_KC
 #define GEMM_KC 256
+#endif
+#ifndef GEMM_MC
 #define GEMM_MC 192
+#endif
+#ifndef GEMM_NC
 #define GEMM_NC 3072
+#endif
 
 /* dst[k][mr] = A(i0 + i, k0 + k), rows past mv zero. A(i, k) = A[i lda + k],
  * or A[k lda + i] when transposed. */
@@ -1609,17 +1650,16 @@ static void matmul_f32(const float *a, int ra, const int64_t *sa, const float *b
     nb = 0;
   batch_strides(abr, sa, M * K, nb, sy, ast);
   batch_strides(bbr, sb, K * N, nb, sy, bst);
-  int b_shared = 1, a_dense = abr == nb;
+  int b_shared = 1;
   for (int k = 0; k < nb; k++) {
     nbatch *= sy[k];
     b_shared &= bst[k] == 0 || sy[k] == 1;
-    if (a_dense)
-      a_dense = sa[k] == sy[k];
   }
   if (nbatch <= 0 || M <= 0 || N <= 0)
     return;
-  /* a's batches are contiguous and b is shared: one tall GEMM */
-  if (nbatch == 1 || (b_shared && a_dense)) {
+  /* b shared by every batch (then the batch dims are all a's, so a's batches
+   * are contiguous): one tall GEMM */
+  if (nbatch == 1 || b_shared) {
     sgemm(0, 0, nbatch * M, N, K, 1.0f, a, K, b, N, 0.0f, y, N, 1);
     return;
   }
@@ -1736,6 +1776,24 @@ void mlp_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
 
 /* ---------------------------------------------------------------- attention */
 
+/* Softmax of the first n of the Tk scores in r, in place; the rest (masked)
+ * become 0. */
+CLONES static void att_softmax_row(float *restrict r, int64_t n, int64_t Tk) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; j++)
+    m = max_nan(m, r[j]);
+  double sum = 0;
+  SIMD_SUM(sum) for (int64_t j = 0; j < n; j++) {
+    float e = exp_f32(r[j] - m);
+    r[j] = e;
+    sum += (double)e;
+  }
+  float inv = (float)(1.0 / sum);
+  SIMD for (int64_t j = 0; j < n; j++) r[j] *= inv;
+  for (int64_t j = n; j < Tk; j++)
+    r[j] = 0;
+}
+
 /* One (batch, head): S = scale q k^T [Tq, Tk] (causal: j > i masked), row
  * softmax, y = P v. `s` is Tq x Tk scratch; `par` lets the GEMMs and the
  * softmax use the threads (when the batch loop does not). */
@@ -1743,23 +1801,8 @@ static void attention_one(const float *q, const float *k, const float *v, float 
                           int64_t D, int64_t Dv, int causal, float scale, int par) {
   sgemm(0, 1, Tq, Tk, D, scale, q, D, k, D, 0.0f, s, Tk, par);
   OMP(parallel for schedule(static) if (par && Tq * Tk >= PAR_MIN))
-  for (int64_t i = 0; i < Tq; i++) {
-    float *restrict r = s + i * Tk;
-    int64_t n = causal ? min64(i + 1, Tk) : Tk;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
-      m = max_nan(m, r[j]);
-    double sum = 0;
-    SIMD_SUM(sum) for (int64_t j = 0; j < n; j++) {
-      float e = exp_f32(r[j] - m);
-      r[j] = e;
-      sum += (double)e;
-    }
-    float inv = (float)(1.0 / sum);
-    SIMD for (int64_t j = 0; j < n; j++) r[j] *= inv;
-    for (int64_t j = n; j < Tk; j++)
-      r[j] = 0;
-  }
+  for (int64_t i = 0; i < Tq; i++)
+    att_softmax_row(s + i * Tk, causal ? min64(i + 1, Tk) : Tk, Tk);
   sgemm(0, 0, Tq, Dv, Tk, 1.0f, s, Tk, v, Dv, 0.0f, y, Dv, par);
 }
 

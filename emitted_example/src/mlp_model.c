@@ -1,6 +1,6 @@
 /* mlp_model.c: the public API of a model (mlp.h), independent of the model:
  * everything specific comes from the tables tgen generates (mlp_info,
- * mlp_compute_syms, mlp_io_shape, mlp_ws_bytes_*) and the forward passes of
+ * mlp_compute_syms, mlp_io_shape, mlp_ws_bytes) and the forward passes of
  * the CPU and CUDA files. Template: copied into NAME_common.c with "mlp"
  * renamed. */
 #include "mlp_rt.h"
@@ -304,11 +304,7 @@ mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *i
   int rc = mlp_compute_syms(dims, sym, m->err, sizeof m->err);
   if (rc)
     return (mlp_status)rc;
-#ifdef MLP_HAVE_CUDA
-  rc = ensure_ws(m, m->device == 0 ? mlp_ws_bytes_cpu(sym) : mlp_ws_bytes_cuda(sym));
-#else
-  rc = ensure_ws(m, mlp_ws_bytes_cpu(sym));
-#endif
+  rc = ensure_ws(m, mlp_ws_bytes(sym));
   if (rc)
     return (mlp_status)rc;
   if (m->device == 0)

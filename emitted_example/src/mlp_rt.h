@@ -30,6 +30,10 @@ extern "C" {
 #endif
 
 #define MLP_MAXRANK 8
+/* Workspace buffers start at 256-byte boundaries. */
+#define MLP_ALIGN(n) (((int64_t)(n) + 255) & ~(int64_t)255)
+/* Generated locals that a given model may not use. */
+#define MLP_UNUSED __attribute__((unused))
 
 /* ---------------------------------------------------------------- dtypes */
 
@@ -250,8 +254,7 @@ extern const mlp_model_info mlp_info;
  * message); shapes of inputs and outputs; workspace bytes; the forward passes. */
 int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
-int64_t mlp_ws_bytes_cpu(const int64_t *sym);
-int64_t mlp_ws_bytes_cuda(const int64_t *sym);
+int64_t mlp_ws_bytes(const int64_t *sym);
 
 struct mlp_model {
   int device;              /* 0 cpu, 1 cuda */

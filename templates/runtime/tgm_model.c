@@ -1,6 +1,6 @@
 /* tgm_model.c: the public API of a model (tgm.h), independent of the model:
  * everything specific comes from the tables tgen generates (tgm_info,
- * tgm_compute_syms, tgm_io_shape, tgm_ws_bytes_*) and the forward passes of
+ * tgm_compute_syms, tgm_io_shape, tgm_ws_bytes) and the forward passes of
  * the CPU and CUDA files. Template: copied into NAME_common.c with "tgm"
  * renamed. */
 #include "tgm_rt.h"
@@ -304,11 +304,7 @@ tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *i
   int rc = tgm_compute_syms(dims, sym, m->err, sizeof m->err);
   if (rc)
     return (tgm_status)rc;
-#ifdef TGM_HAVE_CUDA
-  rc = ensure_ws(m, m->device == 0 ? tgm_ws_bytes_cpu(sym) : tgm_ws_bytes_cuda(sym));
-#else
-  rc = ensure_ws(m, tgm_ws_bytes_cpu(sym));
-#endif
+  rc = ensure_ws(m, tgm_ws_bytes(sym));
   if (rc)
     return (tgm_status)rc;
   if (m->device == 0)
