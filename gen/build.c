@@ -10,14 +10,14 @@
 #include <string.h>
 
 const OpInfo op_info[NUM_OPS] = {
-#define OP(e, name, sig, rule, flags) {name, sig, flags},
+#define OP(e, name, sig, rule, flags, grad) {name, sig, flags},
 #include "ops.def"
 #undef OP
 };
 
 int op_lookup(const char *name) {
   for (int i = OP_CONST + 1; i < NUM_OPS; i++)
-    if (!strcmp(op_info[i].name, name))
+    if (!(op_info[i].flags & F_INTERNAL) && !strcmp(op_info[i].name, name))
       return i;
   return -1;
 }
@@ -50,7 +50,47 @@ typedef struct Ctx {
   int repeat_index;    /* nearest enclosing repeat's index, or -1 */
   const char *binding; /* the binding being evaluated */
   Vec *stack;          /* blocks being expanded, for the recursion message */
+  struct NameSet *names_p, *ckpts_p; /* param names, checkpoint names (shared) */
 } Ctx;
+
+/* A hash set of names -> param index, so duplicate checks stay linear even for
+ * repeat(blk, 100000, x). */
+typedef struct NameSet {
+  const char **key;
+  int *val;
+  int cap, n;
+} NameSet;
+
+static uint32_t str_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+/* Returns the index already holding `name`, or records it for `idx` and returns -1. */
+static int name_claim_(Graph *g, NameSet *t, const char *name, int idx) {
+  if (2 * (t->n + 1) > t->cap) {
+    NameSet old = *t;
+    t->cap = t->cap ? 2 * t->cap : 256;
+    t->key = arena_alloc(g->arena, sizeof(char *) * (size_t)t->cap);
+    t->val = arena_alloc(g->arena, sizeof(int) * (size_t)t->cap);
+    t->n = 0;
+    for (int i = 0; i < old.cap; i++)
+      if (old.key[i])
+        name_claim_(g, t, old.key[i], old.val[i]);
+  }
+  for (uint32_t i = str_hash(name) & (uint32_t)(t->cap - 1);; i = (i + 1) & (uint32_t)(t->cap - 1)) {
+    if (!t->key[i]) {
+      t->key[i] = name;
+      t->val[i] = idx;
+      t->n++;
+      return -1;
+    }
+    if (!strcmp(t->key[i], name))
+      return t->val[i];
+  }
+}
 
 static Env *dims_env; /* model dims: visible in every block */
 
@@ -643,7 +683,8 @@ static Node **eval_call(Ctx *c, const Expr *e, int *nout) {
     const char *names[NUM_OPS + 256];
     int n = 0;
     for (int i = OP_CONST + 1; i < NUM_OPS; i++)
-      names[n++] = op_info[i].name;
+      if (!(op_info[i].flags & F_INTERNAL))
+        names[n++] = op_info[i].name;
     for (int i = 0; i < c->g->spec->nblocks && n < NUM_OPS + 255; i++)
       names[n++] = c->g->spec->blocks[i]->name;
     names[n++] = "repeat";
@@ -876,14 +917,13 @@ static void add_params(Ctx *c, TensorDecl *ps, int np) {
     } else {
       p.ckpt = p.name;
     }
-    for (int k = 0; k < g->nparams; k++) {
-      if (!strcmp(g->params[k].name, p.name))
-        error_at(t->loc, "param '%s' is defined twice (line %d); give each block call its own binding", p.name,
-                 g->params[k].loc.line);
-      if (!strcmp(g->params[k].ckpt, p.ckpt))
-        error_at(t->ext_name ? t->ext_loc : t->loc, "checkpoint name '%s' is used by two params ('%s' and '%s')",
-                 p.ckpt, g->params[k].name, p.name);
-    }
+    int k = name_claim_(g, c->names_p, p.name, g->nparams);
+    if (k >= 0)
+      error_at(t->loc, "param '%s' is defined twice (line %d); give each block call its own binding", p.name,
+               g->params[k].loc.line);
+    if ((k = name_claim_(g, c->ckpts_p, p.ckpt, g->nparams)) >= 0)
+      error_at(t->ext_name ? t->ext_loc : t->loc, "checkpoint name '%s' is used by two params ('%s' and '%s')",
+               p.ckpt, g->params[k].name, p.name);
     if (__builtin_add_overflow(g->param_numel, p.numel, &p.offset) || p.offset > ((int64_t)1 << 40))
       error_at(t->loc, "the params hold more than 2^40 elements in total");
     p.offset = g->param_numel;
@@ -895,8 +935,9 @@ static void add_params(Ctx *c, TensorDecl *ps, int np) {
     n->shape = s;
     n->dtype = p.dtype;
     p.node = n;
-    if (g->nparams % 64 == 0) {
-      Param *np2 = arena_alloc(g->arena, sizeof(Param) * (size_t)(g->nparams + 64));
+    if (g->nparams == g->params_cap) { /* grow geometrically */
+      g->params_cap = g->params_cap ? 2 * g->params_cap : 64;
+      Param *np2 = arena_alloc(g->arena, sizeof(Param) * (size_t)g->params_cap);
       if (g->nparams)
         memcpy(np2, g->params, sizeof(Param) * (size_t)g->nparams);
       g->params = np2;
@@ -1017,7 +1058,8 @@ Graph *build_graph(Spec *s) {
   dims_env = denv;
   Env *env = arena_alloc(g->arena, sizeof(Env));
   Vec *stack = arena_alloc(g->arena, sizeof(Vec));
-  Ctx c = {g, denv, "", "", NULL, -1, NULL, stack};
+  Ctx c = {g, denv, "", "", NULL, -1, NULL, stack, arena_alloc(g->arena, sizeof(NameSet)),
+           arena_alloc(g->arena, sizeof(NameSet))};
   build_dims(g, &c);
   c.env = env;
 

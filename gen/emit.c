@@ -1124,6 +1124,14 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
 /* Runs under its own Diag, so that anything the helpers shared with the front
  * end report (a size overflow) becomes a message, not an abort. */
 int emit_project(Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen) {
+  /* joint forward/backward graphs (autodiff) are not printed yet; their
+   * backward-only ops have no kernels */
+  for (int i = 0; i < g->nnodes; i++)
+    if (op_info[g->nodes[i]->op].flags & F_INTERNAL) {
+      snprintf(err, errlen, "%s: op %s (from autodiff) cannot be emitted yet\n", o->spec_name,
+               op_info[g->nodes[i]->op].name);
+      return -1;
+    }
   Diag d = {0}, *saved = diag;
   d.file = o->spec_name;
   d.arena = g->arena;

@@ -483,6 +483,23 @@ static void infer_embedding(R *r) {
   n->dtype = t->dtype;
 }
 
+/* embedding_backward(idx, dy, num_embeddings): made by autodiff only, so a
+ * mismatch is a bug; the result is [num_embeddings, D] in dy's dtype. */
+static void infer_embedding_backward(R *r) {
+  Node *n = r->n, *idx = n->in[0], *dy = n->in[1];
+  int k = idx->shape.rank;
+  if (idx->dtype != DT_I32 || dy->shape.rank != k + 1)
+    die("embedding_backward: idx %s %s, dy %s", dtype_names[idx->dtype], shp(r, idx), shp(r, dy));
+  for (int i = 0; i < k; i++)
+    if (!dim_eq(&idx->shape.d[i], &dy->shape.d[i]))
+      die("embedding_backward: idx %s does not lead dy %s", shp(r, idx), shp(r, dy));
+  n->lo = r->a[2].d;
+  n->shape.rank = 2;
+  n->shape.d[0] = r->a[2].d;
+  n->shape.d[1] = dy->shape.d[k];
+  n->dtype = dy->dtype;
+}
+
 static void infer_attention(R *r) {
   Node *n = r->n, *q = n->in[0], *k = n->in[1], *v = n->in[2];
   static const char *const names[] = {"q", "k", "v"};
@@ -580,7 +597,7 @@ static void infer_cast(R *r) {
 
 typedef void (*Rule)(R *);
 static const Rule rules[NUM_OPS] = {
-#define OP(e, name, sig, rule, flags) infer_##rule,
+#define OP(e, name, sig, rule, flags, grad) infer_##rule,
 #include "ops.def"
 #undef OP
 };

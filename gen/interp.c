@@ -36,7 +36,7 @@
 #endif
 
 static const char *const op_names[] = {
-#define OP(e, name, sig, rule, flags) name,
+#define OP(e, name, sig, rule, flags, grad) name,
 #include "ops.def"
 #undef OP
 };
@@ -668,6 +668,27 @@ static int eval_embedding(Ctx *c, const Node *n, Tensor *out) {
   return 0;
 }
 
+/* embedding_backward(idx, dy, V): out [V, D] = 0, then out[idx[p], :] +=
+ * dy[p, :] for p in order (deterministic); an index outside [0, V) is a
+ * run-time error, as in embedding. */
+static int eval_embedding_backward(Ctx *c, const Node *n, Tensor *out) {
+  const Tensor *idx = &c->vals[n->in[0]->id], *dy = &c->vals[n->in[1]->id];
+  if (out->rank != 2 || idx->numel * out->shape[1] != dy->numel)
+    return fail(c, "internal error: embedding_backward '%s': operand shapes do not match", nname(n));
+  int64_t V = out->shape[0], D = out->shape[1];
+  memset(out->data, 0, sizeof(double) * (size_t)out->numel);
+  for (int64_t p = 0; p < idx->numel; p++) {
+    double v = idx->data[p];
+    if (!(v >= 0 && v < (double)V))
+      return fail(c, "embedding_backward '%s': index %.17g at position %lld is outside [0, %lld)", nname(n), v,
+                  (long long)p, (long long)V);
+    double *row = out->data + (int64_t)v * D;
+    for (int64_t e = 0; e < D; e++)
+      row[e] += dy->data[p * D + e];
+  }
+  return 0;
+}
+
 /* attention(q, k, v) as scaled_dot_product_attention: per batch index (q, k, v
  * batch dims broadcast to the result's), S = scale * q k^T [Tq, Tk]; causal
  * masks j > i (torch's tril(ones(Tq, Tk)), top-left aligned) to -inf; P =
@@ -943,6 +964,8 @@ static int eval_node(Ctx *c, const Node *n, const Tensor *inputs, const Tensor *
     return eval_linear(c, n, out);
   case OP_EMBEDDING:
     return eval_embedding(c, n, out);
+  case OP_EMBEDDING_BACKWARD:
+    return eval_embedding_backward(c, n, out);
   case OP_ATTENTION:
     return eval_attention(c, n, out);
   case OP_DROPOUT:

@@ -6,6 +6,7 @@
  *          infer.c   shape and dtype rules, one per op-table rule
  *          verify.c  structural checks of a Graph (a bug if they fail)
  *          init.c    Philox-based parameter initialisation
+ *          autodiff.c reverse mode: appends the backward of g->loss (grads)
  *          interp.c  the double-precision reference interpreter
  *          dump.c    printing a Graph (tgen check --dump)
  *          main.c    the command line
@@ -67,13 +68,13 @@ int dim_bounds(const Graph *g, const Dim *a, int64_t *lo, int64_t *hi);
 /* ---------------------------------------------------------------- nodes */
 
 typedef enum {
-#define OP(e, name, sig, rule, flags) OP_##e,
+#define OP(e, name, sig, rule, flags, grad) OP_##e,
 #include "ops.def"
 #undef OP
   NUM_OPS
 } Op;
 
-enum { F_FLOAT = 1, F_NUMERIC = 2, F_BOOL_OUT = 4, F_NO_GRAD = 8 };
+enum { F_FLOAT = 1, F_NUMERIC = 2, F_BOOL_OUT = 4, F_NO_GRAD = 8, F_INTERNAL = 16 };
 
 typedef struct OpInfo {
   const char *name;
@@ -81,7 +82,7 @@ typedef struct OpInfo {
   int flags;
 } OpInfo;
 extern const OpInfo op_info[NUM_OPS];
-int op_lookup(const char *name); /* -1 if none */
+int op_lookup(const char *name); /* -1 if none (or internal: F_INTERNAL) */
 const char *op_param_name(int op, int k); /* name of signature param k */
 const char *op_signature(int op);         /* "linear(x, w, b=none)" */
 
@@ -140,13 +141,17 @@ struct Graph {
   Spec *spec;
   Arena *arena;
   Node **nodes;  int nnodes, capnodes;
-  Param *params; int nparams;
+  Param *params; int nparams, params_cap;
   Input *inputs; int ninputs;
   Node **outputs; const char **output_names; int noutputs;
   Node *loss;    /* train.loss, or NULL */
   Sym syms[MAXSYM]; int nsyms;
   int64_t param_numel;     /* total elements of all params */
   int ndropout;            /* dropout nodes, numbered in spec order (Node.index) */
+  /* set by autodiff: nodes[0..nforward) are the forward graph, the rest its
+   * backward; grads[k] is d loss / d params[k] (a zero `full` if unused) */
+  int nforward;
+  Node **grads;
 };
 
 /* The front end in one call: read `src`, parse, build and infer. Returns NULL
@@ -180,6 +185,11 @@ const char *shape_str(const Graph *g, const Shape *s);
 int shape_eq(const Shape *a, const Shape *b);
 /* Broadcast a and b (NumPy rules); 0 if incompatible. */
 int broadcast_shapes(const Shape *a, const Shape *b, Shape *out);
+
+/* autodiff.c: append to g the nodes computing d g->loss / d param for every
+ * param (g->grads), after the forward nodes (g->nforward). 0, or -1 if g has
+ * no loss. Inference failing on a backward node is a bug (it aborts). */
+int autodiff(Graph *g);
 
 /* verify.c */
 void verify(const Graph *g); /* die()s on a malformed graph */

@@ -11,10 +11,14 @@
  *
  * Numerics: floating ops compute in f32 (bf16/f16 are loaded to f32 and the
  * result rounded once on store); long reductions (sum, mean, var, logsumexp,
- * softmax and norm statistics, losses) accumulate in double; i32 ops are exact
- * (int64 intermediates, results wrap to 32 bits). exp is a vectorisable
- * Cephes-style polynomial (max error 1.4 ulp, inf/NaN/subnormals right);
- * log, sin, cos, erf are libm's.
+ * softmax and norm statistics, losses) accumulate in double, in an order that
+ * does not depend on the thread count; i32 ops are exact (int64
+ * intermediates, results wrap to 32 bits). exp, tanh, erf and gelu are
+ * vectorisable polynomials written here (exp 1.4 ulp; tanh, erf, erfc within
+ * 4e-7 relative; inf, NaN and subnormals as libm); log, sqrt, sin, cos, pow
+ * are libm's. On x86 with gcc or clang the hot loops are also compiled for
+ * AVX2 and AVX-512 and picked at load time (target_clones), as are the GEMM
+ * micro-kernels (at run time); -DTGM_NO_ISA_DISPATCH turns both off.
  *
  * The layout of the file:
  *   helpers      threads, pragmas, dtype loads and stores, exp and tanh
@@ -28,7 +32,6 @@
  *                plain C), or cblas_sgemm; matmul, linear, attention on top. */
 #include "mlp_rt.h"
 
-#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -262,9 +265,37 @@ HOT float tanh_f32(float x) {
   return sel(mask(ax < 0.625f), small, big);
 }
 
-/* NaN-propagating max (torch.amax, torch.maximum). */
-HOT float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
-static inline double max_nan_d(double m, double v) { return (v > m || v != v || m != m) ? (m != m ? m : v) : m; }
+/* erfc(z) for z >= 0: libm's erfcf (correctly rounded to within an ulp; it
+ * does not vectorise, which costs GELU(erf) some speed until a polynomial of
+ * our own derivation replaces it). */
+HOT float erfc_pos(float z) { return erfcf(z); }
+
+/* erf: the Taylor series to x^11 below |x| = 0.5 (relative error 3e-8),
+ * else 1 - erfc(|x|); the sign of x. */
+HOT float erf_f32(float x) {
+  float ax = bits_f(f_bits(x) & 0x7fffffffu), z = ax * ax;
+  float small = ax * (1.12837916709551257f +
+                      z * (-0.37612638903183752f +
+                           z * (0.11283791670955126f +
+                                z * (-0.02686617064513125f + z * (0.00522397762544218f + z * -0.00085483270234508f)))));
+  float r = sel(mask(ax < 0.5f), small, 1.0f - erfc_pos(ax));
+  return bits_f(f_bits(r) | (f_bits(x) & 0x80000000u));
+}
+
+/* gelu(x) = x/2 (1 + erf(x / sqrt 2)) = x/2 erfc(|x| / sqrt 2) for x < 0 (no
+ * cancellation there), x/2 (2 - erfc(x / sqrt 2)) otherwise. */
+HOT float gelu_f32(float x) {
+  float e = erfc_pos(bits_f(f_bits(x) & 0x7fffffffu) * 0.70710678118654752440f);
+  return 0.5f * x * sel(mask(x < 0), e, 2.0f - e);
+}
+
+/* NaN-propagating max (torch.amax, torch.maximum), as a bitwise select. */
+HOT float max_nan(float m, float v) { return sel(mask((v > m) | (v != v)), v, m); }
+static inline double max_nan_d(double m, double v) {
+  if (m != m)
+    return m;
+  return v > m || v != v ? v : m;
+}
 
 /* ---------------------------------------------------------------- broadcast */
 
@@ -381,7 +412,7 @@ static void bc_run(const Bc *b, run_fn fn, void *ctx, int nch) {
 
 /* ---------------------------------------------------------------- unary */
 
-static const float SQRT_HALF = 0.70710678118654752440f, SQRT_2_OVER_PI = 0.79788456080286535588f;
+static const float SQRT_2_OVER_PI = 0.79788456080286535588f;
 
 /* y[i] = op(x[i]) in f32; the switch is outside the loops. */
 CLONES static void unary_f32(int op, const float *restrict x, float *restrict y, int64_t n, float a, float b) {
@@ -404,13 +435,10 @@ CLONES static void unary_f32(int op, const float *restrict x, float *restrict y,
   case MLP_SIGMOID: LOOP(1.0f / (1.0f + exp_f32(-v)))
   case MLP_RELU: LOOP(v < 0 ? 0.0f : v) /* NaN stays NaN */
   case MLP_SILU: LOOP(v / (1.0f + exp_f32(-v)))
-  case MLP_ERF: for (int64_t i = 0; i < n; i++) y[i] = erff(x[i]); break;
+  case MLP_ERF: LOOP(erf_f32(v))
   case MLP_SQUARE: LOOP(v * v)
   case MLP_RECIPROCAL: LOOP(1.0f / v)
-  case MLP_GELU:
-    for (int64_t i = 0; i < n; i++)
-      y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT_HALF));
-    break;
+  case MLP_GELU: LOOP(gelu_f32(v))
   case MLP_GELU_TANH: LOOP(0.5f * v * (1.0f + tanh_f32(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))))
   case MLP_POW:
     if (a == 2.0f) {
@@ -826,17 +854,49 @@ void mlp_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const vo
 /* Runs: statistics of n contiguous elements (double accumulators). */
 enum { P_SUM, P_MAX, P_SQDEV, P_EXP };
 
+/* The NaN-propagating max of n contiguous elements (-inf for none): with gcc
+ * and OpenMP an OpenMP max reduction plus a NaN flag (vectorised at every -O
+ * level), else 16 independent lanes (what clang vectorises). */
+CLONES static float run_max(int dt, const void *x, int64_t n) {
+#if defined(_OPENMP) && !defined(__clang__)
+  float m = -INFINITY;
+  int nan = 0;
+#define M_(LD, ST)                                                                                                     \
+  PRAGMA_(omp simd reduction(max : m) reduction(| : nan))                                                              \
+  for (int64_t i = 0; i < n; i++) {                                                                                    \
+    const float v = LD(x, i);                                                                                          \
+    m = v > m ? v : m;                                                                                                 \
+    nan |= v != v;                                                                                                     \
+  }
+  DT_CASES(dt, M_)
+#undef M_
+  return nan ? NAN : m;
+#else
+  float lane[16], m = -INFINITY;
+  int64_t i = 0;
+  for (int l = 0; l < 16; l++)
+    lane[l] = -INFINITY;
+#define M_(LD, ST)                                                                                                     \
+  for (; i + 16 <= n; i += 16)                                                                                         \
+    for (int l = 0; l < 16; l++)                                                                                       \
+      lane[l] = max_nan(lane[l], LD(x, i + l));                                                                        \
+  for (; i < n; i++)                                                                                                   \
+    lane[0] = max_nan(lane[0], LD(x, i));
+  DT_CASES(dt, M_)
+#undef M_
+  for (int l = 0; l < 16; l++)
+    m = max_nan(m, lane[l]);
+  return m;
+#endif
+}
+
 CLONES static double run_pass(int pass, int dt, const void *x, int64_t n, double c) {
   double s = 0;
-  float m = -INFINITY, cf = (float)c;
+  float cf = (float)c;
 #define M_(LD, ST)                                                                                                     \
   switch (pass) {                                                                                                      \
   case P_SUM: SIMD_SUM(s) for (int64_t i = 0; i < n; i++) s += (double)LD(x, i); break;                                \
-  case P_MAX:                                                                                                          \
-    for (int64_t i = 0; i < n; i++)                                                                                    \
-      m = max_nan(m, LD(x, i));                                                                                        \
-    s = m;                                                                                                             \
-    break;                                                                                                             \
+  case P_MAX: s = run_max(dt, x, n); break;                                                                            \
   case P_SQDEV:                                                                                                        \
     SIMD_SUM(s) for (int64_t i = 0; i < n; i++) {                                                                      \
       double d = (double)LD(x, i) - c;                                                                                 \
@@ -1029,13 +1089,18 @@ static void reduce_inner(int op, int dt, const void *x, const Rd *d, void *y, do
  * output row, accumulated over every reduced index with vector loops. */
 #define CBLK 1024
 static void reduce_outer(int op, int dt, const void *x, const Rd *d, void *y, double corr) {
-  int64_t W = d->ks[d->nk - 1], nrow = d->nout / W, ntile = (W + CBLK - 1) / CBLK;
+  int64_t W = d->ks[d->nk - 1], nrow = d->nout / W;
+  /* tiles as wide as CBLK, or narrower (not below 64) when there are too few
+   * to keep the threads busy */
+  int64_t cw = nrow >= 2 * nthreads() ? CBLK : (W / (2 * nthreads()) + 15) / 16 * 16;
+  cw = cw < 64 ? 64 : cw > CBLK ? CBLK : cw;
+  int64_t ntile = (W + cw - 1) / cw;
   int nko = d->nk - 1;
   size_t es = esize(dt);
   double len = (double)d->len;
   OMP(parallel for schedule(static) if (d->nout * d->len >= PAR_MIN && nrow * ntile > 1))
   for (int64_t t = 0; t < nrow * ntile; t++) {
-    int64_t row = t / ntile, j0 = (t % ntile) * CBLK, n = min64(CBLK, W - j0);
+    int64_t row = t / ntile, j0 = (t % ntile) * cw, n = min64(cw, W - j0);
     int64_t base = dims_off(nko, d->ks, d->kst, row) + j0, idx[MLP_MAXRANK] = {0}, roff = 0;
     double acc[CBLK], acc2[CBLK], c[CBLK];
     float mx[CBLK];
@@ -1457,7 +1522,7 @@ static Ukernel pick_ukernel(void) {
   static const Ukernel generic = {4, 8, ukernel_generic, "generic"};
 #ifdef ISA_DISPATCH
   static const Ukernel avx2 = {5, 16, ukernel_avx2, "avx2"}, avx512 = {8, 32, ukernel_avx512, "avx512"};
-  __builtin_cpu_init();
+  /* (the CPU model is read by a constructor; kernels run after those) */
   int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
   int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if ((gemm_isa < 0 || gemm_isa == 2) && has512)
@@ -1624,9 +1689,10 @@ static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 
 /* ---------------------------------------------------------------- matmul */
 
-/* Batch offsets: the batch dims of an operand (rank r, shape s, matrices of
- * `mat` elements) broadcast to the result's nb batch dims sy. */
-static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, const int64_t *sy, int64_t *st) {
+/* Batch strides: the batch dims of an operand (the first r of shape s, each
+ * batch a matrix of `mat` elements) read at the result's nb batch dims (0
+ * along broadcast ones). */
+static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, int64_t *st) {
   int64_t c = mat;
   for (int k = nb - 1; k >= 0; k--) {
     int kk = k - (nb - r);
@@ -1634,11 +1700,11 @@ static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, const in
     if (kk >= 0)
       c *= s[kk];
   }
-  (void)sy;
 }
 
-/* Work (multiply-adds) below which a GEMM runs on one thread, and below which
- * batches of GEMMs are split across threads rather than each GEMM. */
+/* Per-GEMM work (multiply-adds) below which a batch of GEMMs is split across
+ * threads by batch (each GEMM serial, built-in) rather than each GEMM
+ * threaded; also done when there are many batches. */
 #define GEMM_SMALL 4194304.0
 
 static void matmul_f32(const float *a, int ra, const int64_t *sa, const float *b, int rb, const int64_t *sb, float *y,
@@ -1648,8 +1714,8 @@ static void matmul_f32(const float *a, int ra, const int64_t *sa, const float *b
   int64_t ast[MLP_MAXRANK], bst[MLP_MAXRANK], nbatch = 1;
   if (nb < 0)
     nb = 0;
-  batch_strides(abr, sa, M * K, nb, sy, ast);
-  batch_strides(bbr, sb, K * N, nb, sy, bst);
+  batch_strides(abr, sa, M * K, nb, ast);
+  batch_strides(bbr, sb, K * N, nb, bst);
   int b_shared = 1;
   for (int k = 0; k < nb; k++) {
     nbatch *= sy[k];
@@ -1665,7 +1731,6 @@ static void matmul_f32(const float *a, int ra, const int64_t *sa, const float *b
   }
   double work = (double)M * (double)N * (double)K;
   int outer = work < GEMM_SMALL || nbatch >= 4 * nthreads();
-  (void)outer;
   OMP(parallel for schedule(static) if (outer && nbatch > 1))
   for (int64_t t = 0; t < nbatch; t++) {
     int64_t ao = dims_off(nb, sy, ast, t), bo = dims_off(nb, sy, bst, t);
@@ -1681,8 +1746,8 @@ static void matmul_naive(int dt, const void *a, int ra, const int64_t *sa, const
   int64_t ast[MLP_MAXRANK], bst[MLP_MAXRANK], nbatch = 1;
   if (nb < 0)
     nb = 0;
-  batch_strides(ra >= 2 ? ra - 2 : 0, sa, M * K, nb, sy, ast);
-  batch_strides(rb >= 2 ? rb - 2 : 0, sb, K * N, nb, sy, bst);
+  batch_strides(ra >= 2 ? ra - 2 : 0, sa, M * K, nb, ast);
+  batch_strides(rb >= 2 ? rb - 2 : 0, sb, K * N, nb, bst);
   for (int k = 0; k < nb; k++)
     nbatch *= sy[k];
   OMP(parallel for schedule(static))
@@ -1779,9 +1844,7 @@ void mlp_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
 /* Softmax of the first n of the Tk scores in r, in place; the rest (masked)
  * become 0. */
 CLONES static void att_softmax_row(float *restrict r, int64_t n, int64_t Tk) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j < n; j++)
-    m = max_nan(m, r[j]);
+  float m = (float)run_pass(P_MAX, MLP_F32, r, n, 0);
   double sum = 0;
   SIMD_SUM(sum) for (int64_t j = 0; j < n; j++) {
     float e = exp_f32(r[j] - m);
@@ -1847,9 +1910,9 @@ void mlp_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
   int64_t Tq = sq[rq - 2], D = sq[rq - 1], Tk = sk[rk - 2], Dv = sv[rv - 1];
   int nb = ry - 2;
   int64_t qst[MLP_MAXRANK], kst[MLP_MAXRANK], vst[MLP_MAXRANK], nbatch = 1;
-  batch_strides(rq - 2, sq, Tq * D, nb, sy, qst);
-  batch_strides(rk - 2, sk, Tk * D, nb, sy, kst);
-  batch_strides(rv - 2, sv, Tk * Dv, nb, sy, vst);
+  batch_strides(rq - 2, sq, Tq * D, nb, qst);
+  batch_strides(rk - 2, sk, Tk * D, nb, kst);
+  batch_strides(rv - 2, sv, Tk * Dv, nb, vst);
   for (int d = 0; d < nb; d++)
     nbatch *= sy[d];
   if (nbatch <= 0 || Tq <= 0 || Dv <= 0)

@@ -2243,3 +2243,22 @@ int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v) {
   MLP_CUDA_LAUNCHED("k_fill");
   return 0;
 }
+
+/* ---------------------------------------------------------------- accessors */
+
+/* For kernel files that cannot see struct mlp_cuda_ctx (mlp_optim_cuda.cu). */
+cudaStream_t mlp_cuda_ctx_stream(mlp_cuda_ctx *cx, const char *op) {
+  cx->op = op;
+  return cx->stream;
+}
+
+int mlp_cuda_ctx_fail(mlp_cuda_ctx *cx, int code, const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return fail(cx, code, "%s", msg);
+}
+
+int mlp_cuda_ctx_scratch(mlp_cuda_ctx *cx, size_t bytes, void **p) { return scratch(cx, bytes, p); }

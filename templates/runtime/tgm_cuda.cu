@@ -2243,3 +2243,22 @@ int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v) {
   TGM_CUDA_LAUNCHED("k_fill");
   return 0;
 }
+
+/* ---------------------------------------------------------------- accessors */
+
+/* For kernel files that cannot see struct tgm_cuda_ctx (tgm_optim_cuda.cu). */
+cudaStream_t tgm_cuda_ctx_stream(tgm_cuda_ctx *cx, const char *op) {
+  cx->op = op;
+  return cx->stream;
+}
+
+int tgm_cuda_ctx_fail(tgm_cuda_ctx *cx, int code, const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return fail(cx, code, "%s", msg);
+}
+
+int tgm_cuda_ctx_scratch(tgm_cuda_ctx *cx, size_t bytes, void **p) { return scratch(cx, bytes, p); }

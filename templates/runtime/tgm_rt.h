@@ -164,6 +164,28 @@ void tgm_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const vo
 void tgm_cpu_arange(int32_t *y, int64_t n);
 void tgm_cpu_fill(int dt, void *y, int64_t n, double v);
 
+/* The optimizer step (tgm_optim_cpu.c), PyTorch 2.x semantics (torch.optim
+ * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
+ * nesterov), over n elements of the flat parameter buffer.
+ * w: f32 weights (the f32 master copy when the model dtype is bf16/f16);
+ * g: gradients of dtype gdt (f32/bf16/f16), loaded to f32 and multiplied by
+ *    grad_scale first (the clip factor; 1 = none);
+ * lowp (may be NULL): a copy of w in dtype lowdt (bf16/f16, or f32) refreshed
+ *    from w after the update, rounded to nearest even (the model's bf16/f16
+ *    params); the CPU ignores another lowdt, CUDA refuses it;
+ * step: the 1-based step count (bias correction; SGD's first-step momentum).
+ * Per-element math in f32, the scalar factors in double rounded to f32, as
+ * torch does for f32 params. No allocation; OpenMP-parallel. */
+void tgm_cpu_adamw(float *w, const void *g, int gdt, float *m, float *v, void *lowp, int lowdt, int64_t n, double lr,
+                   double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
+void tgm_cpu_sgd(float *w, const void *g, int gdt, float *buf, void *lowp, int lowdt, int64_t n, double lr,
+                 double momentum, double weight_decay, int64_t step, double grad_scale);
+/* sum of x[i]^2 in double (for clip_grad_norm_); deterministic: a fixed
+ * reduction order, independent of the thread count */
+double tgm_cpu_sum_squares(const void *x, int dt, int64_t n);
+/* the clip factor of torch.nn.utils.clip_grad_norm_: min(1, max_norm / (sqrt(sum_squares) + 1e-6)) */
+double tgm_clip_factor(double sum_squares, double max_norm);
+
 /* ---------------------------------------------------------------- CUDA kernels (tgm_cuda.cu) */
 
 /* The same operations on device pointers, enqueued on the context's stream.
@@ -216,6 +238,34 @@ int tgm_cuda_mse_loss(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int
                       const int64_t *sb, void *y);
 int tgm_cuda_arange(tgm_cuda_ctx *cx, int32_t *y, int64_t n);
 int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v);
+
+/* The optimizer step on device pointers (tgm_optim_cuda.cu): the same
+ * semantics and arguments as tgm_cpu_adamw / tgm_cpu_sgd, enqueued on the
+ * context's stream (grid-stride kernels, no allocation, no synchronisation). */
+int tgm_cuda_adamw(tgm_cuda_ctx *cx, float *w, const void *g, int gdt, float *m, float *v, void *lowp, int lowdt,
+                   int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                   double grad_scale);
+int tgm_cuda_sgd(tgm_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf, void *lowp, int lowdt, int64_t n,
+                 double lr, double momentum, double weight_decay, int64_t step, double grad_scale);
+/* sum of x[i]^2 in double into *host_result: two deterministic phases (per-
+ * block partials, then one block over them in a fixed order; the grid does
+ * not depend on the device); uses the context's scratch and synchronises. */
+int tgm_cuda_sum_squares(tgm_cuda_ctx *cx, const void *x, int dt, int64_t n, double *host_result);
+
+/* For kernel files other than tgm_cuda.cu (tgm_optim_cuda.cu), which cannot
+ * see struct tgm_cuda_ctx: record the entry point running (for messages) and
+ * get the stream; record a failure ("OP: message", returns code, or
+ * cudaErrorUnknown when code is 0); get the growable scratch (at least
+ * `bytes`, valid until the next call that asks for more). */
+#ifdef __CUDACC__
+cudaStream_t tgm_cuda_ctx_stream(tgm_cuda_ctx *cx, const char *op);
+#endif
+int tgm_cuda_ctx_fail(tgm_cuda_ctx *cx, int code, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+int tgm_cuda_ctx_scratch(tgm_cuda_ctx *cx, size_t bytes, void **p);
 
 /* ---------------------------------------------------------------- the model (tgm_model.c) */
 

@@ -1,0 +1,758 @@
+/* autodiff.c: reverse-mode differentiation into one joint forward/backward
+ * graph.
+ *
+ * autodiff(g) walks the forward nodes from g->loss back to the leaves and
+ * appends, after them, the nodes computing d loss / d x for every node x a
+ * param's value flows into. Each op's local rule is the `grad` column of
+ * ops.def (grad_<rule> below), written with the ordinary ops of the language
+ * through a small builder that runs the same shape/dtype rules (infer.c) as
+ * the forward nodes; so the backward is plain IR that every later pass, the
+ * interpreter and the emitter read like the forward. Formulas: ALGORITHMS.md
+ * §3 and PyTorch's derivatives (the interpreter's semantics).
+ *
+ * Conventions: dy is the gradient of the node being differentiated (its shape
+ * and dtype); gradients of broadcast operands are summed back to the operand's
+ * shape (sum_to); gradients that meet add up; only floating nodes that depend
+ * on a param get one (i32/bool operands, comparisons and F_NO_GRAD ops none).
+ * Every backward node carries the loc and scope of the forward node it
+ * differentiates and the name "d_<its name>", so emitted code can point at the
+ * spec line. */
+#include "ir.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct AD {
+  Graph *g;
+  Node **grad;      /* grad[id] for the forward nodes: the sum so far, or NULL */
+  char *needs;      /* needs[id]: floating, and a param's value flows into it */
+  const Node *at;   /* forward node being differentiated: loc, scope of new nodes */
+  const char *name; /* "d_" + at's name */
+} AD;
+
+/* ---------------------------------------------------------------- builder */
+
+/* Sets the forward node whose gradient the next nodes compute. */
+static void set_at(AD *a, const Node *n) {
+  a->at = n;
+  a->name = arena_printf(a->g->arena, "d_%s", n->name ? n->name : "?");
+}
+
+/* A backward node: `op` over ins[0..nin) with the other arguments in args
+ * (signature positions, as build.c fills them), shaped by infer_node. */
+static Node *mk(AD *a, Op op, int nin, Node *const *ins, Arg *args) {
+  Node *n = new_node(a->g, op, nin, a->at->loc);
+  for (int i = 0; i < nin; i++)
+    n->in[i] = ins[i];
+  n->name = a->name;
+  n->scope = a->at->scope;
+  infer_node(a->g, n, args, "autodiff: ");
+  return n;
+}
+
+static Node *op1(AD *a, Op op, Node *x) {
+  Arg r[2] = {{0}};
+  return mk(a, op, 1, &x, r);
+}
+
+static Node *op2(AD *a, Op op, Node *x, Node *y) {
+  Arg r[2] = {{0}};
+  Node *in[2] = {x, y};
+  return mk(a, op, 2, in, r);
+}
+
+/* A Dim list in the arena for shape-kind arguments. */
+static Arg shape_arg(AD *a, const Shape *s) {
+  Arg r = {0};
+  r.is_list = 1;
+  r.nlist = s->rank;
+  r.list = arena_alloc(a->g->arena, sizeof(Dim) * (size_t)(s->rank + 1));
+  memcpy(r.list, s->d, sizeof(Dim) * (size_t)s->rank);
+  return r;
+}
+
+/* full(shape, v, dtype). */
+static Node *full_(AD *a, const Shape *s, double v, DType dt) {
+  Arg r[3] = {shape_arg(a, s)};
+  r[1].f = v;
+  r[2].dt = dt;
+  return mk(a, OP_FULL, 0, NULL, r);
+}
+
+/* A scalar constant (a rank-0 full; broadcasts against anything). */
+static Node *scalar(AD *a, double v, DType dt) {
+  Shape s = {0};
+  return full_(a, &s, v, dt);
+}
+
+static Node *mulc(AD *a, Node *x, double v) { return op2(a, OP_MUL, x, scalar(a, v, x->dtype)); }
+static Node *addc(AD *a, Node *x, double v) { return op2(a, OP_ADD, x, scalar(a, v, x->dtype)); }
+
+static Node *cast_(AD *a, Node *x, DType dt) {
+  Arg r[2] = {{0}};
+  r[1].dt = dt;
+  return mk(a, OP_CAST, 1, &x, r);
+}
+
+/* cmp(x, y) as 0/1 in dtype dt: the masks of the piecewise rules. */
+static Node *mask(AD *a, Op cmp, Node *x, Node *y, DType dt) { return cast_(a, op2(a, cmp, x, y), dt); }
+
+static Node *pow_(AD *a, Node *x, double p) {
+  Arg r[2] = {{0}};
+  r[1].f = p;
+  return mk(a, OP_POW, 1, &x, r);
+}
+
+/* A reduction over the dims in `axes` (non-empty), or over all dims when
+ * axes is ~0u. */
+static Node *reduce(AD *a, Op op, Node *x, uint32_t axes, int keepdim, double correction) {
+  Arg r[4] = {{0}};
+  if (axes == ~0u) {
+    r[1].is_none = 1;
+  } else {
+    r[1].is_list = 1;
+    r[1].list = arena_alloc(a->g->arena, sizeof(Dim) * MAXRANK);
+    for (int i = 0; i < x->shape.rank; i++)
+      if (axes & (1u << i))
+        r[1].list[r[1].nlist++] = dim_const(i);
+  }
+  r[2].b = keepdim;
+  r[3].f = correction;
+  return mk(a, op, 1, &x, r);
+}
+
+static Node *reshape_(AD *a, Node *x, const Shape *s) {
+  if (shape_eq(&x->shape, s))
+    return x;
+  Arg r[2] = {{0}, shape_arg(a, s)};
+  return mk(a, OP_RESHAPE, 1, &x, r);
+}
+
+static Node *broadcast_(AD *a, Node *x, const Shape *s) {
+  if (shape_eq(&x->shape, s))
+    return x;
+  Arg r[2] = {{0}, shape_arg(a, s)};
+  return mk(a, OP_BROADCAST_TO, 1, &x, r);
+}
+
+/* transpose(x, d0, d1); negative dims count from the end. */
+static Node *transpose_(AD *a, Node *x, int d0, int d1) {
+  Arg r[3] = {{0}};
+  r[1].d = dim_const(d0);
+  r[2].d = dim_const(d1);
+  return mk(a, OP_TRANSPOSE, 1, &x, r);
+}
+
+static Node *unsqueeze_(AD *a, Node *x, int axis) {
+  Arg r[2] = {{0}};
+  r[1].d = dim_const(axis);
+  return mk(a, OP_UNSQUEEZE, 1, &x, r);
+}
+
+static Node *softmax_(AD *a, Node *x, int axis) {
+  Arg r[2] = {{0}};
+  r[1].d = dim_const(axis);
+  return mk(a, OP_SOFTMAX, 1, &x, r);
+}
+
+static Node *slice_(AD *a, Node *x, int axis, Dim lo, Dim hi) {
+  Arg r[4] = {{0}};
+  r[1].d = dim_const(axis);
+  r[2].d = lo;
+  r[3].d = hi;
+  return mk(a, OP_SLICE, 1, &x, r);
+}
+
+static Node *arange_(AD *a, Dim n) {
+  Arg r[1] = {{0}};
+  r[0].d = n;
+  return mk(a, OP_ARANGE, 0, NULL, r);
+}
+
+static Node *where_(AD *a, Node *c, Node *x, Node *y) {
+  Arg r[3] = {{0}};
+  Node *in[3] = {c, x, y};
+  return mk(a, OP_WHERE, 3, in, r);
+}
+
+/* A size as a scalar of dtype dt: a constant, or the run-time value of a
+ * symbolic size (a dim-valued const, as build.c makes for `x / T`). */
+static Node *size_node(AD *a, Dim d, DType dt) {
+  int64_t v;
+  if (dim_is_const(&d, &v))
+    return scalar(a, (double)v, dt);
+  Node *n = new_node(a->g, OP_CONST, 0, a->at->loc);
+  n->is_dimval = 1;
+  n->lo = d;
+  n->dtype = dt;
+  n->name = a->name;
+  n->scope = a->at->scope;
+  Arg r[1] = {{0}};
+  infer_node(a->g, n, r, "autodiff: ");
+  return n;
+}
+
+/* Product of the dims of s in `axes`. */
+static Dim dims_product(AD *a, const Shape *s, uint32_t axes) {
+  Dim p = dim_const(1);
+  for (int i = 0; i < s->rank; i++)
+    if (axes & (1u << i))
+      p = dim_mul(p, s->d[i], a->at->loc);
+  return p;
+}
+
+static int is_one(const Dim *d) {
+  int64_t v;
+  return dim_is_const(d, &v) && v == 1;
+}
+
+/* x summed to shape s (s broadcasts to x's shape): over the leading dims x has
+ * beyond s and the dims where s is 1 and x is not, keeping them, then
+ * reshaped to s. The gradient of a broadcast operand. */
+static Node *sum_to(AD *a, Node *x, const Shape *s) {
+  if (shape_eq(&x->shape, s))
+    return x;
+  int lead = x->shape.rank - s->rank;
+  if (lead < 0)
+    die("sum_to: %s does not broadcast to %s", shape_str(a->g, s), shape_str(a->g, &x->shape));
+  uint32_t axes = 0;
+  for (int i = 0; i < x->shape.rank; i++)
+    if (i < lead || (is_one(&s->d[i - lead]) && !is_one(&x->shape.d[i])))
+      axes |= 1u << i;
+  if (axes)
+    x = reduce(a, OP_SUM, x, axes, 1, 0);
+  return reshape_(a, x, s);
+}
+
+/* The shape of a reduction of s over `axes` with keepdim. */
+static Shape keep_shape(const Shape *s, uint32_t axes) {
+  Shape k = *s;
+  for (int i = 0; i < s->rank; i++)
+    if (axes & (1u << i))
+      k.d[i] = dim_const(1);
+  return k;
+}
+
+/* t (a reduction's result or gradient) in its keepdim shape, so it
+ * broadcasts against the reduction's input x. */
+static Node *keep(AD *a, Node *t, const Node *x, uint32_t axes) {
+  Shape k = keep_shape(&x->shape, axes);
+  return reshape_(a, t, &k);
+}
+
+/* ---------------------------------------------------------------- accumulation */
+
+/* Whether operand x gets a gradient. */
+static int wants(const AD *a, const Node *x) { return x && x->id < a->g->nforward && a->needs[x->id]; }
+
+/* Adds dx to the gradient of x (dx has x's shape and dtype). */
+static void acc(AD *a, Node *x, Node *dx) {
+  if (!wants(a, x))
+    return;
+  if (!shape_eq(&dx->shape, &x->shape) || dx->dtype != x->dtype)
+    die("autodiff: gradient of %s '%s' is %s %s, expected %s %s", op_info[x->op].name, x->name ? x->name : "?",
+        dtype_names[dx->dtype], shape_str(a->g, &dx->shape), dtype_names[x->dtype], shape_str(a->g, &x->shape));
+  Node **g = &a->grad[x->id];
+  *g = *g ? op2(a, OP_ADD, *g, dx) : dx;
+}
+
+/* ---------------------------------------------------------------- rules: pointwise */
+
+/* No gradient flows: leaves, constants, comparisons, ops the builder expands
+ * (split, zeros, ones), backward-only ops. */
+static void grad_none(AD *a, Node *n, Node *dy) { (void)a, (void)n, (void)dy; }
+
+/* d gelu / dx: Phi(x) + x phi(x) (erf form), or for approximate='tanh' with
+ * t = tanh(k (x + 0.044715 x^3)), k = sqrt(2/pi):
+ * 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2). */
+static Node *gelu_deriv(AD *a, Node *x, int tanh_form) {
+  static const double k = 0.79788456080286535587989211986876, c = 0.044715;
+  if (tanh_form) {
+    Node *x2 = op1(a, OP_SQUARE, x);
+    Node *t = op1(a, OP_TANH, mulc(a, op2(a, OP_ADD, x, mulc(a, op2(a, OP_MUL, x2, x), c)), k));
+    Node *left = mulc(a, addc(a, t, 1), 0.5);
+    Node *sech2 = op2(a, OP_SUB, scalar(a, 1, x->dtype), op1(a, OP_SQUARE, t));
+    Node *inner = mulc(a, addc(a, mulc(a, x2, 3 * c), 1), k);
+    return op2(a, OP_ADD, left, op2(a, OP_MUL, mulc(a, op2(a, OP_MUL, x, sech2), 0.5), inner));
+  }
+  Node *cdf = mulc(a, addc(a, op1(a, OP_ERF, mulc(a, x, 0.70710678118654752440)), 1), 0.5);
+  Node *pdf = mulc(a, op1(a, OP_EXP, mulc(a, op1(a, OP_SQUARE, x), -0.5)), 0.39894228040143267794);
+  return op2(a, OP_ADD, cdf, op2(a, OP_MUL, x, pdf));
+}
+
+/* f'(x) of a one-operand pointwise op n = f(x) (x's shape, or a scalar),
+ * written with x and the result y = n. */
+static Node *unary_deriv(AD *a, Node *n) {
+  Node *x = n->in[0], *y = n;
+  DType dt = x->dtype;
+  switch (n->op) {
+  case OP_NEG: return scalar(a, -1, dt);
+  case OP_ABS: /* sign(x), 0 at 0 */
+    return op2(a, OP_SUB, mask(a, OP_GT, x, scalar(a, 0, dt), dt), mask(a, OP_LT, x, scalar(a, 0, dt), dt));
+  case OP_EXP: return y;
+  case OP_LOG: return op1(a, OP_RECIPROCAL, x);
+  case OP_SQRT: return op2(a, OP_DIV, scalar(a, 0.5, dt), y);
+  case OP_RSQRT: return mulc(a, pow_(a, y, 3), -0.5);
+  case OP_SIN: return op1(a, OP_COS, x);
+  case OP_COS: return op1(a, OP_NEG, op1(a, OP_SIN, x));
+  case OP_TANH: return op2(a, OP_SUB, scalar(a, 1, dt), op1(a, OP_SQUARE, y));
+  case OP_SIGMOID: return op2(a, OP_MUL, y, op2(a, OP_SUB, scalar(a, 1, dt), y));
+  case OP_RELU: return mask(a, OP_GT, x, scalar(a, 0, dt), dt); /* 0 at x <= 0 */
+  case OP_SILU: { /* s (1 + x (1 - s)), s = sigmoid(x) */
+    Node *s = op1(a, OP_SIGMOID, x);
+    return op2(a, OP_MUL, s, addc(a, op2(a, OP_MUL, x, op2(a, OP_SUB, scalar(a, 1, dt), s)), 1));
+  }
+  case OP_ERF: return mulc(a, op1(a, OP_EXP, op1(a, OP_NEG, op1(a, OP_SQUARE, x))), 1.12837916709551257390);
+  case OP_SQUARE: return mulc(a, x, 2);
+  case OP_RECIPROCAL: return op1(a, OP_NEG, op1(a, OP_SQUARE, y));
+  case OP_GELU: return gelu_deriv(a, x, n->flag);
+  case OP_POW: /* p x^(p-1); torch gives 0 for p = 0 */
+    return n->f[0] == 0 ? scalar(a, 0, dt) : mulc(a, pow_(a, x, n->f[0] - 1), n->f[0]);
+  case OP_CLAMP: { /* 1 where min <= x <= max */
+    Node *m = NULL;
+    if (n->has_f[0])
+      m = mask(a, OP_GE, x, scalar(a, n->f[0], dt), dt);
+    if (n->has_f[1]) {
+      Node *m2 = mask(a, OP_LE, x, scalar(a, n->f[1], dt), dt);
+      m = m ? op2(a, OP_MUL, m, m2) : m2;
+    }
+    return m;
+  }
+  default: die("autodiff: %s is not a unary op", op_info[n->op].name);
+  }
+}
+
+/* One-operand pointwise ops: dx = dy * f'(x). */
+static void grad_unary(AD *a, Node *n, Node *dy) {
+  if (wants(a, n->in[0]))
+    acc(a, n->in[0], op2(a, OP_MUL, dy, unary_deriv(a, n)));
+}
+
+static void grad_add(AD *a, Node *n, Node *dy) {
+  for (int k = 0; k < 2; k++)
+    if (wants(a, n->in[k]))
+      acc(a, n->in[k], sum_to(a, dy, &n->in[k]->shape));
+}
+
+static void grad_sub(AD *a, Node *n, Node *dy) {
+  if (wants(a, n->in[0]))
+    acc(a, n->in[0], sum_to(a, dy, &n->in[0]->shape));
+  if (wants(a, n->in[1]))
+    acc(a, n->in[1], sum_to(a, op1(a, OP_NEG, dy), &n->in[1]->shape));
+}
+
+static void grad_mul(AD *a, Node *n, Node *dy) {
+  for (int k = 0; k < 2; k++)
+    if (wants(a, n->in[k]))
+      acc(a, n->in[k], sum_to(a, op2(a, OP_MUL, dy, n->in[1 - k]), &n->in[k]->shape));
+}
+
+/* y = a / b: da = dy / b, db = -dy y / b. */
+static void grad_div(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *b = n->in[1];
+  if (wants(a, x))
+    acc(a, x, sum_to(a, op2(a, OP_DIV, dy, b), &x->shape));
+  if (wants(a, b))
+    acc(a, b, sum_to(a, op1(a, OP_NEG, op2(a, OP_DIV, op2(a, OP_MUL, dy, n), b)), &b->shape));
+}
+
+/* maximum/minimum: the gradient goes to the winner; ties split it in half
+ * (torch). */
+static void grad_maxmin(AD *a, Node *n, Node *dy) {
+  Op win = n->op == OP_MAXIMUM ? OP_GT : OP_LT;
+  for (int k = 0; k < 2; k++) {
+    Node *x = n->in[k], *o = n->in[1 - k];
+    if (!wants(a, x))
+      continue;
+    Node *w = op2(a, OP_ADD, mask(a, win, x, o, x->dtype), mulc(a, mask(a, OP_EQ, x, o, x->dtype), 0.5));
+    acc(a, x, sum_to(a, op2(a, OP_MUL, dy, w), &x->shape));
+  }
+}
+
+/* where(c, a, b): dy to a where c holds, to b elsewhere. */
+static void grad_where(AD *a, Node *n, Node *dy) {
+  Node *c = n->in[0], *zero = NULL;
+  for (int k = 1; k < 3; k++) {
+    Node *x = n->in[k];
+    if (!wants(a, x))
+      continue;
+    if (!zero)
+      zero = scalar(a, 0, dy->dtype);
+    Node *d = k == 1 ? where_(a, c, dy, zero) : where_(a, c, zero, dy);
+    acc(a, x, sum_to(a, d, &x->shape));
+  }
+}
+
+/* cast: the gradient cast back to the operand's dtype. */
+static void grad_cast(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0];
+  if (wants(a, x))
+    acc(a, x, dy->dtype == x->dtype ? dy : cast_(a, dy, x->dtype));
+}
+
+/* ---------------------------------------------------------------- rules: reductions, normalisation */
+
+/* sum, mean, amax, var, logsumexp over n->axes; g is dy in the keepdim shape. */
+static void grad_reduce(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *dx;
+  uint32_t axes = n->axes;
+  if (!wants(a, x))
+    return;
+  Node *g = keep(a, dy, x, axes);
+  DType dt = x->dtype;
+  switch (n->op) {
+  case OP_SUM:
+    dx = broadcast_(a, g, &x->shape);
+    break;
+  case OP_MEAN:
+    dx = broadcast_(a, op2(a, OP_DIV, g, size_node(a, dims_product(a, &x->shape, axes), dt)), &x->shape);
+    break;
+  case OP_AMAX: { /* ties share evenly: dy (x == max) / count */
+    Node *m = mask(a, OP_EQ, x, keep(a, n, x, axes), dt);
+    Node *cnt = axes ? reduce(a, OP_SUM, m, axes, 1, 0) : scalar(a, 1, dt);
+    dx = op2(a, OP_MUL, g, op2(a, OP_DIV, m, cnt));
+    break;
+  }
+  case OP_VAR: { /* dy 2 (x - mean) / (N - correction) */
+    Node *mu = axes ? reduce(a, OP_MEAN, x, axes, 1, 0) : x;
+    Node *den = addc(a, size_node(a, dims_product(a, &x->shape, axes), dt), -n->f[0]);
+    dx = op2(a, OP_MUL, g, op2(a, OP_DIV, mulc(a, op2(a, OP_SUB, x, mu), 2), den));
+    break;
+  }
+  default: /* logsumexp: dy exp(x - y) */
+    dx = op2(a, OP_MUL, g, op1(a, OP_EXP, op2(a, OP_SUB, x, keep(a, n, x, axes))));
+    break;
+  }
+  acc(a, x, dx);
+}
+
+/* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy),
+ * sums along the softmax dim. */
+static void grad_softmax(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0];
+  uint32_t ax = 1u << n->axis;
+  if (!wants(a, x))
+    return;
+  if (n->op == OP_SOFTMAX)
+    acc(a, x, op2(a, OP_MUL, n, op2(a, OP_SUB, dy, reduce(a, OP_SUM, op2(a, OP_MUL, dy, n), ax, 1, 0))));
+  else
+    acc(a, x, op2(a, OP_SUB, dy, op2(a, OP_MUL, op1(a, OP_EXP, n), reduce(a, OP_SUM, dy, ax, 1, 0))));
+}
+
+/* layer_norm over the last dim, statistics recomputed: r = rsqrt(var + eps),
+ * xh = (x - mean) r, g = dy w; dx = r (g - mean(g) - xh mean(g xh)),
+ * dw = sum over rows of dy xh, db = sum over rows of dy. */
+static void grad_layer_norm(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  uint32_t ax = 1u << (x->shape.rank - 1);
+  if (wants(a, x) || wants(a, w)) {
+    Node *mu = reduce(a, OP_MEAN, x, ax, 1, 0);
+    Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_VAR, x, ax, 1, 0), n->f[0]));
+    Node *xh = op2(a, OP_MUL, op2(a, OP_SUB, x, mu), r);
+    if (wants(a, x)) {
+      Node *g = w ? op2(a, OP_MUL, dy, w) : dy;
+      Node *mg = reduce(a, OP_MEAN, g, ax, 1, 0);
+      Node *mgx = reduce(a, OP_MEAN, op2(a, OP_MUL, g, xh), ax, 1, 0);
+      acc(a, x, op2(a, OP_MUL, r, op2(a, OP_SUB, op2(a, OP_SUB, g, mg), op2(a, OP_MUL, xh, mgx))));
+    }
+    if (wants(a, w))
+      acc(a, w, sum_to(a, op2(a, OP_MUL, dy, xh), &w->shape));
+  }
+  if (wants(a, b))
+    acc(a, b, sum_to(a, dy, &b->shape));
+}
+
+/* rms_norm over the last dim: r = rsqrt(mean(x^2) + eps), g = dy w;
+ * dx = r g - r^3 x mean(g x), dw = sum over rows of dy x r. */
+static void grad_rms_norm(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *w = n->in[1];
+  uint32_t ax = 1u << (x->shape.rank - 1);
+  if (!wants(a, x) && !wants(a, w))
+    return;
+  Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_MEAN, op1(a, OP_SQUARE, x), ax, 1, 0), n->f[0]));
+  if (wants(a, x)) {
+    Node *g = w ? op2(a, OP_MUL, dy, w) : dy;
+    Node *mgx = reduce(a, OP_MEAN, op2(a, OP_MUL, g, x), ax, 1, 0);
+    acc(a, x, op2(a, OP_SUB, op2(a, OP_MUL, r, g), op2(a, OP_MUL, op2(a, OP_MUL, pow_(a, r, 3), x), mgx)));
+  }
+  if (wants(a, w))
+    acc(a, w, sum_to(a, op2(a, OP_MUL, dy, op2(a, OP_MUL, x, r)), &w->shape));
+}
+
+/* ---------------------------------------------------------------- rules: shape */
+
+/* reshape, squeeze, unsqueeze: the same elements in x's shape. */
+static void grad_reshape(AD *a, Node *n, Node *dy) {
+  if (wants(a, n->in[0]))
+    acc(a, n->in[0], reshape_(a, dy, &n->in[0]->shape));
+}
+
+static void grad_broadcast_to(AD *a, Node *n, Node *dy) {
+  if (wants(a, n->in[0]))
+    acc(a, n->in[0], sum_to(a, dy, &n->in[0]->shape));
+}
+
+static void grad_transpose(AD *a, Node *n, Node *dy) {
+  if (wants(a, n->in[0]))
+    acc(a, n->in[0], transpose_(a, dy, n->axis, n->axis2));
+}
+
+/* permute: dy permuted by the inverse permutation. */
+static void grad_permute(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0];
+  if (!wants(a, x))
+    return;
+  Arg r[2] = {{0}};
+  r[1].is_list = 1;
+  r[1].nlist = n->shape.rank;
+  r[1].list = arena_alloc(a->g->arena, sizeof(Dim) * MAXRANK);
+  for (int i = 0; i < n->shape.rank; i++)
+    r[1].list[n->perm[i]] = dim_const(i);
+  acc(a, x, mk(a, OP_PERMUTE, 1, &dy, r));
+}
+
+/* A zero block: x's shape with `size` along `axis`; NULL for size 0 (sizes
+ * must be >= 1, so an empty piece is left out). */
+static Node *zero_piece(AD *a, const Node *x, int axis, Dim size) {
+  int64_t v;
+  if (dim_is_const(&size, &v) && v == 0)
+    return NULL;
+  Shape s = x->shape;
+  s.d[axis] = size;
+  return full_(a, &s, 0, x->dtype);
+}
+
+/* slice: dy padded back with zeros, concat(zeros [lo], dy, zeros [size - hi]). */
+static void grad_slice(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0];
+  int ax = n->axis;
+  if (!wants(a, x))
+    return;
+  Node *parts[3];
+  int np = 0;
+  Node *before = zero_piece(a, x, ax, n->lo);
+  Node *after = zero_piece(a, x, ax, dim_sub(x->shape.d[ax], n->hi, n->loc));
+  if (before)
+    parts[np++] = before;
+  parts[np++] = dy;
+  if (after)
+    parts[np++] = after;
+  if (np == 1) {
+    acc(a, x, dy);
+    return;
+  }
+  Arg r[2] = {{0}};
+  r[1].d = dim_const(ax);
+  acc(a, x, mk(a, OP_CONCAT, np, parts, r));
+}
+
+/* concat: each operand's stretch of dy. */
+static void grad_concat(AD *a, Node *n, Node *dy) {
+  Dim at = dim_const(0);
+  for (int i = 0; i < n->nin; i++) {
+    Node *x = n->in[i];
+    Dim hi = dim_add(at, x->shape.d[n->axis], n->loc);
+    if (wants(a, x))
+      acc(a, x, slice_(a, dy, n->axis, at, hi));
+    at = hi;
+  }
+}
+
+/* ---------------------------------------------------------------- rules: linear algebra */
+
+/* matmul: with a' = a ([K] -> [1, K]) and b' = b ([K] -> [K, 1]) and dy'
+ * the result with those dims back, da' = dy' b'^T, db' = a'^T dy', each
+ * summed over the broadcast batch dims and reshaped to the operand. */
+static void grad_matmul(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *y = n->in[1];
+  int a1 = x->shape.rank == 1, b1 = y->shape.rank == 1;
+  Node *g = dy;
+  if (b1)
+    g = unsqueeze_(a, g, g->shape.rank);
+  if (a1)
+    g = unsqueeze_(a, g, g->shape.rank - 1);
+  if (wants(a, x)) {
+    Node *yp = b1 ? unsqueeze_(a, y, 1) : y;
+    Shape sp = x->shape;
+    if (a1) {
+      sp.rank = 2;
+      sp.d[1] = sp.d[0];
+      sp.d[0] = dim_const(1);
+    }
+    Node *d = sum_to(a, op2(a, OP_MATMUL, g, transpose_(a, yp, -1, -2)), &sp);
+    acc(a, x, reshape_(a, d, &x->shape));
+  }
+  if (wants(a, y)) {
+    Node *xp = a1 ? unsqueeze_(a, x, 0) : x;
+    Shape sp = y->shape;
+    if (b1) {
+      sp.rank = 2;
+      sp.d[1] = dim_const(1);
+    }
+    Node *d = sum_to(a, op2(a, OP_MATMUL, transpose_(a, xp, -1, -2), g), &sp);
+    acc(a, y, reshape_(a, d, &y->shape));
+  }
+}
+
+/* linear(x, w, b) = x w^T + b: dx = dy w; dw = dy^T x over the rows (x's
+ * leading dims flattened); db = dy summed over the rows. */
+static void grad_linear(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  if (wants(a, x))
+    acc(a, x, op2(a, OP_MATMUL, dy, w));
+  if (wants(a, w)) {
+    int r = x->shape.rank;
+    Dim rows = dims_product(a, &x->shape, (1u << (r - 1)) - 1);
+    Shape sd = {2, {rows, w->shape.d[0]}}, sx = {2, {rows, w->shape.d[1]}};
+    Node *dt = transpose_(a, reshape_(a, dy, &sd), 0, 1);
+    acc(a, w, op2(a, OP_MATMUL, dt, reshape_(a, x, &sx)));
+  }
+  if (wants(a, b))
+    acc(a, b, sum_to(a, dy, &b->shape));
+}
+
+/* ---------------------------------------------------------------- rules: neural, losses */
+
+/* embedding: the table's gradient is dy scattered back to the rows idx read. */
+static void grad_embedding(AD *a, Node *n, Node *dy) {
+  Node *idx = n->in[0], *t = n->in[1];
+  if (!wants(a, t))
+    return;
+  Arg r[3] = {{0}};
+  r[2].d = t->shape.d[0];
+  Node *in[2] = {idx, dy};
+  acc(a, t, mk(a, OP_EMBEDDING_BACKWARD, 2, in, r));
+}
+
+/* attention, decomposed: S = scale q k^T (causal: -inf where j > i), P =
+ * softmax(S); dv = P^T dO, dP = dO v^T, dS = P (dP - rowsum(dP P)),
+ * dq = scale dS k, dk = scale dS^T q; each summed to its operand's batch dims. */
+static void grad_attention(AD *a, Node *n, Node *dy) {
+  Node *q = n->in[0], *k = n->in[1], *v = n->in[2];
+  if (!wants(a, q) && !wants(a, k) && !wants(a, v))
+    return;
+  DType dt = q->dtype;
+  int rq = q->shape.rank, rk = k->shape.rank;
+  Dim D = q->shape.d[rq - 1];
+  int64_t dv;
+  Node *scale = n->has_f[0] ? scalar(a, n->f[0], dt)
+                : dim_is_const(&D, &dv) ? scalar(a, 1.0 / sqrt((double)dv), dt)
+                                        : op1(a, OP_RSQRT, size_node(a, D, dt));
+  Node *s = op2(a, OP_MUL, op2(a, OP_MATMUL, q, transpose_(a, k, -1, -2)), scale);
+  if (n->flag) {
+    Node *i = unsqueeze_(a, arange_(a, q->shape.d[rq - 2]), 1);
+    Node *j = unsqueeze_(a, arange_(a, k->shape.d[rk - 2]), 0);
+    s = where_(a, op2(a, OP_GT, j, i), scalar(a, -INFINITY, dt), s);
+  }
+  Node *p = softmax_(a, s, s->shape.rank - 1);
+  if (wants(a, v))
+    acc(a, v, sum_to(a, op2(a, OP_MATMUL, transpose_(a, p, -1, -2), dy), &v->shape));
+  if (!wants(a, q) && !wants(a, k))
+    return;
+  Node *dp = op2(a, OP_MATMUL, dy, transpose_(a, v, -1, -2));
+  uint32_t last = 1u << (dp->shape.rank - 1);
+  Node *ds = op2(a, OP_MUL, p, op2(a, OP_SUB, dp, reduce(a, OP_SUM, op2(a, OP_MUL, dp, p), last, 1, 0)));
+  if (wants(a, q))
+    acc(a, q, sum_to(a, op2(a, OP_MUL, op2(a, OP_MATMUL, ds, k), scale), &q->shape));
+  if (wants(a, k))
+    acc(a, k, sum_to(a, op2(a, OP_MUL, op2(a, OP_MATMUL, transpose_(a, ds, -1, -2), q), scale), &k->shape));
+}
+
+/* dropout: dy times the forward's mask, regenerated by a dropout of ones with
+ * the forward node's index (the mask key; see interp.c eval_dropout). */
+static void grad_dropout(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0];
+  if (!wants(a, x))
+    return;
+  Arg r[2] = {{0}};
+  r[1].f = n->f[0];
+  Node *ones = full_(a, &x->shape, 1, x->dtype);
+  Node *m = mk(a, OP_DROPOUT, 1, &ones, r);
+  m->index = n->index;
+  acc(a, x, op2(a, OP_MUL, dy, m));
+}
+
+/* cross_entropy (mean over the rows whose target is not ignore_index):
+ * dlogits = (softmax(logits) - onehot(target)) valid dy / count(valid), the
+ * one-hot as eq(unsqueeze(target), arange(C)); logits [N, C] or [C]. */
+static void grad_cross_entropy(AD *a, Node *n, Node *dy) {
+  Node *lg = n->in[0], *t = n->in[1];
+  if (!wants(a, lg))
+    return;
+  DType dt = lg->dtype;
+  int r = lg->shape.rank;
+  Node *p = softmax_(a, lg, r - 1);
+  Node *onehot = mask(a, OP_EQ, unsqueeze_(a, t, t->shape.rank), arange_(a, lg->shape.d[r - 1]), dt);
+  Node *valid = mask(a, OP_NE, t, scalar(a, (double)n->ignore_index, DT_I32), dt);
+  Node *w = op2(a, OP_DIV, dy, reduce(a, OP_SUM, valid, ~0u, 0, 0));
+  Node *rows = op2(a, OP_MUL, unsqueeze_(a, valid, valid->shape.rank), w);
+  acc(a, lg, op2(a, OP_MUL, op2(a, OP_SUB, p, onehot), rows));
+}
+
+/* mse_loss = mean((a - b)^2): da = 2 (a - b) dy / numel, db = -da, each
+ * summed to its operand's shape. */
+static void grad_mse_loss(AD *a, Node *n, Node *dy) {
+  Node *x = n->in[0], *y = n->in[1];
+  if (!wants(a, x) && !wants(a, y))
+    return;
+  Node *d = op2(a, OP_SUB, x, y);
+  Node *numel = size_node(a, dims_product(a, &d->shape, ~0u), d->dtype);
+  Node *s = op2(a, OP_MUL, d, op2(a, OP_DIV, mulc(a, dy, 2), numel));
+  if (wants(a, x))
+    acc(a, x, sum_to(a, s, &x->shape));
+  if (wants(a, y))
+    acc(a, y, sum_to(a, op1(a, OP_NEG, s), &y->shape));
+}
+
+/* ---------------------------------------------------------------- driver */
+
+typedef void (*GradRule)(AD *, Node *, Node *);
+static const GradRule grad_rules[NUM_OPS] = {
+#define OP(e, name, sig, rule, flags, grad) grad_##grad,
+#include "ops.def"
+#undef OP
+};
+
+/* needs[id] for the forward nodes: floating params, and floating nodes that
+ * may carry a gradient with an operand that needs one. */
+static void mark_needs(AD *a) {
+  Graph *g = a->g;
+  for (int i = 0; i < g->nforward; i++) {
+    Node *n = g->nodes[i];
+    int need = 0;
+    if (n->op == OP_PARAM)
+      need = 1;
+    else if (!(op_info[n->op].flags & F_NO_GRAD))
+      for (int k = 0; k < n->nin && !need; k++)
+        need = n->in[k] && a->needs[n->in[k]->id];
+    a->needs[i] = (char)(need && dtype_is_float(n->dtype));
+  }
+}
+
+int autodiff(Graph *g) {
+  if (!g->loss)
+    return -1;
+  AD ad = {g, NULL, NULL, NULL, NULL}, *a = &ad;
+  g->nforward = g->nnodes;
+  a->grad = arena_alloc(g->arena, sizeof(Node *) * (size_t)(g->nforward + 1));
+  a->needs = arena_alloc(g->arena, (size_t)g->nforward + 1);
+  mark_needs(a);
+  if (a->needs[g->loss->id]) {
+    set_at(a, g->loss);
+    a->grad[g->loss->id] = scalar(a, 1, g->loss->dtype); /* d loss / d loss */
+  }
+  for (int i = g->loss->id; i >= 0; i--) {
+    Node *n = g->nodes[i];
+    if (!a->grad[i] || n->op == OP_PARAM)
+      continue;
+    set_at(a, n);
+    grad_rules[n->op](a, n, a->grad[i]);
+  }
+  g->grads = arena_alloc(g->arena, sizeof(Node *) * (size_t)(g->nparams + 1));
+  for (int k = 0; k < g->nparams; k++) {
+    Node *p = g->params[k].node;
+    set_at(a, p);
+    g->grads[k] = a->grad[p->id] ? a->grad[p->id] : full_(a, &p->shape, 0, p->dtype);
+  }
+  return 0;
+}
