@@ -214,11 +214,10 @@ static Dim eval_size_(Ctx *c, const Expr *e, const char *what) {
       return x->dim;
     if (x)
       error_at(e->loc, "%s%s must be a size; '%s' is %s %s, not a dim", where(c), what, e->name, article(x->what), x->what);
-    const char *dym = did_you_mean(e->name, NULL, 0);
     Vec v = {0};
     for (int i = 0; i < dims_env->n; i++)
       vec_push(c->g->arena, &v, (void *)dims_env->e[i].name);
-    dym = did_you_mean(e->name, (const char *const *)v.p, v.n);
+    const char *dym = did_you_mean(e->name, (const char *const *)v.p, v.n);
     if (dym)
       error_at(e->loc, "%sundefined dim '%s' in %s; did you mean '%s'?", where(c), e->name, what, dym);
     error_at(e->loc, "%sundefined dim '%s' in %s", where(c), e->name, what);

@@ -329,7 +329,6 @@ static void data_check(E *e, Buf *b, const Dialect *d, const Node *n, const char
 /* One kernel call (or alias) per node, in graph order. */
 static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
   Graph *g = e->g;
-  const char *K = d->k;
   for (int i = 0; i < g->nnodes; i++) {
     Node *n = g->nodes[i];
     Val *x = &v[i];
@@ -351,8 +350,6 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
     const char *a2 = n->nin > 2 && n->in[2] ? v[n->in[2]->id].var : "NULL";
     const char *numel = prod_c(g, &n->shape, 0, n->shape.rank);
     const char *code;
-    const char *op = call_open(e, d, "");
-    (void)op;
     switch (n->op) {
     case OP_CONST:
       P("  %s%s, %s, 1, %s%s\n", call_open(e, d, "fill"), dt, x->var,
@@ -512,7 +509,6 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
       die("no kernel for op %s", op_info[n->op].name);
     }
   }
-  (void)K;
 }
 
 /* Decide how each node's value is held and name it. Nodes no output needs

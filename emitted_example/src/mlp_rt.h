@@ -170,8 +170,9 @@ void mlp_cpu_fill(int dt, void *y, int64_t n, double v);
  * w: f32 weights (the f32 master copy when the model dtype is bf16/f16);
  * g: gradients of dtype gdt (f32/bf16/f16), loaded to f32 and multiplied by
  *    grad_scale first (the clip factor; 1 = none);
- * lowp (may be NULL): a copy of w in dtype lowdt (bf16/f16) refreshed from w
- *    after the update, rounded to nearest even (the model's low-precision params);
+ * lowp (may be NULL): a copy of w in dtype lowdt (bf16/f16, or f32) refreshed
+ *    from w after the update, rounded to nearest even (the model's bf16/f16
+ *    params); the CPU ignores another lowdt, CUDA refuses it;
  * step: the 1-based step count (bias correction; SGD's first-step momentum).
  * Per-element math in f32, the scalar factors in double rounded to f32, as
  * torch does for f32 params. No allocation; OpenMP-parallel. */
