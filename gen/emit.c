@@ -798,23 +798,6 @@ static const char *api_types(E *e) {
 
 /* ---------------------------------------------------------------- golden vectors */
 
-/* Values for the golden inputs: floats uniform in [-1, 1) (Philox, rounded to
- * the dtype); i32 indices in [0, bound) where bound comes from the ops that
- * use the input (embedding rows, cross-entropy classes), else [0, 4). */
-static int64_t index_bound(const Graph *g, const Node *in) {
-  int64_t bound = 4;
-  for (int i = 0; i < g->nnodes; i++) {
-    const Node *n = g->nodes[i];
-    int64_t v;
-    if (n->op == OP_EMBEDDING && n->in[0] == in && dim_is_const(&n->in[1]->shape.d[0], &v) && v < bound + 1000000)
-      bound = bound == 4 ? v : (v < bound ? v : bound);
-    if (n->op == OP_CROSS_ENTROPY && n->in[1] == in &&
-        dim_is_const(&n->in[0]->shape.d[n->in[0]->shape.rank - 1], &v))
-      bound = bound == 4 ? v : (v < bound ? v : bound);
-  }
-  return bound;
-}
-
 /* Rough cost of the interpreter at the test dims, in flops. */
 static double forward_cost(const Graph *g, const int64_t *sym) {
   double c = 0;
@@ -838,17 +821,9 @@ static double forward_cost(const Graph *g, const int64_t *sym) {
 }
 
 static void *tensor_bytes(E *e, const Tensor *t, DType dt) {
-  unsigned char *p = arena_alloc(e->a, (size_t)(t->numel * dtype_size(dt)) + 1);
-  for (int64_t i = 0; i < t->numel; i++) {
-    double v = t->data[i];
-    switch (dt) {
-    case DT_F32: { float f = (float)v; memcpy(p + 4 * i, &f, 4); break; }
-    case DT_BF16: { uint16_t h = tgm_f32_to_bf16((float)v); memcpy(p + 2 * i, &h, 2); break; }
-    case DT_F16: { uint16_t h = tgm_f32_to_f16((float)v); memcpy(p + 2 * i, &h, 2); break; }
-    case DT_I32: { int32_t x = (int32_t)v; memcpy(p + 4 * i, &x, 4); break; }
-    default: p[i] = v != 0; break;
-    }
-  }
+  void *p = arena_alloc(e->a, (size_t)(t->numel * dtype_size(dt)) + 8);
+  for (int64_t i = 0; i < t->numel; i++)
+    tgm_put(p, (int)dt, i, t->data[i]);
   return p;
 }
 
@@ -863,47 +838,12 @@ static int golden(E *e, const char **why) {
                         forward_cost(g, sym) / 1e9, e->o->golden_budget / 1e9);
     return 0;
   }
-  /* derived syms at the test dims */
-  for (int k = 0; k < g->nsyms; k++)
-    if (g->syms[k].derived) {
-      const char *err;
-      if (!dim_eval(g, &g->syms[k].num, sym, &sym[k], &err)) {
-        *why = err;
-        return 0;
-      }
-      int64_t den;
-      dim_eval(g, &g->syms[k].den, sym, &den, &err);
-      sym[k] /= den;
-    }
-  Tensor *ins = calloc((size_t)g->ninputs + 1, sizeof(Tensor)), *ps = calloc((size_t)g->nparams + 1, sizeof(Tensor));
-  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  /* the same inputs and params the emitted tests and tgen eval use */
+  Tensor *ins = NULL, *ps = NULL, *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
   char err[512];
-  int ok = ins && ps && vals;
-  for (int k = 0; ok && k < g->ninputs; k++) {
-    Input *in = &g->inputs[k];
-    ok = concrete_shape(g, &in->shape, sym, &ins[k], err, sizeof err) &&
-         (ins[k].data = calloc((size_t)ins[k].numel + 1, sizeof(double)));
-    Param fake = {.name = in->name, .init = INIT_UNIFORM, .a = -1, .b = 1, .dtype = in->dtype};
-    int64_t bound = index_bound(g, in->node);
-    for (int64_t i = 0; ok && i < ins[k].numel; i++) {
-      if (dtype_is_float(in->dtype)) {
-        ins[k].data[i] = param_init_value(&fake, 12345, i);
-      } else {
-        fake.dtype = DT_F32;
-        fake.a = 0;
-        fake.b = (double)bound;
-        double u = param_init_value(&fake, 12345, i);
-        ins[k].data[i] = in->dtype == DT_BOOL ? (u > bound / 2.0) : floor(u) < bound ? floor(u) : bound - 1;
-      }
-    }
-  }
-  for (int k = 0; ok && k < g->nparams; k++) {
-    Param *p = &g->params[k];
-    ok = concrete_shape(g, &p->shape, sym, &ps[k], err, sizeof err) &&
-         (ps[k].data = malloc(sizeof(double) * (size_t)ps[k].numel + 8));
-    for (int64_t i = 0; ok && i < p->numel; i++)
-      ps[k].data[i] = param_init_value(p, g->spec->seed, i);
-  }
+  int ok = vals && interp_make_args(g, sym, g->spec->seed, &ins, &ps, err, sizeof err) == 0;
+  if (!vals)
+    snprintf(err, sizeof err, "out of memory");
   InterpOptions opt = {sym, 0, g->spec->seed, 0};
   int ran = ok && interp_run(g, &opt, ins, ps, vals, err, sizeof err) == 0;
   if (ok && !ran)
@@ -953,12 +893,8 @@ static int golden(E *e, const char **why) {
     }
     interp_free(g, vals);
   }
-  for (int k = 0; ins && k < g->ninputs; k++)
-    free(ins[k].data);
-  for (int k = 0; ps && k < g->nparams; k++)
-    free(ps[k].data);
-  free(ins);
-  free(ps);
+  if (ok)
+    interp_free_args(g, ins, ps);
   free(vals);
   if (!ok && !*why)
     *why = arena_printf(e->a, "%s", err);

@@ -1049,3 +1049,78 @@ void interp_free(const Graph *g, Tensor *vals) {
     vals[i].data = NULL;
   }
 }
+
+/* ---------------------------------------------------------------- arguments */
+
+/* The exclusive upper bound of the values of i32 input `in`: the rows of the
+ * tables it indexes (embedding) or the classes it labels (cross_entropy),
+ * the smallest of them; 4 when no op constrains it. */
+static int64_t index_bound(const Graph *g, const Node *in) {
+  int64_t bound = -1, v;
+  for (int i = 0; i < g->nnodes; i++) {
+    const Node *n = g->nodes[i];
+    const Dim *d = NULL;
+    if (n->op == OP_EMBEDDING && n->in[0] == in)
+      d = &n->in[1]->shape.d[0];
+    else if (n->op == OP_CROSS_ENTROPY && n->in[1] == in)
+      d = &n->in[0]->shape.d[n->in[0]->shape.rank - 1];
+    if (d && dim_is_const(d, &v) && (bound < 0 || v < bound))
+      bound = v;
+  }
+  return bound < 0 ? 4 : bound;
+}
+
+/* Inputs and params for a run of g at the symbol values sym: params from
+ * `seed` (param_init_value); inputs from a fixed pseudo-random fill (Philox
+ * keyed by the input's name, seed 12345): floats uniform in [-1, 1) rounded
+ * to the dtype, i32 in [0, index_bound), bool 0/1. Callers may overwrite the
+ * inputs. Returns 0, or -1 with err and nothing left allocated. */
+int interp_make_args(const Graph *g, const int64_t *sym, uint64_t seed, Tensor **ins_out, Tensor **ps_out, char *err,
+                     size_t errlen) {
+  Tensor *ins = calloc((size_t)g->ninputs + 1, sizeof(Tensor)), *ps = calloc((size_t)g->nparams + 1, sizeof(Tensor));
+  int ok = ins && ps;
+  if (!ok)
+    snprintf(err, errlen, "out of memory");
+  for (int k = 0; ok && k < g->ninputs; k++) {
+    const Input *in = &g->inputs[k];
+    ok = concrete_shape(g, &in->shape, sym, &ins[k], err, errlen);
+    if (ok && !(ins[k].data = calloc((size_t)ins[k].numel + 1, sizeof(double)))) {
+      snprintf(err, errlen, "out of memory for input '%s'", in->name);
+      ok = 0;
+    }
+    int64_t bound = index_bound(g, in->node);
+    Param fill = {.name = in->name, .init = INIT_UNIFORM, .a = -1, .b = 1, .dtype = in->dtype};
+    if (!dtype_is_float(in->dtype))
+      fill.a = 0, fill.b = in->dtype == DT_BOOL ? 2 : (double)bound, fill.dtype = DT_F32;
+    for (int64_t i = 0; ok && i < ins[k].numel; i++) {
+      double u = param_init_value(&fill, 12345, i);
+      ins[k].data[i] = dtype_is_float(in->dtype) ? u : fmin(floor(u), fill.b - 1);
+    }
+  }
+  for (int k = 0; ok && k < g->nparams; k++) {
+    const Param *p = &g->params[k];
+    ok = concrete_shape(g, &p->shape, sym, &ps[k], err, errlen);
+    if (ok && !(ps[k].data = malloc(sizeof(double) * (size_t)ps[k].numel + 8))) {
+      snprintf(err, errlen, "out of memory for param '%s'", p->name);
+      ok = 0;
+    }
+    for (int64_t i = 0; ok && i < p->numel; i++)
+      ps[k].data[i] = param_init_value(p, seed, i);
+  }
+  if (!ok) {
+    interp_free_args(g, ins, ps);
+    ins = ps = NULL;
+  }
+  *ins_out = ins;
+  *ps_out = ps;
+  return ok ? 0 : -1;
+}
+
+void interp_free_args(const Graph *g, Tensor *ins, Tensor *ps) {
+  for (int k = 0; ins && k < g->ninputs; k++)
+    free(ins[k].data);
+  for (int k = 0; ps && k < g->nparams; k++)
+    free(ps[k].data);
+  free(ins);
+  free(ps);
+}

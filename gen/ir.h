@@ -250,6 +250,11 @@ typedef struct InterpOptions {
 int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params,
                Tensor *vals, char *err, size_t errlen);
 void interp_free(const Graph *g, Tensor *vals);
+/* Inputs (a fixed pseudo-random fill with valid indices) and params (from
+ * seed) for a run at the symbol values sym; 0, or -1 with err. */
+int interp_make_args(const Graph *g, const int64_t *sym, uint64_t seed, Tensor **ins, Tensor **ps, char *err,
+                     size_t errlen);
+void interp_free_args(const Graph *g, Tensor *ins, Tensor *ps);
 /* Concrete shape of a node for the given symbol values (0 + err on failure). */
 int concrete_shape(const Graph *g, const Shape *s, const int64_t *symvals, Tensor *t, char *err, size_t errlen);
 

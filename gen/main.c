@@ -27,7 +27,8 @@ static const char usage[] =
     "  eval    run the model's forward pass in the double-precision reference\n"
     "          interpreter: params from the seed (the spec's by default), inputs\n"
     "          from --set (comma-separated values, row-major) or else a fixed\n"
-    "          pseudo-random fill (floats in [-1, 1), integer inputs 0); prints\n"
+    "          pseudo-random fill (floats in [-1, 1), integer inputs valid\n"
+    "          indices for the ops that use them); prints\n"
     "          every output (at most --max values each, default 64)\n"
     "\n"
     "Exit status: 0 success, 1 the spec (or an evaluation) was refused, 2 bad usage.\n";
@@ -239,15 +240,8 @@ static int cmd_eval(int argc, char **argv) {
       goto out;
     }
   uint64_t sd = seed >= 0 ? (uint64_t)seed : g->spec->seed;
-  Tensor *ins = calloc((size_t)g->ninputs + 1, sizeof(Tensor));
-  Tensor *ps = calloc((size_t)g->nparams + 1, sizeof(Tensor));
-  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  Tensor *ins = NULL, *ps = NULL, *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
   char err[512];
-  if (!ins || !ps || !vals) {
-    fprintf(stderr, "tgen: out of memory\n");
-    rc = 1;
-    goto done;
-  }
   for (int i = 0; i < nsets; i++) {
     const char *eq = strchr(sets[i].name, '=');
     int k;
@@ -259,37 +253,17 @@ static int cmd_eval(int argc, char **argv) {
       goto done;
     }
   }
-  for (int k = 0; k < g->ninputs && !rc; k++) {
-    Input *in = &g->inputs[k];
-    if (!concrete_shape(g, &in->shape, symvals, &ins[k], err, sizeof err) ||
-        !(ins[k].data = calloc((size_t)ins[k].numel + 1, sizeof(double)))) {
-      fprintf(stderr, "tgen: eval: input '%s': %s\n", in->name, err);
-      rc = 1;
-      break;
-    }
-    const char *v = NULL;
+  /* params from the seed, inputs from the fixed fill, then the --set values */
+  if (!vals || interp_make_args(g, symvals, sd, &ins, &ps, err, sizeof err)) {
+    fprintf(stderr, "tgen: eval: %s\n", vals ? err : "out of memory");
+    rc = 1;
+    goto done;
+  }
+  for (int k = 0; k < g->ninputs && !rc; k++)
     for (int i = 0; i < nsets; i++)
-      if (!strncmp(sets[i].name, in->name, strlen(in->name)) && sets[i].name[strlen(in->name)] == '=')
-        v = sets[i].vals;
-    if (v) {
-      rc = fill_set(&ins[k], in->name, v);
-    } else if (dtype_is_float(in->dtype)) {
-      Param fake = {.name = in->name, .init = INIT_UNIFORM, .a = -1, .b = 1, .dtype = in->dtype, .shape = {0}};
-      for (int64_t i = 0; i < ins[k].numel; i++)
-        ins[k].data[i] = param_init_value(&fake, 12345, i);
-    }
-  }
-  for (int k = 0; k < g->nparams && !rc; k++) {
-    Param *p = &g->params[k];
-    if (!concrete_shape(g, &p->shape, symvals, &ps[k], err, sizeof err) ||
-        !(ps[k].data = malloc(sizeof(double) * (size_t)ps[k].numel))) {
-      fprintf(stderr, "tgen: eval: out of memory for param '%s'\n", p->name);
-      rc = 1;
-      break;
-    }
-    for (int64_t i = 0; i < p->numel; i++)
-      ps[k].data[i] = param_init_value(p, sd, i);
-  }
+      if (!strncmp(sets[i].name, g->inputs[k].name, strlen(g->inputs[k].name)) &&
+          sets[i].name[strlen(g->inputs[k].name)] == '=')
+        rc = fill_set(&ins[k], g->inputs[k].name, sets[i].vals);
   if (!rc) {
     InterpOptions opt = {symvals, 0, sd, 0};
     if (interp_run(g, &opt, ins, ps, vals, err, sizeof err)) {
@@ -307,12 +281,7 @@ static int cmd_eval(int argc, char **argv) {
     }
   }
 done:
-  for (int k = 0; ins && k < g->ninputs; k++)
-    free(ins[k].data);
-  for (int k = 0; ps && k < g->nparams; k++)
-    free(ps[k].data);
-  free(ins);
-  free(ps);
+  interp_free_args(g, ins, ps);
   free(vals);
 out:
   arena_free(&ar);

@@ -139,17 +139,6 @@ mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes) {
   return params_copy(m, (void *)host, 0);
 }
 
-/* Store value v (already rounded to dt) at element i of a typed buffer. */
-static void store(void *p, int dt, int64_t i, double v) {
-  switch (dt) {
-  case MLP_F32: ((float *)p)[i] = (float)v; break;
-  case MLP_BF16: ((uint16_t *)p)[i] = mlp_f32_to_bf16((float)v); break;
-  case MLP_F16: ((uint16_t *)p)[i] = mlp_f32_to_f16((float)v); break;
-  case MLP_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-  default: ((uint8_t *)p)[i] = v != 0; break;
-  }
-}
-
 mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   if (!m)
     return MLP_EINVAL;
@@ -162,7 +151,7 @@ mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
     void *dst = h + p->offset;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < p->numel; i++)
-      store(dst, p->dtype, i, mlp_init_value(p->name, p->init, p->a, p->b, p->dtype, p->rank, p->shape, seed, i));
+      mlp_put(dst, p->dtype, i, mlp_init_value(p->name, p->init, p->a, p->b, p->dtype, p->rank, p->shape, seed, i));
   }
   int rc = params_copy(m, h, 0);
   free(h);

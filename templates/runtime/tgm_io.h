@@ -27,26 +27,6 @@ static inline int64_t tgm_numel(int rank, const int64_t *s) {
   return n;
 }
 
-static inline double tgm_get(const void *p, int dt, int64_t i) {
-  switch (dt) {
-  case TGM_F32: return ((const float *)p)[i];
-  case TGM_BF16: return tgm_bf16_to_f32(((const uint16_t *)p)[i]);
-  case TGM_F16: return tgm_f16_to_f32(((const uint16_t *)p)[i]);
-  case TGM_I32: return ((const int32_t *)p)[i];
-  default: return ((const uint8_t *)p)[i];
-  }
-}
-
-static inline void tgm_put(void *p, int dt, int64_t i, double v) {
-  switch (dt) {
-  case TGM_F32: ((float *)p)[i] = (float)v; break;
-  case TGM_BF16: ((uint16_t *)p)[i] = tgm_f32_to_bf16((float)v); break;
-  case TGM_F16: ((uint16_t *)p)[i] = tgm_f32_to_f16((float)v); break;
-  case TGM_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-  default: ((uint8_t *)p)[i] = v != 0; break;
-  }
-}
-
 /* Allocate input or output k at the dims' shapes (zeroed). */
 static inline int tgm_host_alloc(tgm_host *h, int is_output, int k, const int64_t *sym) {
   const tgm_io_info *io = is_output ? &tgm_info.outputs[k] : &tgm_info.inputs[k];

@@ -47,6 +47,29 @@ uint16_t tgm_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
 float tgm_f16_to_f32(uint16_t h);
 uint16_t tgm_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
 
+/* Element i of a typed host buffer, as a double; and the store back (rounding
+ * to bf16/f16, truncating to i32, bool = v != 0). For tables and tests, not
+ * for hot loops. */
+static inline double tgm_get(const void *p, int dt, int64_t i) {
+  switch (dt) {
+  case TGM_F32: return ((const float *)p)[i];
+  case TGM_BF16: return tgm_bf16_to_f32(((const uint16_t *)p)[i]);
+  case TGM_F16: return tgm_f16_to_f32(((const uint16_t *)p)[i]);
+  case TGM_I32: return ((const int32_t *)p)[i];
+  default: return ((const uint8_t *)p)[i];
+  }
+}
+
+static inline void tgm_put(void *p, int dt, int64_t i, double v) {
+  switch (dt) {
+  case TGM_F32: ((float *)p)[i] = (float)v; break;
+  case TGM_BF16: ((uint16_t *)p)[i] = tgm_f32_to_bf16((float)v); break;
+  case TGM_F16: ((uint16_t *)p)[i] = tgm_f32_to_f16((float)v); break;
+  case TGM_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+  default: ((uint8_t *)p)[i] = v != 0; break;
+  }
+}
+
 /* ---------------------------------------------------------------- status */
 
 /* Status codes of the public API (the public header tgm.h defines the same
