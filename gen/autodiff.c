@@ -513,25 +513,35 @@ static void grad_permute(AD *a, Node *n, Node *dy) {
 
 /* A zero block: x's shape with `size` along `axis`; NULL for size 0 (sizes
  * must be >= 1, so an empty piece is left out). */
-static Node *zero_piece(AD *a, const Node *x, int axis, Dim size) {
-  int64_t v;
+/* Zeros shaped like x with dim `axis` = size; NULL when size is 0. A size
+ * that may be 0 for some values of the dynamic dims gets one extra element
+ * (*padded = 1), which the caller slices off again. */
+static Node *zero_piece(AD *a, const Node *x, int axis, Dim size, int *padded) {
+  int64_t v, lo, hi;
+  *padded = 0;
   if (dim_is_const(&size, &v) && v == 0)
     return NULL;
+  if (!dim_bounds(a->g, &size, &lo, &hi) || lo < 1) {
+    size = dim_add(size, dim_const(1), a->at->loc);
+    *padded = 1;
+  }
   Shape s = x->shape;
   s.d[axis] = size;
   return full_(a, &s, 0, x->dtype);
 }
 
-/* slice: dy padded back with zeros, concat(zeros [lo], dy, zeros [size - hi]). */
+/* slice: dy placed back between zeros, concat([zeros(lo), dy, zeros(size -
+ * hi)]); pieces that can be empty at run time are padded by one element and
+ * the padding sliced off. */
 static void grad_slice(AD *a, Node *n, Node *dy) {
   Node *x = n->in[0];
   int ax = n->axis;
   if (!wants(a, x))
     return;
   Node *parts[3];
-  int np = 0;
-  Node *before = zero_piece(a, x, ax, n->lo);
-  Node *after = zero_piece(a, x, ax, dim_sub(x->shape.d[ax], n->hi, n->loc));
+  int np = 0, pb, pa;
+  Node *before = zero_piece(a, x, ax, n->lo, &pb);
+  Node *after = zero_piece(a, x, ax, dim_sub(x->shape.d[ax], n->hi, n->loc), &pa);
   if (before)
     parts[np++] = before;
   parts[np++] = dy;
@@ -543,7 +553,10 @@ static void grad_slice(AD *a, Node *n, Node *dy) {
   }
   Arg r[2] = {{0}};
   r[1].d = dim_const(ax);
-  acc(a, x, mk(a, OP_CONCAT, np, parts, r));
+  Node *cat = mk(a, OP_CONCAT, np, parts, r);
+  if (pb || pa)
+    cat = slice_(a, cat, ax, dim_const(pb), dim_add(x->shape.d[ax], dim_const(pb), n->loc));
+  acc(a, x, cat);
 }
 
 /* concat: each operand's stretch of dy. */

@@ -186,9 +186,10 @@ static void json_dim(const Graph *g, Buf *b, const Dim *d) {
     json_str(b, dim_str(g, d));
 }
 
-/* The graph for other tools (the PyTorch oracle in tests/gpu): every node
- * with its operands, attributes, dtype and shape; sizes that depend on
- * dynamic dims are strings over the dims' names. */
+/* The graph for other tools (the PyTorch oracle in tests/gpu, the JAX oracle
+ * in tests/oracle): every node with its operands, attributes, dtype and
+ * shape; sizes that depend on dynamic dims are strings over the dims' names.
+ * Only the forward graph (no autodiff). */
 void dump_json(const Graph *g, Buf *b) {
   const Spec *s = g->spec;
   buf_printf(b, "{\"name\": ");
@@ -223,7 +224,14 @@ void dump_json(const Graph *g, Buf *b) {
     json_str(b, g->output_names[k]);
     buf_printf(b, ", \"node\": %d}", g->outputs[k]->id);
   }
-  buf_printf(b, "],\n \"loss\": %d,\n \"nodes\": [", g->loss ? g->loss->id : -1);
+  /* loss: the train loss's node id (-1: none); loss_name: its binding name
+   * (the name the loss is written under, e.g. by `tgen eval --grad`), or null */
+  buf_printf(b, "],\n \"loss\": %d, \"loss_name\": ", g->loss ? g->loss->id : -1);
+  if (g->loss)
+    json_str(b, s->train.loss.name);
+  else
+    buf_printf(b, "null");
+  buf_printf(b, ",\n \"nodes\": [");
   for (int i = 0; i < g->nnodes; i++) {
     const Node *n = g->nodes[i];
     buf_printf(b, "%s\n  {\"id\": %d, \"op\": \"%s\", \"in\": [", i ? "," : "", n->id, op_info[n->op].name);

@@ -49,7 +49,12 @@ typedef struct E {
   int64_t param_bytes;
   int64_t test_sym[MAXSYM];
   Buf cuda_checks;   /* the CUDA pass's index-checking ops, for its message */
-  int cur;           /* the node being printed */
+  int cur;           /* the step being printed */
+  struct Pass *pass[3]; /* forward, loss, train (NULL: the model has none) */
+  struct { int64_t b0, b1, n, f; DType dt; } *runs; /* params of one dtype in a row */
+  int nruns, need_master;
+  int64_t *state, state_elems; /* param k's f32 element in the optimizer state; the total */
+  Plan plan;         /* the training schedule (partition.c) */
 } E;
 
 #define P(...) buf_printf(b, __VA_ARGS__)
@@ -211,19 +216,147 @@ static const char *fnum(E *e, double v) {
   return arena_strdup(e->a, tmp);
 }
 
-/* ---------------------------------------------------------------- values */
+/* ---------------------------------------------------------------- passes */
 
-/* How the forward pass refers to each node's value. */
+/* How a pass refers to a node's value while it is printed: the C variable of
+ * its latest computation (a recomputed node gets a second one). */
 typedef struct Val {
-  int kind;          /* 0 none, 1 input, 2 param, 3 workspace, 4 alias */
   const char *var;   /* C variable name */
   int is_const;      /* points into inputs or params */
-  int needs_buf;
 } Val;
 
-static int is_alias_op(const Node *n) {
-  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE || n->op == OP_DROPOUT ||
+/* A view: the result is the operand's buffer (dropout is the identity
+ * outside training). */
+static int is_view(const Node *n, int training) {
+  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE || (n->op == OP_DROPOUT && !training) ||
          (n->op == OP_CAST && n->dtype == n->in[0]->dtype);
+}
+static int is_alias_op(const Node *n) { return is_view(n, 0); }
+
+enum { PASS_FORWARD, PASS_LOSS, PASS_TRAIN, NPASS };
+static const char *const pass_fn[NPASS] = {"forward", "loss", "train"};
+
+/* One emitted function: steps (node computations) in order, and the
+ * workspace buffers they write, each with the step that defines it and the
+ * last step that reads it (the runtime's planner packs buffers whose
+ * lifetimes do not overlap into the same bytes). */
+typedef struct Pass {
+  int kind;          /* PASS_* */
+  int training;      /* dropout active */
+  int n, nfwd;       /* steps; steps [0, nfwd) are the forward part */
+  Node **node;       /* step -> node */
+  const char **var;  /* step -> C variable */
+  int *buf;          /* step -> its buffer, or -1 (a view, or written into the gradient buffer) */
+  int *base;         /* step -> the buffer holding its value, -1 for inputs, params, direct gradients */
+  int *gradk;        /* step -> k when it writes params[k]'s gradient in place, else -1 */
+  int nbuf;
+  int *bstep, *blast;/* buffer -> defining step, last reading step (n = until the end) */
+  Node **finals;     /* values the pass hands out at the end (outputs, loss, gradients) */
+  int nfinals;
+} Pass;
+
+/* The buffer of step s's value when x is read (-1 for leaves). */
+static int value_base(const Pass *p, const int *cur, const Node *x) {
+  return x->op == OP_INPUT || x->op == OP_PARAM ? -1 : p->base[cur[x->id]];
+}
+
+/* Build a pass over `order` (node ids; leaves skipped). */
+static Pass *make_pass(E *e, int kind, int training, const int *order, int n, int nfwd, Node **finals, int nfinals) {
+  Graph *g = e->g;
+  Pass *p = arena_alloc(e->a, sizeof(Pass));
+  p->kind = kind;
+  p->training = training;
+  p->finals = finals;
+  p->nfinals = nfinals;
+  p->node = arena_alloc(e->a, sizeof(Node *) * (size_t)(n + 1));
+  p->var = arena_alloc(e->a, sizeof(char *) * (size_t)(n + 1));
+  p->buf = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
+  p->base = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
+  p->gradk = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
+  p->bstep = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
+  p->blast = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
+  int *cur = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+  int *seen = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+  int *gk = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+  for (int i = 0; i < g->nnodes; i++)
+    gk[i] = -1;
+  if (kind == PASS_TRAIN)
+    for (int k = 0; k < g->nparams; k++)
+      if (gk[g->grads[k]->id] < 0)
+        gk[g->grads[k]->id] = k;
+  for (int i = 0; i < n; i++) {
+    Node *x = g->nodes[order[i]];
+    if (x->op == OP_INPUT || x->op == OP_PARAM) {
+      continue;
+    }
+    if (i < nfwd)
+      p->nfwd++;
+    int s = p->n++;
+    p->node[s] = x;
+    p->var[s] = seen[x->id]++ ? arena_printf(e->a, "r%d_%d", x->id, seen[x->id] - 1) : arena_printf(e->a, "t%d", x->id);
+    p->gradk[s] = -1;
+    for (int k = 0; k < x->nin; k++)
+      if (x->in[k] && x->in[k]->op != OP_INPUT && x->in[k]->op != OP_PARAM) {
+        int b = value_base(p, cur, x->in[k]);
+        if (b >= 0)
+          p->blast[b] = s;
+      }
+    if (is_view(x, training)) {
+      p->buf[s] = -1;
+      p->base[s] = value_base(p, cur, x->in[0]);
+    } else if (gk[x->id] >= 0 && x->id >= g->nforward) {
+      p->buf[s] = p->base[s] = -1;
+      p->gradk[s] = gk[x->id];
+      gk[x->id] = -1; /* one param per node; another param with the same node copies */
+    } else {
+      p->buf[s] = p->base[s] = p->nbuf;
+      p->bstep[p->nbuf] = s;
+      p->blast[p->nbuf] = s;
+      p->nbuf++;
+    }
+    cur[x->id] = s;
+  }
+  for (int k = 0; k < nfinals; k++)
+    if (finals[k]->op != OP_INPUT && finals[k]->op != OP_PARAM && value_base(p, cur, finals[k]) >= 0)
+      p->blast[value_base(p, cur, finals[k])] = p->n;
+  return p;
+}
+
+/* The ids of the forward nodes `roots` need, in graph order. */
+static int needed(E *e, Node **roots, int nroots, int *order) {
+  Graph *g = e->g;
+  char *live = arena_alloc(e->a, (size_t)g->nnodes + 1);
+  for (int k = 0; k < nroots; k++)
+    live[roots[k]->id] = 1;
+  for (int i = g->nnodes - 1; i >= 0; i--)
+    for (int k = 0; live[i] && k < g->nodes[i]->nin; k++)
+      if (g->nodes[i]->in[k])
+        live[g->nodes[i]->in[k]->id] = 1;
+  int n = 0;
+  for (int i = 0; i < g->nnodes; i++)
+    if (live[i])
+      order[n++] = i;
+  return n;
+}
+
+static Pass *forward_pass(E *e, int kind) {
+  Graph *g = e->g;
+  int *order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+  Node **roots = kind == PASS_LOSS ? &g->loss : g->outputs;
+  int nroots = kind == PASS_LOSS ? 1 : g->noutputs;
+  int n = needed(e, roots, nroots, order);
+  return make_pass(e, kind, 0, order, n, n, roots, nroots);
+}
+
+/* The training pass: the partitioner's schedule (forward part, then the
+ * backward with recomputed nodes); hands out the loss and the gradients. */
+static Pass *train_pass(E *e, const Plan *pl) {
+  Graph *g = e->g;
+  Node **finals = arena_alloc(e->a, sizeof(Node *) * (size_t)(g->nparams + 2));
+  finals[0] = g->loss;
+  for (int k = 0; k < g->nparams; k++)
+    finals[1 + k] = g->grads[k];
+  return make_pass(e, PASS_TRAIN, 1, pl->order, pl->n, pl->nfwd, finals, g->nparams + 1);
 }
 
 static const char *shape_comment(E *e, const Node *n) {
@@ -326,25 +459,38 @@ static void data_check(E *e, Buf *b, const Dialect *d, const Node *n, const char
     e->name, e->NAME, op_info[n->op].name, n->name ? n->name : "?", e->o->spec_name, n->loc.line, what, range);
 }
 
-/* One kernel call (or alias) per node, in graph order. */
-static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
+/* The C variable of step s's value. */
+static const char *step_decl(E *e, const Pass *p, int s, const Val *v) {
+  const Node *n = p->node[s];
+  const char *ct = ctype(n->dtype);
+  if (p->buf[s] >= 0)
+    return arena_printf(e->a, "  %s *%s = (%s *)(ws + off[%d]);\n", ct, p->var[s], ct, p->buf[s]);
+  if (p->gradk[s] >= 0)
+    return arena_printf(e->a, "  %s *%s = (%s *)(G + %lld);  /* the gradient of %s, in place */\n", ct, p->var[s], ct,
+                        (long long)e->pbyte[p->gradk[s]], e->g->params[p->gradk[s]].ckpt);
+  const Val *x = &v[n->in[0]->id];
+  return arena_printf(e->a, "  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct,
+                      p->var[s], x->is_const ? "const " : "", ct, x->var);
+}
+
+/* One kernel call (or view) per step, in order. */
+static void emit_steps(E *e, Buf *b, const Dialect *d, const Pass *p, Val *v) {
   Graph *g = e->g;
-  for (int i = 0; i < g->nnodes; i++) {
-    Node *n = g->nodes[i];
-    Val *x = &v[i];
-    const char *ct = ctype(n->dtype);
+  for (int st = 0; st < p->n; st++) {
+    Node *n = p->node[st];
     const char *dt = dtc(e, n->dtype);
-    if (n->op == OP_INPUT || n->op == OP_PARAM || x->kind == 0)
-      continue; /* declared up front, or not needed by any output */
-    e->cur = n->id;
-    P("\n  /* %%%d = %s : %s   %s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n));
-    if (x->kind == 4) {
-      P("  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct, x->var,
-        x->is_const ? "const " : "", ct, v[n->in[0]->id].var);
+    e->cur = st;
+    if (st == p->nfwd && p->kind == PASS_TRAIN)
+      P("\n  /* ---- backward (recomputed forward values are marked) ---- */\n");
+    P("\n  /* %%%d = %s : %s   %s%s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n),
+      st >= p->nfwd && n->id < g->nforward ? "  [recomputed]" : "");
+    P("%s", step_decl(e, p, st, v));
+    Val *x = &v[n->id];
+    int view = p->buf[st] < 0 && p->gradk[st] < 0;
+    x->is_const = view ? v[n->in[0]->id].is_const : 0;
+    x->var = p->var[st];
+    if (view)
       continue;
-    }
-    P("  %s *%s = (%s *)(ws + o); o += %s_ALIGN(%s * %d);\n", ct, x->var, ct, e->NAME, prod_c(g, &n->shape, 0, n->shape.rank),
-      dtype_size(n->dtype));
     const char *a0 = n->nin > 0 && n->in[0] ? v[n->in[0]->id].var : "NULL";
     const char *a1 = n->nin > 1 && n->in[1] ? v[n->in[1]->id].var : "NULL";
     const char *a2 = n->nin > 2 && n->in[2] ? v[n->in[2]->id].var : "NULL";
@@ -410,11 +556,11 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
       for (int k = 0; k < in->shape.rank; k++)
         perm[k] = n->op == OP_PERMUTE ? n->perm[k] : k == n->axis ? n->axis2 : k == n->axis2 ? n->axis : k;
       const char *sx = shape_arr(e, b, in, "x");
-      P("  const int perm%d[%d] = {", n->id, in->shape.rank ? in->shape.rank : 1);
+      P("  const int perm%d[%d] = {", e->cur, in->shape.rank ? in->shape.rank : 1);
       for (int k = 0; k < in->shape.rank; k++)
         P("%s%d", k ? ", " : "", perm[k]);
       P("%s};\n", in->shape.rank ? "" : "0");
-      P("  %s%s, %s, %d, %s, perm%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, n->id, x->var,
+      P("  %s%s, %s, %d, %s, perm%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, e->cur, x->var,
         call_close(d));
       break;
     }
@@ -468,6 +614,22 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
       data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &t->d[0])));
       break;
     }
+    case OP_EMBEDDING_BACKWARD: {
+      const char *nidx = prod_c(g, &n->in[0]->shape, 0, n->in[0]->shape.rank);
+      const Shape *o = &n->shape;
+      if (d->cuda)
+        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "embedding_backward"), dt, a0, nidx, a1,
+          dim_c(g, &o->d[0]), dim_c(g, &o->d[1]), x->var, call_close(d));
+      else
+        P("  bad = %s_cpu_embedding_backward(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1,
+          dim_c(g, &o->d[0]), dim_c(g, &o->d[1]), x->var);
+      data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &o->d[0])));
+      break;
+    }
+    case OP_DROPOUT: /* training only (elsewhere a view) */
+      P("  %s%s, %s, %s, %s, %s, %s_info.seed, %du, (uint64_t)m->step%s\n", call_open(e, d, "dropout"), dt, a0, x->var,
+        numel, fnum(e, n->f[0]), e->name, n->index, call_close(d));
+      break;
     case OP_ATTENTION: {
       const Node *q = n->in[0];
       const char *sq = shape_arr(e, b, q, "q"), *sk = shape_arr(e, b, n->in[1], "k"),
@@ -511,118 +673,166 @@ static void emit_forward(E *e, Buf *b, const Dialect *d, Val *v) {
   }
 }
 
-/* Decide how each node's value is held and name it. Nodes no output needs
- * (a loss in an inference pass) are not computed: kind 0. */
-static Val *plan_values(E *e) {
-  Graph *g = e->g;
-  Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)g->nnodes);
-  char *live = arena_alloc(e->a, (size_t)g->nnodes + 1);
-  for (int k = 0; k < g->noutputs; k++)
-    live[g->outputs[k]->id] = 1;
-  for (int i = g->nnodes - 1; i >= 0; i--)
-    for (int k = 0; live[i] && k < g->nodes[i]->nin; k++)
-      if (g->nodes[i]->in[k])
-        live[g->nodes[i]->in[k]->id] = 1;
-  for (int i = 0; i < g->nnodes; i++) {
-    Node *n = g->nodes[i];
-    if (!live[i] && n->op != OP_INPUT && n->op != OP_PARAM) {
-      v[i].kind = 0;
-      v[i].var = "NULL";
-    } else if (n->op == OP_INPUT) {
-      v[i].kind = 1;
-      v[i].var = arena_printf(e->a, "in_%s", n->name);
-      v[i].is_const = 1;
-    } else if (n->op == OP_PARAM) {
-      v[i].kind = 2;
-      v[i].var = arena_printf(e->a, "p%d", n->index);
-      v[i].is_const = 1;
-    } else if (is_alias_op(n)) {
-      v[i].kind = 4;
-      v[i].var = arena_printf(e->a, "t%d", n->id);
-      v[i].is_const = v[n->in[0]->id].is_const;
-    } else {
-      v[i].kind = 3;
-      v[i].var = arena_printf(e->a, "t%d", n->id);
-    }
-  }
-  return v;
-}
-
 static void emit_sym_locals(E *e, Buf *b) {
   for (int k = 0; k < e->g->nsyms; k++)
     P("  %s_UNUSED const int64_t %s = sym[%d];%s\n", e->NAME, sym_var(e->g, k), k,
       e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
 }
 
-/* The workspace size: the same bump allocation as the forward passes (the
- * CPU and CUDA passes hold the same values). */
-static void emit_ws_bytes(E *e, Buf *b, Val *v) {
-  Graph *g = e->g;
-  P("/* Bytes of workspace the forward pass needs for these dims. */\n");
-  P("int64_t %s_ws_bytes(const int64_t *sym) {\n", e->name);
-  emit_sym_locals(e, b);
-  P("  int64_t o = 0;\n");
-  for (int i = 0; i < g->nnodes; i++)
-    if (v[i].kind == 3)
-      P("  o += %s_ALIGN(%s * %d);  /* %%%d %s */\n", e->NAME, prod_c(g, &g->nodes[i]->shape, 0, g->nodes[i]->shape.rank),
-        dtype_size(g->nodes[i]->dtype), i, op_info[g->nodes[i]->op].name);
-  P("  return o;\n}\n");
+static const char *bytes_c(E *e, const Node *n) {
+  return arena_printf(e->a, "(size_t)(%s) * %d", prod_c(e->g, &n->shape, 0, n->shape.rank), dtype_size(n->dtype));
 }
 
-static const char *forward_file(E *e, const Dialect *d) {
+/* One pass as a C function: NAME_<pass>_<cpu|cuda>(m, sym, off, in, out).
+ * forward: out[k] = output k; loss, train: out[0] is a host float for the
+ * loss; train also writes every gradient into m->grads (the params' layout). */
+static void emit_pass(E *e, Buf *b, const Dialect *d, const Pass *p) {
   Graph *g = e->g;
-  Val *v = plan_values(e);
-  Buf bb, *b = &bb;
-  buf_init(b, e->a);
-  P("/* %s_%s: the forward pass of model %s on %s, generated by tgen %s from %s.\n", e->name,
-    d->cuda ? "cuda.cu" : "cpu.c", e->name, d->cuda ? arena_printf(e->a, "CUDA (kernels in %s_kernels_cuda.cu, GEMMs in cuBLAS)", e->name)
-            : arena_printf(e->a, "the CPU (OpenMP kernels in %s_kernels_cpu.c)", e->name),
-    TGEN_VERSION, e->o->spec_name);
-  P(" * One kernel call per op, in the spec's order; each call names the spec line\n"
-    " * it came from. Intermediates live in the workspace at bump-allocated,\n"
-    " * 256-byte aligned offsets (%s_ws_bytes gives the total for the dims). */\n", e->name);
-  P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
-
-  if (d->cuda)
-    P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
-      e->name, e->NAME, e->name);
-  P("\n");
-  P("int %s_forward_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n", e->name,
-    d->cuda ? "cuda" : "cpu", e->name);
+  Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)(g->nnodes + 1));
+  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
+    e->name, pass_fn[p->kind], d->cuda ? "cuda" : "cpu", e->name);
   emit_sym_locals(e, b);
-  P("  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n  %s_UNUSED int64_t o = 0, bad = -1;\n",
-    e->NAME, e->NAME, e->NAME);
+  P("  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n", e->NAME, e->NAME);
+  if (p->kind == PASS_TRAIN)
+    P("  %s_UNUSED unsigned char *G = m->grads;\n", e->NAME);
+  P("  %s_UNUSED int64_t bad = -1;\n", e->NAME);
   for (int k = 0; k < g->ninputs; k++) {
     Node *n = g->inputs[k].node;
-    P("  %s_UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", e->NAME, ctype(n->dtype), v[n->id].var, ctype(n->dtype), k,
-      shape_comment(e, n));
+    v[n->id] = (Val){arena_printf(e->a, "in_%s", n->name), 1};
+    P("  %s_UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", e->NAME, ctype(n->dtype), v[n->id].var, ctype(n->dtype),
+      k, shape_comment(e, n));
   }
   for (int k = 0; k < g->nparams; k++) {
-    Param *p = &g->params[k];
-    P("  %s_UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", e->NAME, ctype(p->dtype), v[p->node->id].var,
-      ctype(p->dtype), (long long)e->pbyte[k], p->name, shape_comment(e, p->node));
+    Param *q = &g->params[k];
+    v[q->node->id] = (Val){arena_printf(e->a, "p%d", k), 1};
+    P("  %s_UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", e->NAME, ctype(q->dtype), v[q->node->id].var,
+      ctype(q->dtype), (long long)e->pbyte[k], q->name, shape_comment(e, q->node));
   }
   e->cuda_checks = (Buf){0};
-  emit_forward(e, b, d, v);
+  emit_steps(e, b, d, p, v);
   if (d->cuda && e->cuda_checks.len) {
     P("\n  /* indices and targets, checked once (the kernels record the first bad one) */\n");
     P("  CK(%s_cuda_bad_index(m->cx, &bad));\n  if (bad >= 0)\n", e->name);
     P("    return %s_fail(m, %s_EDATA, \"an index or target at position %%lld is out of range in one of: %s\", (long long)bad);\n",
       e->name, e->NAME, e->cuda_checks.p);
   }
-  P("\n  /* outputs */\n");
-  for (int k = 0; k < g->noutputs; k++) {
-    Node *n = g->outputs[k];
-    const char *bytes = arena_printf(e->a, "(size_t)(%s) * %d", prod_c(g, &n->shape, 0, n->shape.rank), dtype_size(n->dtype));
-    if (d->cuda)
-      P("  CK(%s_cuda_memcpy(m->cx, out[%d], %s, %s, 2));  /* %s */\n", e->name, k, v[n->id].var, bytes, g->output_names[k]);
-    else
-      P("  memcpy(out[%d], %s, %s);  /* %s */\n", k, v[n->id].var, bytes, g->output_names[k]);
+  if (p->kind == PASS_FORWARD) {
+    P("\n  /* outputs */\n");
+    for (int k = 0; k < g->noutputs; k++) {
+      Node *n = g->outputs[k];
+      if (d->cuda)
+        P("  CK(%s_cuda_memcpy(m->cx, out[%d], %s, %s, 2));  /* %s */\n", e->name, k, v[n->id].var, bytes_c(e, n),
+          g->output_names[k]);
+      else
+        P("  memcpy(out[%d], %s, %s);  /* %s */\n", k, v[n->id].var, bytes_c(e, n), g->output_names[k]);
+    }
+  } else {
+    if (p->kind == PASS_TRAIN) {
+      int copies = 0;
+      for (int k = 0; k < g->nparams; k++) {
+        int direct = 0;
+        for (int s = 0; s < p->n && !direct; s++)
+          direct = p->gradk[s] == k;
+        if (direct)
+          continue;
+        if (!copies++)
+          P("\n  /* gradients that are views or shared: copied into place */\n");
+        Node *n = g->grads[k];
+        if (d->cuda)
+          P("  CK(%s_cuda_memcpy(m->cx, G + %lld, %s, %s, 2));  /* %s */\n", e->name, (long long)e->pbyte[k],
+            v[n->id].var, bytes_c(e, n), g->params[k].ckpt);
+        else
+          P("  memcpy(G + %lld, %s, %s);  /* %s */\n", (long long)e->pbyte[k], v[n->id].var, bytes_c(e, n),
+            g->params[k].ckpt);
+      }
+    }
+    P("\n  /* the loss, to the host as f32 */\n");
+    if (d->cuda) {
+      P("  unsigned char lb[8];\n  CK(%s_cuda_memcpy(m->cx, lb, %s, %d, 1));\n", e->name, v[g->loss->id].var,
+        dtype_size(g->loss->dtype));
+      P("  *(float *)out[0] = (float)%s_get(lb, %s, 0);\n", e->name, dtc(e, g->loss->dtype));
+    } else {
+      P("  *(float *)out[0] = (float)%s_get(%s, %s, 0);\n", e->name, v[g->loss->id].var, dtc(e, g->loss->dtype));
+    }
   }
   if (d->cuda)
     P("  CK(%s_cuda_sync(m->cx));\n", e->name);
   P("  return %s_OK;\n}\n", e->NAME);
+}
+
+/* A pass the model does not have (no train: section). */
+static void emit_missing_pass(E *e, Buf *b, const Dialect *d, int kind) {
+  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
+    e->name, pass_fn[kind], d->cuda ? "cuda" : "cpu", e->name);
+  P("  (void)sym; (void)off; (void)in; (void)out;\n");
+  P("  return %s_fail(m, %s_EINVAL, \"model %s has no train: section, so no loss or training step\");\n}\n", e->name,
+    e->NAME, e->name);
+}
+
+static const char *passes_file(E *e, const Dialect *d) {
+  Buf bb, *b = &bb;
+  buf_init(b, e->a);
+  P("/* %s_%s: the passes of model %s on %s, generated by tgen %s from %s.\n", e->name,
+    d->cuda ? "cuda.cu" : "cpu.c", e->name,
+    d->cuda ? arena_printf(e->a, "CUDA (kernels in %s_kernels_cuda.cu, GEMMs in cuBLAS)", e->name)
+            : arena_printf(e->a, "the CPU (OpenMP kernels in %s_kernels_cpu.c)", e->name),
+    TGEN_VERSION, e->o->spec_name);
+  P(" *\n"
+    " *   %s_forward_*  the outputs (dropout off)\n"
+    " *   %s_loss_*     the training loss only (dropout off)\n"
+    " *   %s_train_*    loss and gradients: the forward part, then the backward,\n"
+    " *                 which recomputes the forward values the partitioner did\n"
+    " *                 not save (marked [recomputed])\n"
+    " *\n"
+    " * One kernel call per op; each names the spec line it came from. Values\n"
+    " * live in the workspace at off[k], the offset of buffer k that the\n"
+    " * runtime's planner computes for the dims from each buffer's size and\n"
+    " * lifetime (%s_common.c), so buffers whose lifetimes do not overlap\n"
+    " * share bytes. */\n", e->name, e->name, e->name, e->name);
+  P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
+  if (d->cuda)
+    P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
+      e->name, e->NAME, e->name);
+  for (int k = 0; k < NPASS; k++)
+    if (e->pass[k])
+      emit_pass(e, b, d, e->pass[k]);
+    else
+      emit_missing_pass(e, b, d, k);
   return b->p;
+}
+
+/* The workspace tables: for each pass, each buffer's size (for the dims) and
+ * lifetime [first step, last step]. */
+static void emit_ws_tables(E *e, Buf *b) {
+  Graph *g = e->g;
+  for (int k = 0; k < NPASS; k++) {
+    const Pass *p = e->pass[k];
+    if (!p || !p->nbuf)
+      continue;
+    P("static const int32_t life_%s[][2] = {\n", pass_fn[k]);
+    for (int i = 0; i < p->nbuf; i++)
+      P("  {%d, %d},%s", p->bstep[i], p->blast[i], i % 6 == 5 || i == p->nbuf - 1 ? "\n" : "");
+    P("};\n\n");
+  }
+  P("/* Buffer sizes of pass `pass` for these dims, and their lifetimes; returns\n * the number of buffers. */\n");
+  P("int %s_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]) {\n", e->name);
+  emit_sym_locals(e, b);
+  P("  switch (pass) {\n");
+  for (int k = 0; k < NPASS; k++) {
+    const Pass *p = e->pass[k];
+    if (!p || !p->nbuf)
+      continue;
+    P("  case %d:  /* %s */\n", k, pass_fn[k]);
+    P("    if (life)\n      *life = life_%s;\n", pass_fn[k]);
+    P("    if (bytes) {\n");
+    for (int i = 0; i < p->nbuf; i++) {
+      const Node *n = p->node[p->bstep[i]];
+      P("      bytes[%d] = %s;  /* %s */\n", i, bytes_c(e, n), p->var[p->bstep[i]]);
+    }
+    P("    }\n    return %d;\n", p->nbuf);
+  }
+  P("  }\n  (void)bytes;\n  if (life)\n    *life = NULL;\n  return 0;\n}\n");
+  (void)g;
 }
 
 /* ---------------------------------------------------------------- common: tables, guards */
@@ -665,11 +875,18 @@ static const char *common_file(E *e) {
       dim_is_const(&p->shape.d[i], &s);
       P("%s%lld", i ? ", " : "", (long long)s);
     }
-    P("}, %lld, %lld, %s, %s, %s},\n", (long long)p->numel, (long long)e->pbyte[k], init_c(e, p->init), fnum(e, p->a),
-      fnum(e, p->b));
+    P("}, %lld, %lld, %s, %s, %s, %lld},\n", (long long)p->numel, (long long)e->pbyte[k], init_c(e, p->init),
+      fnum(e, p->a), fnum(e, p->b), (long long)e->state[k]);
   }
   if (!g->nparams)
-    P("  {NULL, NULL, 0, 0, {0}, 0, 0, 0, 0, 0},\n");
+    P("  {NULL, NULL, 0, 0, {0}, 0, 0, 0, 0, 0, 0},\n");
+  P("};\n\n/* runs of params of one dtype: bytes [b0, b1), elements, f32 state element, dtype */\n");
+  P("static const %s_param_run runs[] = {\n", e->name);
+  for (int r = 0; r < e->nruns; r++)
+    P("  {%lld, %lld, %lld, %lld, %s},\n", (long long)e->runs[r].b0, (long long)e->runs[r].b1, (long long)e->runs[r].n,
+      (long long)e->runs[r].f, dtc(e, e->runs[r].dt));
+  if (!e->nruns)
+    P("  {0, 0, 0, 0, 0},\n");
   P("};\n\nstatic const %s_io_info inputs[] = {\n", e->name);
   for (int k = 0; k < g->ninputs; k++)
     P("  {%s, %s, %d},\n", cstr(e, g->inputs[k].name), dtc(e, g->inputs[k].dtype), g->inputs[k].shape.rank);
@@ -679,9 +896,23 @@ static const char *common_file(E *e) {
   for (int k = 0; k < g->noutputs; k++)
     P("  {%s, %s, %d},\n", cstr(e, g->output_names[k]), dtc(e, g->outputs[k]->dtype), g->outputs[k]->shape.rank);
   P("};\n\n");
-  P("const %s_model_info %s_info = {%s, %d, %d, sym_names, dyn_max, %d, params, %lld, %d, %d, inputs, outputs, %lluULL};\n\n",
+  P("const %s_model_info %s_info = {%s, %d, %d, sym_names, dyn_max, %d, params, %lld, %d, %d, inputs, outputs, %lluULL,\n",
     e->name, e->name, cstr(e, e->name), g->nsyms, ndyn, g->nparams, (long long)e->param_bytes, g->ninputs, g->noutputs,
     (unsigned long long)g->spec->seed);
+  const Train *tr = &g->spec->train;
+  int metric_out = -1, metric_in = -1;
+  if (g->loss && g->loss->op == OP_CROSS_ENTROPY && g->loss->in[1]->op == OP_INPUT)
+    for (int k = 0; k < g->noutputs; k++)
+      if (g->outputs[k] == g->loss->in[0] && g->outputs[k]->shape.rank == 2) {
+        metric_out = k;
+        metric_in = g->loss->in[1]->index;
+      }
+  P("  /* training: loss and its dtype, optimizer (0 none, 1 sgd, 2 adamw), lr, beta1, beta2, eps, weight_decay, momentum,\n"
+    "   * grad_clip (0 = none); accuracy from output %%d against input %%d (-1: none) */\n");
+  P("  %s, %s, %d, %s, %s, %s, %s, %s, %s, %s, %d, %d, %d, runs, %lld, %d};\n\n",
+    g->loss ? cstr(e, g->spec->train.loss.name) : "NULL", dtc(e, g->loss ? g->loss->dtype : DT_F32), g->loss ? (int)tr->opt : 0, fnum(e, tr->lr), fnum(e, tr->beta1), fnum(e, tr->beta2), fnum(e, tr->eps),
+    fnum(e, tr->weight_decay), fnum(e, tr->momentum), fnum(e, tr->has_clip ? tr->grad_clip : 0), metric_out, metric_in,
+    e->nruns, (long long)e->state_elems, e->need_master);
 
   /* guards */
   P("/* The dims of a call: each dynamic dim within [1, max]; derived sizes\n * (non-exact divisions) must divide. */\n");
@@ -737,31 +968,41 @@ static const char *common_file(E *e) {
     P("  {NULL},\n");
   P("};\n\n");
 
-  emit_ws_bytes(e, b, plan_values(e));
+  emit_ws_tables(e, b);
   P("\n");
 
-  /* typed entry point */
-  P("%s_status %s_forward(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_outputs *out) {\n", e->name,
-    e->name, e->name, e->name, e->name, e->name);
-  P("  if (!m)\n    return %s_EINVAL;\n", e->NAME);
-  P("  if (%s(!in && %d) || !out)\n    return %s_fail(m, %s_EINVAL, \"forward: %%s is NULL\", out ? \"in\" : \"out\");\n",
-    "", g->ninputs, e->name, e->NAME);
+  /* typed entry points */
+  const char *dv = "NULL";
+  P("/* dims and inputs as arrays */\n#define DIMS_INPUTS(what) \\\n");
+  P("  if (!m)                                                              \\\n    return %s_EINVAL;                                                  \\\n", e->NAME);
+  P("  if (%d && !in)                                                        \\\n    return %s_fail(m, %s_EINVAL, \"%%s: in is NULL\", what);          \\\n", g->ninputs, e->name, e->NAME);
   P("  const void *iv[%d] = {", g->ninputs ? g->ninputs : 1);
   for (int k = 0; k < g->ninputs; k++)
     P("%sin->%s", k ? ", " : "", g->inputs[k].name);
-  P("%s};\n  void *ov[%d] = {", g->ninputs ? "" : "NULL", g->noutputs);
-  for (int k = 0; k < g->noutputs; k++)
-    P("%sout->%s", k ? ", " : "", g->output_names[k]);
-  P("};\n");
+  P("%s};                                                               \\\n", g->ninputs ? "" : "NULL");
   if (ndyn) {
-    P("  if (!dims)\n    return %s_fail(m, %s_EINVAL, \"forward: dims is NULL\");\n", e->name, e->NAME);
+    P("  if (!dims)                                                           \\\n    return %s_fail(m, %s_EINVAL, \"%%s: dims is NULL\", what);        \\\n", e->name, e->NAME);
     P("  const int64_t dv[%d] = {", ndyn);
     for (int k = 0, j = 0; k < g->nsyms; k++)
       if (!g->syms[k].derived)
         P("%sdims->%s", j++ ? ", " : "", g->syms[k].name);
-    P("};\n  return %s_forward_v(m, dv, iv, ov);\n}\n", e->name);
+    P("};\n\n");
+    dv = "dv";
   } else {
-    P("  (void)dims;\n  return %s_forward_v(m, NULL, iv, ov);\n}\n", e->name);
+    P("  (void)dims;\n\n");
+  }
+  P("%s_status %s_forward(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_outputs *out) {\n", e->name,
+    e->name, e->name, e->name, e->name, e->name);
+  P("  DIMS_INPUTS(\"forward\");\n  if (!out)\n    return %s_fail(m, %s_EINVAL, \"forward: out is NULL\");\n", e->name, e->NAME);
+  P("  void *ov[%d] = {", g->noutputs);
+  for (int k = 0; k < g->noutputs; k++)
+    P("%sout->%s", k ? ", " : "", g->output_names[k]);
+  P("};\n  return %s_forward_v(m, %s, iv, ov);\n}\n\n", e->name, dv);
+  static const char *const tfn[] = {"loss", "forward_backward", "train_step"};
+  for (int k = 0; k < 3; k++) {
+    P("%s_status %s_%s(%s_model *m, const %s_dims *dims, const %s_inputs *in, float *loss) {\n", e->name, e->name,
+      tfn[k], e->name, e->name, e->name);
+    P("  DIMS_INPUTS(\"%s\");\n  return %s_%s_v(m, %s, iv, loss);\n}\n\n", tfn[k], e->name, tfn[k], dv);
   }
   return b->p;
 }
@@ -846,10 +1087,21 @@ static int golden(E *e, const char **why) {
     snprintf(err, sizeof err, "out of memory");
   InterpOptions opt = {sym, 0, g->spec->seed, 0};
   int ran = ok && interp_run(g, &opt, ins, ps, vals, err, sizeof err) == 0;
+  /* training: loss and gradients with dropout on (step 0), as the train pass;
+   * not for models whose gradients would bloat the project (over 4M params) */
+  int train = g->grads != NULL && g->param_numel <= ((int64_t)4 << 20);
+  Tensor *tv = train ? calloc((size_t)g->nnodes + 1, sizeof(Tensor)) : NULL;
+  InterpOptions topt = {sym, 1, g->spec->seed, 0};
+  if (ran && train && (!tv || interp_run(g, &topt, ins, ps, tv, err, sizeof err))) {
+    if (!tv)
+      snprintf(err, sizeof err, "out of memory");
+    ran = 0;
+    interp_free(g, vals);
+  }
   if (ok && !ran)
     *why = arena_printf(e->a, "the reference interpreter failed: %s", err);
   if (ran) {
-    int n = 2 + g->ninputs + g->noutputs, t = 0;
+    int n = 2 + g->ninputs + g->noutputs + (train ? 1 + g->nparams : 0), t = 0;
     tgm_tensor_desc *d = arena_alloc(e->a, sizeof(tgm_tensor_desc) * (size_t)n);
     int32_t *dims = arena_alloc(e->a, sizeof(int32_t) * (MAXSYM + 1)), *seed = arena_alloc(e->a, 8);
     int ndyn = 0;
@@ -874,6 +1126,14 @@ static int golden(E *e, const char **why) {
       x.data = tensor_bytes(e, o, DT_F32); /* the exact values, rounded once to f32 */
       d[t++] = x;
     }
+    for (int k = 0; train && k <= g->nparams; k++) {
+      const Tensor *o = &tv[(k ? g->grads[k - 1] : g->loss)->id];
+      tgm_tensor_desc x = {k ? arena_printf(e->a, "expected.grad.%s", g->params[k - 1].ckpt) : "expected.train_loss",
+                           (int)DT_F32, o->rank, {0}, NULL};
+      memcpy(x.shape, o->shape, sizeof x.shape);
+      x.data = tensor_bytes(e, o, DT_F32);
+      d[t++] = x;
+    }
     /* serialise in memory through a temp file (the writer is the runtime's) */
     char path[] = "/tmp/tgen-golden-XXXXXX";
     int fd = mkstemp(path);
@@ -892,10 +1152,13 @@ static int golden(E *e, const char **why) {
       unlink(path);
     }
     interp_free(g, vals);
+    if (train)
+      interp_free(g, tv);
   }
   if (ok)
     interp_free_args(g, ins, ps);
   free(vals);
+  free(tv);
   if (!ok && !*why)
     *why = arena_printf(e->a, "%s", err);
   return ran;
@@ -1056,14 +1319,6 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
 /* Runs under its own Diag, so that anything the helpers shared with the front
  * end report (a size overflow) becomes a message, not an abort. */
 int emit_project(Graph *g, const EmitOptions *o, const char *out, char *err, size_t errlen) {
-  /* joint forward/backward graphs (autodiff) are not printed yet; their
-   * backward-only ops have no kernels */
-  for (int i = 0; i < g->nnodes; i++)
-    if (op_info[g->nodes[i]->op].flags & F_INTERNAL) {
-      snprintf(err, errlen, "%s: op %s (from autodiff) cannot be emitted yet\n", o->spec_name,
-               op_info[g->nodes[i]->op].name);
-      return -1;
-    }
   Diag d = {0}, *saved = diag;
   d.file = o->spec_name;
   d.arena = g->arena;
@@ -1091,13 +1346,50 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
     e->pbyte[k] = e->param_bytes;
     e->param_bytes += (g->params[k].numel * dtype_size(g->params[k].dtype) + 255) & ~(int64_t)255;
   }
+  /* runs of one dtype, and each param's place in the flat f32 optimizer state */
+  e->runs = arena_alloc(e->a, sizeof *e->runs * (size_t)(g->nparams + 1));
+  e->state = arena_alloc(e->a, sizeof(int64_t) * (size_t)(g->nparams + 1));
+  for (int k = 0; k < g->nparams; k++) {
+    int64_t end = k + 1 < g->nparams ? e->pbyte[k + 1] : e->param_bytes;
+    DType dt = g->params[k].dtype;
+    if (!e->nruns || e->runs[e->nruns - 1].dt != dt) {
+      e->runs[e->nruns].b0 = e->pbyte[k];
+      e->runs[e->nruns].dt = dt;
+      e->runs[e->nruns].f = e->state_elems;
+      e->nruns++;
+    }
+    e->runs[e->nruns - 1].b1 = end;
+    e->runs[e->nruns - 1].n = (end - e->runs[e->nruns - 1].b0) / dtype_size(dt);
+    e->state[k] = e->runs[e->nruns - 1].f + (e->pbyte[k] - e->runs[e->nruns - 1].b0) / dtype_size(dt);
+    e->state_elems = e->runs[e->nruns - 1].f + e->runs[e->nruns - 1].n;
+    e->need_master |= dt != DT_F32;
+  }
   for (int k = 0; k < g->nsyms; k++)
     e->test_sym[k] = g->syms[k].derived ? 0 : (g->syms[k].max < o->test_dim ? g->syms[k].max : o->test_dim);
+
+  /* the passes: forward; with train:, the loss and the partitioned joint
+   * forward/backward graph (its sizes judged at each dynamic dim's max) */
+  e->pass[PASS_FORWARD] = forward_pass(e, PASS_FORWARD);
+  if (g->spec->train.present && g->loss) {
+    if (!g->grads && autodiff(g)) {
+      snprintf(err, errlen, "%s: the model has no loss to differentiate", o->spec_name);
+      return -1;
+    }
+    int64_t maxsym[MAXSYM] = {0};
+    for (int k = 0; k < g->nsyms; k++)
+      maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+    if (partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, maxsym, &e->plan, err, errlen))
+      return -1;
+    e->pass[PASS_LOSS] = forward_pass(e, PASS_LOSS);
+    e->pass[PASS_TRAIN] = train_pass(e, &e->plan);
+  }
 
   const char *why = NULL;
   int have_golden = o->golden && golden(e, &why);
   const char *note = have_golden
-                         ? "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims; the golden tests compare both paths against them.\n"
+                         ? g->grads && g->param_numel > ((int64_t)4 << 20)
+                               ? "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims; the golden tests compare both paths against them. The model has more than 4M params, so the gradients are not stored: the training tests check that they are finite.\n"
+                               : "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims (outputs; with train:, the loss and every gradient); the golden and training tests compare both paths against them.\n"
                          : arena_printf(e->a, "No golden vectors: %s. The golden tests only check that the forward pass runs and gives finite values.\n",
                                         why ? why : "disabled by --no-golden");
   /* the project */
@@ -1112,6 +1404,9 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
                                            {"runtime/tgm_safetensors.c", "src/%s_safetensors.c"},
                                            {"runtime/tgm_cpu.c", "src/%s_kernels_cpu.c"},
                                            {"runtime/tgm_cuda.cu", "src/%s_kernels_cuda.cu"},
+                                           {"runtime/tgm_optim_cpu.c", "src/%s_optim_cpu.c"},
+                                           {"runtime/tgm_optim_cuda.cu", "src/%s_optim_cuda.cu"},
+                                           {"project/test_train.c", "tests/%s_test_train.c"},
                                            {"runtime/tgm_run.c", "src/%s_run.c"},
                                            {"runtime/tgm_io.h", "src/%s_io.h"},
                                            {"project/test_golden.c", "tests/%s_test_golden.c"},
@@ -1122,7 +1417,7 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   add_file(e, arena_printf(e->a, "src/%s_common.c", e->name), common_file(e));
   Dialect cpu = {0, arena_printf(e->a, "%s_cpu_", e->name), ""};
   Dialect cuda = {1, arena_printf(e->a, "%s_cuda_", e->name), "m->cx, "};
-  add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), forward_file(e, &cpu));
-  add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), forward_file(e, &cuda));
+  add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), passes_file(e, &cpu));
+  add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), passes_file(e, &cuda));
   return write_tree(e, out, err, errlen);
 }

@@ -997,6 +997,36 @@ static int check_operands(Ctx *c, const Node *n, int i) {
   return 0;
 }
 
+/* Evaluates node n into c->vals[n->id] (its operands' values are there). */
+static int eval_one(Ctx *c, const Node *n, const Tensor *inputs, const Tensor *params) {
+  const Graph *g = c->g;
+  Tensor *out = &c->vals[n->id];
+  if ((n->op == OP_INPUT && (n->index < 0 || n->index >= g->ninputs)) ||
+      (n->op == OP_PARAM && (n->index < 0 || n->index >= g->nparams)))
+    return fail(c, "internal error: %s '%s': bad index %d", op_names[n->op], nname(n), n->index);
+  char e[256];
+  if (!concrete_shape(g, &n->shape, c->opt->symvals, out, e, sizeof e))
+    return fail(c, "%s '%s': %s", op_names[n->op], nname(n), e);
+  out->data = malloc(sizeof(double) * (size_t)(out->numel ? out->numel : 1));
+  if (!out->data)
+    return fail(c, "out of memory (%s '%s': %lld elements)", op_names[n->op], nname(n), (long long)out->numel);
+  return eval_node(c, n, inputs, params, out);
+}
+
+/* Checks the symbol values and the caller's inputs and params. */
+static int check_args(Ctx *c, const Tensor *inputs, const Tensor *params) {
+  const Graph *g = c->g;
+  if (check_syms(c))
+    return -1;
+  for (int k = 0; k < g->ninputs; k++)
+    if (check_leaf(c, "input", g->inputs[k].name, g->inputs[k].node, inputs ? &inputs[k] : NULL))
+      return -1;
+  for (int k = 0; k < g->nparams; k++)
+    if (check_leaf(c, "param", g->params[k].name, g->params[k].node, params ? &params[k] : NULL))
+      return -1;
+  return 0;
+}
+
 /* Evaluates every node of g in order; see ir.h. */
 int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params, Tensor *vals,
                char *err, size_t errlen) {
@@ -1005,37 +1035,11 @@ int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, c
   if (errlen)
     err[0] = 0;
   memset(vals, 0, sizeof(Tensor) * (size_t)g->nnodes);
-  if (check_syms(&c))
+  if (check_args(&c, inputs, params))
     return -1;
-  for (int k = 0; k < g->ninputs; k++)
-    if (check_leaf(&c, "input", g->inputs[k].name, g->inputs[k].node, inputs ? &inputs[k] : NULL))
-      return -1;
-  for (int k = 0; k < g->nparams; k++)
-    if (check_leaf(&c, "param", g->params[k].name, g->params[k].node, params ? &params[k] : NULL))
-      return -1;
-  for (int i = 0; i < g->nnodes; i++) {
-    const Node *n = g->nodes[i];
-    Tensor *out = &vals[i];
-    if ((n->op == OP_INPUT && (n->index < 0 || n->index >= g->ninputs)) ||
-        (n->op == OP_PARAM && (n->index < 0 || n->index >= g->nparams))) {
-      fail(&c, "internal error: %s '%s': bad index %d", op_names[n->op], nname(n), n->index);
+  for (int i = 0; i < g->nnodes; i++)
+    if (check_operands(&c, g->nodes[i], i) || eval_one(&c, g->nodes[i], inputs, params))
       goto error;
-    }
-    if (check_operands(&c, n, i))
-      goto error;
-    char e[256];
-    if (!concrete_shape(g, &n->shape, c.opt->symvals, out, e, sizeof e)) {
-      fail(&c, "%s '%s': %s", op_names[n->op], nname(n), e);
-      goto error;
-    }
-    out->data = malloc(sizeof(double) * (size_t)(out->numel ? out->numel : 1));
-    if (!out->data) {
-      fail(&c, "out of memory (%s '%s': %lld elements)", op_names[n->op], nname(n), (long long)out->numel);
-      goto error;
-    }
-    if (eval_node(&c, n, inputs, params, out))
-      goto error;
-  }
   return 0;
 error:
   interp_free(g, vals);
@@ -1048,6 +1052,107 @@ void interp_free(const Graph *g, Tensor *vals) {
     free(vals[i].data);
     vals[i].data = NULL;
   }
+}
+
+/* A copy of t (data malloc'd); 0, or -1 out of memory. */
+static int copy_tensor(Ctx *c, const Tensor *t, Tensor *out) {
+  *out = *t;
+  out->data = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+  if (!out->data)
+    return fail(c, "out of memory");
+  memcpy(out->data, t->data, sizeof(double) * (size_t)t->numel);
+  return 0;
+}
+
+/* Evaluates the nodes in the order of a training schedule; see ir.h. A value
+ * is present iff its data is set (every evaluated tensor has data). Params
+ * and inputs are loaded up front and never freed: they are always there. */
+int interp_run_plan(const Graph *g, const Plan *p, const InterpOptions *opt, const Tensor *inputs,
+                    const Tensor *params, Tensor *grads, Tensor *loss, char *err, size_t errlen) {
+  static const InterpOptions none = {0};
+  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  Ctx c = {.g = g, .opt = opt ? opt : &none, .vals = vals, .err = err, .errlen = errlen};
+  if (errlen)
+    err[0] = 0;
+  memset(grads, 0, sizeof(Tensor) * (size_t)g->nparams);
+  memset(loss, 0, sizeof *loss);
+  if (!vals)
+    return fail(&c, "out of memory");
+  if (p->nfwd < 0 || p->nfwd > p->n || !p->saved) {
+    fail(&c, "internal error: plan: forward part of %d nodes out of %d", p->nfwd, p->n);
+    goto error;
+  }
+  if (check_args(&c, inputs, params))
+    goto error;
+  for (int i = 0; i < g->nnodes; i++)
+    if ((g->nodes[i]->op == OP_INPUT || g->nodes[i]->op == OP_PARAM) && eval_one(&c, g->nodes[i], inputs, params))
+      goto error;
+  for (int j = 0; j <= p->n; j++) {
+    if (j == p->nfwd) { /* the end of the forward pass: keep the loss and the saved values */
+      if (!vals[g->loss->id].data) {
+        fail(&c, "plan: the forward part does not compute the loss");
+        goto error;
+      }
+      if (copy_tensor(&c, &vals[g->loss->id], loss))
+        goto error;
+      for (int i = 0; i < g->nforward; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op != OP_INPUT && n->op != OP_PARAM && !p->saved[i]) {
+          free(vals[i].data);
+          vals[i].data = NULL;
+        }
+      }
+    }
+    if (j == p->n)
+      break;
+    int id = p->order[j];
+    if (id < 0 || id >= g->nnodes) {
+      fail(&c, "internal error: plan: node id %d out of range", id);
+      goto error;
+    }
+    const Node *n = g->nodes[id];
+    if (n->op == OP_INPUT || n->op == OP_PARAM)
+      continue;
+    const char *part = j < p->nfwd ? "forward" : "backward";
+    if (vals[id].data) {
+      fail(&c, "plan: %s part evaluates %s '%s' (%%%d), which is already there", part, op_names[n->op], nname(n), id);
+      goto error;
+    }
+    for (int k = 0; k < n->nin; k++) {
+      const Node *m = n->in[k];
+      if (m && !vals[m->id].data) {
+        fail(&c, "plan: %s part: %s '%s' (%%%d) reads %s '%s' (%%%d), which is %s", part, op_names[n->op], nname(n),
+             id, op_names[m->op], nname(m), m->id,
+             j >= p->nfwd && m->id < g->nforward ? "neither saved nor recomputed before it" : "not computed before it");
+        goto error;
+      }
+    }
+    if (eval_one(&c, n, inputs, params))
+      goto error;
+  }
+  for (int k = 0; k < g->nparams; k++) {
+    const Node *d = g->grads[k];
+    if (!vals[d->id].data) {
+      fail(&c, "plan: the gradient of param '%s' (%s '%s', %%%d) is not computed", g->params[k].name,
+           op_names[d->op], nname(d), d->id);
+      goto error;
+    }
+    if (copy_tensor(&c, &vals[d->id], &grads[k]))
+      goto error;
+  }
+  interp_free(g, vals);
+  free(vals);
+  return 0;
+error:
+  interp_free(g, vals);
+  free(vals);
+  free(loss->data);
+  loss->data = NULL;
+  for (int k = 0; k < g->nparams; k++) {
+    free(grads[k].data);
+    grads[k].data = NULL;
+  }
+  return -1;
 }
 
 /* ---------------------------------------------------------------- arguments */

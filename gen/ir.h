@@ -8,6 +8,7 @@
  *          init.c    Philox-based parameter initialisation
  *          autodiff.c reverse mode: appends the backward of g->loss (grads)
  *          interp.c  the double-precision reference interpreter
+ *          partition.c the training schedule: saved activations vs recomputation
  *          dump.c    printing a Graph (tgen check --dump)
  *          main.c    the command line
  */
@@ -250,6 +251,14 @@ typedef struct InterpOptions {
 int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params,
                Tensor *vals, char *err, size_t errlen);
 void interp_free(const Graph *g, Tensor *vals);
+/* Runs the joint graph in the order of a training schedule (partition.c):
+ * the forward part, then every forward value that is not saved (nor a param
+ * or input) is freed, then the backward part. Fails (-1 with err) if a node
+ * reads a value that is not there, so it checks the schedule as well as
+ * computing. grads[g->nparams] and loss receive copies (caller frees data). */
+struct Plan;
+int interp_run_plan(const Graph *g, const struct Plan *p, const InterpOptions *opt, const Tensor *inputs,
+                    const Tensor *params, Tensor *grads, Tensor *loss, char *err, size_t errlen);
 /* Inputs (a fixed pseudo-random fill with valid indices) and params (from
  * seed) for a run at the symbol values sym; 0, or -1 with err. */
 int interp_make_args(const Graph *g, const int64_t *sym, uint64_t seed, Tensor **ins, Tensor **ps, char *err,
@@ -257,5 +266,37 @@ int interp_make_args(const Graph *g, const int64_t *sym, uint64_t seed, Tensor *
 void interp_free_args(const Graph *g, Tensor *ins, Tensor *ps);
 /* Concrete shape of a node for the given symbol values (0 + err on failure). */
 int concrete_shape(const Graph *g, const Shape *s, const int64_t *symvals, Tensor *t, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- partition.c */
+
+/* partition.c: the training schedule. */
+typedef struct Plan {
+  int *order; int n;   /* node ids in execution order (arena memory) */
+  int nfwd;            /* order[0..nfwd): the forward pass: every node the loss needs, and the saved values;
+                          order[nfwd..n): the backward: the backward nodes the gradients need, in
+                          topological order, with each recomputed forward node placed just before its
+                          first use (a forward id may appear in both parts) */
+  char *saved;         /* saved[id] for id < g->nforward: computed in the forward, read by the backward */
+  int nsaved, nrecomputed; /* nrecomputed: forward ops in the backward part, not counting the free
+                              ones (const, full, arange) and views (reshape, squeeze, unsqueeze, same-dtype cast) */
+  int64_t saved_bytes; /* bytes of the saved values at the symbol values given to partition() */
+  int64_t saveall_bytes; /* the same for remat: save-all, for the report */
+  int met_budget;      /* 0 when memory_budget could not be met (the smallest found is used) */
+  /* for the report */
+  Remat remat;         /* the strategy asked for */
+  int64_t budget;      /* the budget given (-1 none) */
+  int relax;           /* min-cut: 0 all bans; 1 without the reduction ban; 2 only dropout banned;
+                          3 fell back to recompute-all (to meet the budget) */
+  int64_t sym[MAXSYM]; /* the symbol values sizes were evaluated at */
+} Plan;
+/* Choose the saved set for strategy r (Remat from spec.h; budget in bytes, -1 = none) with sizes
+ * evaluated at symbol values sym (the caller passes each dynamic dim's max). 0, or -1 with err.
+ * The budget only steers min-cut; save-all and recompute-all ignore it (met_budget still says
+ * whether their saved bytes fit). */
+int partition(const Graph *g, Remat r, int64_t budget, const int64_t *sym, Plan *p, char *err, size_t errlen);
+/* The report: strategy, saved count and bytes, recompute count, the saved nodes (id, op, name, shape, bytes, spec line). */
+void print_plan(const Graph *g, const Plan *p, Buf *b);
+/* Its first line alone (tgen check): "saved activations (min-cut): N tensors, X MiB at B=16 (...)". */
+void print_plan_summary(const Graph *g, const Plan *p, Buf *b);
 
 #endif

@@ -1,6 +1,7 @@
 /* main.c: the tgen command line. It reads as the pipeline: load the spec
  * (parse -> build -> infer), verify, then the command's own work. */
 #include "ir.h"
+#include "tgm_rt.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -11,8 +12,10 @@
 
 static const char usage[] =
     "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--test-dim N]\n"
-    "       tgen check MODEL.yaml [--dump | --json]\n"
-    "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N] [--set NAME=v1,v2,...]... [--max N]\n"
+    "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES]\n"
+    "       tgen check MODEL.yaml [--dump | --json] [--remat STRATEGY] [--memory-budget BYTES]\n"
+    "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N | --params P.safetensors] [--inputs I.safetensors]\n"
+    "                 [--set NAME=v1,v2,...]... [--grad] [--out O.safetensors [--out-dtype f32|f64]] [--max N]\n"
     "       tgen --help | --version\n"
     "\n"
     "  MODEL.yaml -o OUT\n"
@@ -20,16 +23,25 @@ static const char usage[] =
     "          atomically; an existing OUT is replaced only if tgen made it).\n"
     "          --targets and --cuda-arch override the spec's compile: section;\n"
     "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
-    "          --no-golden skips the golden vectors of the emitted tests\n"
+    "          --no-golden skips the golden vectors of the emitted tests;\n"
+    "          --remat and --memory-budget override compile.remat and\n"
+    "          compile.memory_budget (BYTES: 1000000, 512MB, 2GiB or none)\n"
     "  check   validate a model spec and print a summary (dims, inputs, params,\n"
-    "          ops, outputs); --dump also prints the graph IR; --json prints\n"
-    "          the graph as JSON instead (for other tools)\n"
+    "          ops, outputs; for a model with train:, the saved activations of\n"
+    "          the training step at each dynamic dim's max, under --remat and\n"
+    "          --memory-budget); --dump also prints the graph IR and the saved\n"
+    "          tensors; --json prints the graph as JSON instead (for other tools)\n"
     "  eval    run the model's forward pass in the double-precision reference\n"
     "          interpreter: params from the seed (the spec's by default), inputs\n"
     "          from --set (comma-separated values, row-major) or else a fixed\n"
     "          pseudo-random fill (floats in [-1, 1), integer inputs valid\n"
     "          indices for the ops that use them); prints\n"
-    "          every output (at most --max values each, default 64)\n"
+    "          every output (at most --max values each, default 64).\n"
+    "          --params / --inputs read the params (checkpoint names) and inputs\n"
+    "          (input names) from safetensors files; --grad also runs the\n"
+    "          backward (autodiff, dropout inactive) and shows the loss and\n"
+    "          grad.<checkpoint name> of every param; --out writes what would\n"
+    "          be shown to a safetensors file (floating tensors as f32, or f64)\n"
     "\n"
     "Exit status: 0 success, 1 the spec (or an evaluation) was refused, 2 bad usage.\n";
 
@@ -67,15 +79,48 @@ static Graph *load(Arena *a, Diag *d, const char *path) {
   return g;
 }
 
+/* --remat STRATEGY, --memory-budget BYTES (argv[*i] is the option): the
+ * value into *remat or *budget (-1 for none), marked in *given (bit 0 remat,
+ * bit 1 budget). 0, 1 if argv[*i] is neither option, 2 a usage error. */
+static int remat_option(int argc, char **argv, int *i, Remat *remat, int64_t *budget, int *given) {
+  static const char *const names[] = {"min-cut", "save-all", "recompute-all"};
+  const char *a = argv[*i];
+  if (strcmp(a, "--remat") && strcmp(a, "--memory-budget"))
+    return 1;
+  if (*i + 1 >= argc)
+    return usage_error("%s needs a value", a);
+  const char *v = argv[++*i];
+  if (!strcmp(a, "--remat")) {
+    for (int k = 0; k < 3; k++)
+      if (!strcmp(v, names[k])) {
+        *remat = (Remat)k;
+        *given |= 1;
+        return 0;
+      }
+    return usage_error("--remat: unknown strategy '%s' (min-cut, save-all, recompute-all)", v);
+  }
+  if (!strcmp(v, "none"))
+    *budget = -1;
+  else if (parse_byte_size(v, budget))
+    return usage_error("--memory-budget: '%s' is not a positive size in bytes (1000000, 512MB, 2GiB, none)", v);
+  *given |= 2;
+  return 0;
+}
+
 static int cmd_check(int argc, char **argv) {
   const char *path = NULL;
-  int dump = 0, json = 0;
+  int dump = 0, json = 0, given = 0, r;
+  Remat remat = REMAT_MIN_CUT;
+  int64_t budget = -1;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--dump"))
       dump = 1;
     else if (!strcmp(argv[i], "--json"))
       json = 1;
-    else if (argv[i][0] == '-' && argv[i][1])
+    else if ((r = remat_option(argc, argv, &i, &remat, &budget, &given)) != 1) {
+      if (r)
+        return r;
+    } else if (argv[i][0] == '-' && argv[i][1])
       return usage_error("check: unknown option '%s'", argv[i]);
     else if (path)
       return usage_error("check: more than one model given ('%s')", argv[i]);
@@ -97,9 +142,36 @@ static int cmd_check(int argc, char **argv) {
     dump_json(g, &b);
   else
     print_summary(g, &b);
+  if (given & 1)
+    g->spec->compile.remat = remat;
+  if (given & 2)
+    g->spec->compile.memory_budget = budget;
+  /* training: the saved activations at each dynamic dim's max */
+  Plan plan = {0};
+  int trained = !json && g->spec->train.present && g->loss;
+  if (trained) {
+    int64_t sym[MAXSYM] = {0};
+    char err[512];
+    for (int k = 0; k < g->nsyms; k++)
+      sym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+    if (autodiff(g) || partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, sym, &plan, err, sizeof err)) {
+      fputs(b.p, stdout);
+      fprintf(stderr, "%s: error: %s\n", path, g->grads ? err : "autodiff failed");
+      arena_free(&a);
+      return 1;
+    }
+    print_plan_summary(g, &plan, &b);
+  }
   if (dump && !json) {
+    Graph fwd = *g; /* the forward graph, as written */
+    if (trained)
+      fwd.nnodes = g->nforward;
     buf_printf(&b, "\n");
-    dump_graph(g, &b);
+    dump_graph(&fwd, &b);
+    if (trained) {
+      buf_printf(&b, "\n");
+      print_plan(g, &plan, &b);
+    }
   }
   fputs(b.p, stdout);
   arena_free(&a);
@@ -181,15 +253,200 @@ static void print_tensor(const char *name, DType dt, const Tensor *t, int64_t ma
   printf("\n");
 }
 
+/* A size that is a single dynamic dim (B, not B*T or 2*B): its symbol, else -1. */
+static int bare_sym(const Graph *g, const Dim *d) {
+  if (d->n != 1 || d->t[0].c != 1)
+    return -1;
+  int s = -1;
+  for (int k = 0; k < g->nsyms; k++) {
+    if (!d->t[0].e[k])
+      continue;
+    if (s >= 0 || d->t[0].e[k] != 1 || g->syms[k].derived)
+      return -1;
+    s = k;
+  }
+  return s;
+}
+
+static const char *shape_text(char *buf, size_t n, int rank, const int64_t *s) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < rank && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)s[i]);
+  if (k < n)
+    snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+/* Copies a tensor read from a safetensors file into t (its concrete shape
+ * already set), checking dtype and shape as tgm_load_params does. */
+static int take_tensor(const char *file, const char *what, const char *name, DType dt, const tgm_tensor_desc *src,
+                       Tensor *t) {
+  char a[160], b[160];
+  if (src->dtype != (int)dt) {
+    fprintf(stderr, "tgen: eval: %s: %s '%s' has dtype %s, expected %s\n", file, what, name,
+            tgm_dtype_names[src->dtype], dtype_names[dt]);
+    return 1;
+  }
+  int same = src->rank == t->rank;
+  for (int j = 0; same && j < t->rank; j++)
+    same = src->shape[j] == t->shape[j];
+  if (!same) {
+    fprintf(stderr, "tgen: eval: %s: %s '%s' has shape %s, expected %s\n", file, what, name,
+            shape_text(a, sizeof a, src->rank, src->shape), shape_text(b, sizeof b, t->rank, t->shape));
+    return 1;
+  }
+  for (int64_t i = 0; i < t->numel; i++)
+    t->data[i] = tgm_get(src->data, src->dtype, i);
+  return 0;
+}
+
+/* --params: every param by its checkpoint name (dtype and shape must match;
+ * a tensor that is no param of the model is an error, as in tgm_load_params). */
+static int load_params_file(const Graph *g, const char *file, Tensor *ps) {
+  tgm_st_file f;
+  char err[512];
+  if (tgm_st_read(file, &f, err, sizeof err)) {
+    fprintf(stderr, "tgen: eval: %s\n", err);
+    return 1;
+  }
+  int rc = 0;
+  for (int k = 0; k < g->nparams && !rc; k++) {
+    const Param *p = &g->params[k];
+    const tgm_tensor_desc *t = tgm_st_find(&f, p->ckpt);
+    if (!t) {
+      fprintf(stderr, "tgen: eval: %s: param '%s' is missing%s%s%s\n", file, p->ckpt, strcmp(p->ckpt, p->name) ? " (" : "",
+              strcmp(p->ckpt, p->name) ? p->name : "", strcmp(p->ckpt, p->name) ? ")" : "");
+      rc = 1;
+    } else {
+      rc = take_tensor(file, "param", p->ckpt, p->dtype, t, &ps[k]);
+    }
+  }
+  for (int i = 0; i < f.n && !rc; i++) {
+    int known = 0;
+    for (int k = 0; k < g->nparams && !known; k++)
+      known = !strcmp(f.t[i].name, g->params[k].ckpt);
+    if (!known) {
+      fprintf(stderr, "tgen: eval: %s: tensor '%s' is not a param of model %s\n", file, f.t[i].name, g->spec->name);
+      rc = 1;
+    }
+  }
+  tgm_st_free(&f);
+  return rc;
+}
+
+/* Writes tensors as F64 safetensors (the runtime's writer has no F64), via
+ * PATH.tmp and a rename. */
+static int write_f64(Arena *a, const char *path, const char *const *names, const Tensor *const *t, int n) {
+  Buf b;
+  buf_init(&b, a);
+  buf_printf(&b, "{");
+  uint64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    buf_printf(&b, "%s\"", i ? "," : "");
+    for (const char *s = names[i]; *s; s++) {
+      if (*s == '"' || *s == '\\')
+        buf_printf(&b, "\\%c", *s);
+      else if ((unsigned char)*s < 32)
+        buf_printf(&b, "\\u%04x", *s);
+      else
+        buf_putn(&b, s, 1);
+    }
+    buf_printf(&b, "\":{\"dtype\":\"F64\",\"shape\":[");
+    for (int k = 0; k < t[i]->rank; k++)
+      buf_printf(&b, "%s%lld", k ? "," : "", (long long)t[i]->shape[k]);
+    uint64_t nb = (uint64_t)t[i]->numel * 8;
+    buf_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + nb));
+    off += nb;
+  }
+  buf_printf(&b, "}");
+  while (strlen(b.p) % 8)
+    buf_printf(&b, " ");
+  const char *tmp = arena_printf(a, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    fprintf(stderr, "tgen: eval: cannot write %s: %s\n", tmp, strerror(errno));
+    return 1;
+  }
+  uint64_t hl = strlen(b.p);
+  unsigned char le[8];
+  for (int k = 0; k < 8; k++)
+    le[k] = (unsigned char)(hl >> (8 * k));
+  int bad = fwrite(le, 1, 8, f) != 8 || fwrite(b.p, 1, hl, f) != hl;
+  for (int i = 0; i < n && !bad; i++) /* little-endian hosts, as the runtime assumes */
+    bad = fwrite(t[i]->data, 8, (size_t)t[i]->numel, f) != (size_t)t[i]->numel;
+  bad |= fclose(f) != 0;
+  if (bad || rename(tmp, path)) {
+    fprintf(stderr, "tgen: eval: writing %s failed: %s\n", path, strerror(errno));
+    remove(tmp);
+    return 1;
+  }
+  return 0;
+}
+
+/* --out: the named tensors, floating ones as f32 (or all as f64 with
+ * --out-dtype f64), i32 and bool ones in their dtype. */
+static int write_out(Arena *a, const char *path, int f64, const char *const *names, const DType *dts,
+                     const Tensor *const *t, int n) {
+  if (f64)
+    return write_f64(a, path, names, t, n);
+  tgm_tensor_desc *d = calloc((size_t)n + 1, sizeof *d);
+  void **bufs = calloc((size_t)n + 1, sizeof *bufs);
+  int rc = !d || !bufs;
+  for (int i = 0; i < n && !rc; i++) {
+    int dt = dtype_is_float(dts[i]) ? TGM_F32 : (int)dts[i];
+    bufs[i] = malloc((size_t)(t[i]->numel + 1) * (size_t)tgm_dtype_sizes[dt]);
+    if (!bufs[i]) {
+      rc = 1;
+      break;
+    }
+    for (int64_t k = 0; k < t[i]->numel; k++)
+      tgm_put(bufs[i], dt, k, t[i]->data[k]);
+    d[i].name = names[i];
+    d[i].dtype = dt;
+    d[i].rank = t[i]->rank;
+    memcpy(d[i].shape, t[i]->shape, sizeof(int64_t) * (size_t)t[i]->rank);
+    d[i].data = bufs[i];
+  }
+  char err[512];
+  if (rc)
+    fprintf(stderr, "tgen: eval: out of memory writing %s\n", path);
+  else if (tgm_st_write(path, d, n, err, sizeof err)) {
+    fprintf(stderr, "tgen: eval: %s\n", err);
+    rc = 1;
+  }
+  for (int i = 0; bufs && i < n; i++)
+    free(bufs[i]);
+  free(bufs);
+  free(d);
+  return rc;
+}
+
 static int cmd_eval(int argc, char **argv) {
-  const char *path = NULL, *dims = NULL;
+  const char *path = NULL, *dims = NULL, *params_path = NULL, *inputs_path = NULL, *out_path = NULL;
   long long seed = -1, max = 64;
+  int grad = 0, out_f64 = 0, max_given = 0;
   SetArg sets[64];
   int nsets = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     int has_val = i + 1 < argc;
-    if (!strcmp(a, "--dims") || !strcmp(a, "--seed") || !strcmp(a, "--set") || !strcmp(a, "--max")) {
+    if (!strcmp(a, "--grad")) {
+      grad = 1;
+    } else if (!strcmp(a, "--params") || !strcmp(a, "--inputs") || !strcmp(a, "--out") || !strcmp(a, "--out-dtype")) {
+      if (!has_val)
+        return usage_error("eval: %s needs a value", a);
+      const char *v = argv[++i];
+      if (!strcmp(a, "--params"))
+        params_path = v;
+      else if (!strcmp(a, "--inputs"))
+        inputs_path = v;
+      else if (!strcmp(a, "--out"))
+        out_path = v;
+      else if (!strcmp(v, "f32") || !strcmp(v, "f64"))
+        out_f64 = !strcmp(v, "f64");
+      else
+        return usage_error("eval: --out-dtype is f32 or f64, not '%s'", v);
+    } else if (!strcmp(a, "--dims") || !strcmp(a, "--seed") || !strcmp(a, "--set") || !strcmp(a, "--max")) {
       if (!has_val)
         return usage_error("eval: %s needs a value", a);
       const char *v = argv[++i];
@@ -210,7 +467,7 @@ static int cmd_eval(int argc, char **argv) {
         if (!strcmp(a, "--seed"))
           seed = x;
         else
-          max = x;
+          max = x, max_given = 1;
       }
     } else if (a[0] == '-' && a[1]) {
       return usage_error("eval: unknown option '%s'", a);
@@ -222,6 +479,8 @@ static int cmd_eval(int argc, char **argv) {
   }
   if (!path)
     return usage_error("eval: no model file given%s", "");
+  if (params_path && seed >= 0)
+    return usage_error("eval: give --params or --seed, not both%s", "");
   Arena ar = {.fail_after = -1};
   Diag d = {0};
   Graph *g = load(&ar, &d, path);
@@ -231,17 +490,12 @@ static int cmd_eval(int argc, char **argv) {
   }
   int64_t symvals[MAXSYM] = {0};
   int given[MAXSYM] = {0}, rc = 0;
+  Tensor *ins = NULL, *ps = NULL, *vals = NULL;
+  tgm_st_file inf;
+  int have_inf = 0;
+  char err[512];
   if (dims && (rc = parse_dims_arg(g, dims, symvals, given)))
     goto out;
-  for (int k = 0; k < g->nsyms; k++)
-    if (!g->syms[k].derived && !given[k]) {
-      fprintf(stderr, "tgen: eval: dynamic dim %s needs a value: --dims %s=N\n", g->syms[k].name, g->syms[k].name);
-      rc = 2;
-      goto out;
-    }
-  uint64_t sd = seed >= 0 ? (uint64_t)seed : g->spec->seed;
-  Tensor *ins = NULL, *ps = NULL, *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
-  char err[512];
   for (int i = 0; i < nsets; i++) {
     const char *eq = strchr(sets[i].name, '=');
     int k;
@@ -250,40 +504,133 @@ static int cmd_eval(int argc, char **argv) {
         break;
     if (k == g->ninputs) {
       rc = usage_error("eval: --set names '%s', which is not an input of the model", sets[i].name);
-      goto done;
+      goto out;
     }
   }
-  /* params from the seed, inputs from the fixed fill, then the --set values */
+  if (grad && !g->loss) {
+    fprintf(stderr, "%s: error: eval --grad: model %s has no train: loss to differentiate\n", path, g->spec->name);
+    rc = 1;
+    goto out;
+  }
+  /* --inputs: every input by name; dynamic dims not given by --dims come
+   * from the sizes that are a single dim, as the emitted runner does */
+  if (inputs_path) {
+    if (tgm_st_read(inputs_path, &inf, err, sizeof err)) {
+      fprintf(stderr, "tgen: eval: %s\n", err);
+      rc = 1;
+      goto out;
+    }
+    have_inf = 1;
+    for (int k = 0; k < g->ninputs; k++) {
+      const Input *in = &g->inputs[k];
+      const tgm_tensor_desc *t = tgm_st_find(&inf, in->name);
+      if (!t) {
+        fprintf(stderr, "tgen: eval: %s: input '%s' is missing\n", inputs_path, in->name);
+        rc = 1;
+        goto out;
+      }
+      if (t->rank != in->shape.rank) {
+        fprintf(stderr, "tgen: eval: %s: input '%s' has rank %d, expected %d (%s)\n", inputs_path, in->name, t->rank,
+                in->shape.rank, shape_str(g, &in->shape));
+        rc = 1;
+        goto out;
+      }
+      for (int j = 0; j < t->rank; j++) {
+        int s = bare_sym(g, &in->shape.d[j]);
+        if (s < 0 || given[s])
+          continue;
+        if (t->shape[j] < 1 || t->shape[j] > g->syms[s].max) {
+          fprintf(stderr, "tgen: eval: %s: input '%s': dim %d is %lld, outside [1, %lld] (dim %s)\n", inputs_path,
+                  in->name, j, (long long)t->shape[j], (long long)g->syms[s].max, g->syms[s].name);
+          rc = 1;
+          goto out;
+        }
+        symvals[s] = t->shape[j];
+        given[s] = 1;
+      }
+    }
+  }
+  for (int k = 0; k < g->nsyms; k++)
+    if (!g->syms[k].derived && !given[k]) {
+      fprintf(stderr, "tgen: eval: dynamic dim %s needs a value: --dims %s=N\n", g->syms[k].name, g->syms[k].name);
+      rc = 2;
+      goto out;
+    }
+  /* the joint forward/backward graph: g->grads[k] = d loss / d params[k] */
+  if (grad && autodiff(g)) {
+    fprintf(stderr, "%s: error: eval --grad: autodiff failed\n", path);
+    rc = 1;
+    goto out;
+  }
+  uint64_t sd = seed >= 0 ? (uint64_t)seed : g->spec->seed;
+  vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  /* params from the seed or --params, inputs from the fixed fill or
+   * --inputs, then the --set values */
   if (!vals || interp_make_args(g, symvals, sd, &ins, &ps, err, sizeof err)) {
     fprintf(stderr, "tgen: eval: %s\n", vals ? err : "out of memory");
     rc = 1;
     goto done;
   }
+  if (params_path && (rc = load_params_file(g, params_path, ps)))
+    goto done;
+  for (int k = 0; have_inf && k < g->ninputs && !rc; k++)
+    rc = take_tensor(inputs_path, "input", g->inputs[k].name, g->inputs[k].dtype, tgm_st_find(&inf, g->inputs[k].name),
+                     &ins[k]);
   for (int k = 0; k < g->ninputs && !rc; k++)
     for (int i = 0; i < nsets; i++)
       if (!strncmp(sets[i].name, g->inputs[k].name, strlen(g->inputs[k].name)) &&
           sets[i].name[strlen(g->inputs[k].name)] == '=')
         rc = fill_set(&ins[k], g->inputs[k].name, sets[i].vals);
-  if (!rc) {
-    InterpOptions opt = {symvals, 0, sd, 0};
-    if (interp_run(g, &opt, ins, ps, vals, err, sizeof err)) {
-      fprintf(stderr, "%s: error: evaluation failed: %s\n", path, err);
-      rc = 1;
-    } else {
-      for (int i = 0; i < g->noutputs; i++)
-        print_tensor(g->output_names[i], g->outputs[i]->dtype, &vals[g->outputs[i]->id], max);
-      int loss_shown = 0;
-      for (int i = 0; i < g->noutputs; i++)
-        loss_shown |= g->outputs[i] == g->loss;
-      if (g->loss && !loss_shown)
-        print_tensor(g->spec->train.loss.name, g->loss->dtype, &vals[g->loss->id], max);
-      interp_free(g, vals);
+  if (rc)
+    goto done;
+  InterpOptions opt = {symvals, 0, sd, 0}; /* dropout inactive (eval semantics), --grad too */
+  if (interp_run(g, &opt, ins, ps, vals, err, sizeof err)) {
+    fprintf(stderr, "%s: error: evaluation failed: %s\n", path, err);
+    rc = 1;
+    goto done;
+  }
+  /* what is shown or written: with --grad the loss and grad.<checkpoint name>
+   * of every param; else the outputs, and the loss when it is not one */
+  int cap = g->noutputs + g->nparams + 2, n = 0;
+  const char **names = arena_alloc(&ar, sizeof(char *) * (size_t)cap);
+  const Tensor **ts = arena_alloc(&ar, sizeof(Tensor *) * (size_t)cap);
+  DType *dts = arena_alloc(&ar, sizeof(DType) * (size_t)cap);
+  if (grad) {
+    names[n] = g->spec->train.loss.name, ts[n] = &vals[g->loss->id], dts[n++] = g->loss->dtype;
+    for (int k = 0; k < g->nparams; k++)
+      names[n] = arena_printf(&ar, "grad.%s", g->params[k].ckpt), ts[n] = &vals[g->grads[k]->id],
+      dts[n++] = g->grads[k]->dtype;
+  } else {
+    int loss_shown = 0;
+    for (int i = 0; i < g->noutputs; i++) {
+      names[n] = g->output_names[i], ts[n] = &vals[g->outputs[i]->id], dts[n++] = g->outputs[i]->dtype;
+      loss_shown |= g->outputs[i] == g->loss;
+    }
+    if (g->loss && !loss_shown)
+      names[n] = g->spec->train.loss.name, ts[n] = &vals[g->loss->id], dts[n++] = g->loss->dtype;
+  }
+  if (out_path) {
+    rc = write_out(&ar, out_path, out_f64, names, dts, ts, n);
+    if (!rc)
+      printf("tgen: eval: wrote %d tensor%s to %s\n", n, n == 1 ? "" : "s", out_path);
+  } else {
+    for (int i = 0; i < n; i++) {
+      print_tensor(names[i], dts[i], ts[i], grad && i && !max_given ? 8 : max);
+      if (grad && i) {
+        double s = 0;
+        for (int64_t k = 0; k < ts[i]->numel; k++)
+          s += ts[i]->data[k] * ts[i]->data[k];
+        printf("  norm %.9g\n", sqrt(s));
+      }
     }
   }
+  interp_free(g, vals);
 done:
   interp_free_args(g, ins, ps);
   free(vals);
 out:
+  if (have_inf)
+    tgm_st_free(&inf);
   arena_free(&ar);
   return rc;
 }
@@ -299,11 +646,16 @@ static const char *spec_display_name(const char *p) {
 /* tgen MODEL.yaml -o OUT ...: the whole pipeline, then the emitted project. */
 static int cmd_generate(int argc, char **argv) {
   const char *path = NULL, *out = NULL, *targets = NULL, *arch = NULL;
-  int golden = 1;
+  int golden = 1, given = 0, r;
   long long test_dim = 2;
+  Remat remat = REMAT_MIN_CUT;
+  int64_t budget = -1;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    if (!strcmp(a, "-o") || !strcmp(a, "--targets") || !strcmp(a, "--cuda-arch") || !strcmp(a, "--test-dim")) {
+    if ((r = remat_option(argc, argv, &i, &remat, &budget, &given)) != 1) {
+      if (r)
+        return r;
+    } else if (!strcmp(a, "-o") || !strcmp(a, "--targets") || !strcmp(a, "--cuda-arch") || !strcmp(a, "--test-dim")) {
       if (i + 1 >= argc)
         return usage_error("%s needs a value", a);
       const char *v = argv[++i];
@@ -357,6 +709,10 @@ static int cmd_generate(int argc, char **argv) {
     arena_free(&a);
     return 1;
   }
+  if (given & 1)
+    g->spec->compile.remat = remat;
+  if (given & 2)
+    g->spec->compile.memory_budget = budget;
   EmitOptions o = {spec_display_name(path), tmask ? tmask : g->spec->compile.targets,
                    arch ? arch : g->spec->compile.cuda_arch, golden, 2e9, test_dim};
   char err[1024];

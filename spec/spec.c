@@ -462,26 +462,37 @@ static void parse_train(Spec *s, const YNode *y) {
   }
 }
 
-/* "512MB", "1.5GiB", 1048576 -> bytes */
-static int64_t parse_bytes(const YNode *y) {
-  want(y, Y_SCALAR, "memory_budget");
+/* "512MB", "1.5GiB", 1048576 -> bytes; see spec.h. */
+int parse_byte_size(const char *s, int64_t *out) {
   char *end;
   errno = 0;
-  double v = strtod(y->str, &end);
+  double v = strtod(s, &end);
   static const struct { const char *sfx; double mul; } units[] = {
       {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0},
       {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
-  if (end != y->str && errno != ERANGE) {
-    while (*end == ' ')
-      end++;
-    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-      if (!strcmp(end, units[i].sfx)) {
-        double b = v * units[i].mul;
-        if (!(b > 0) || b > 9.0e18)
-          error_at(y->loc, "memory_budget must be a positive number of bytes, found '%s'", y->str);
-        return (int64_t)b;
-      }
-  }
+  if (end == s || errno == ERANGE)
+    return -1;
+  while (*end == ' ')
+    end++;
+  for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+    if (!strcmp(end, units[i].sfx)) {
+      double b = v * units[i].mul;
+      if (!(b > 0) || b > 9.0e18)
+        return -2;
+      *out = (int64_t)b;
+      return 0;
+    }
+  return -1;
+}
+
+static int64_t parse_bytes(const YNode *y) {
+  want(y, Y_SCALAR, "memory_budget");
+  int64_t b;
+  int rc = parse_byte_size(y->str, &b);
+  if (rc == 0)
+    return b;
+  if (rc == -2)
+    error_at(y->loc, "memory_budget must be a positive number of bytes, found '%s'", y->str);
   error_at(y->loc, "memory_budget must be none or a size in bytes (e.g. 2GB, 512MiB, 1000000), found '%s'", y->str);
 }
 

@@ -240,6 +240,10 @@ typedef struct Spec {
 /* Read and check a model file's text; runs under `diag` (errors longjmp to the
  * caller's setjmp, see tgen_load in gen/ir.h). The Spec lives in diag->arena. */
 Spec *spec_parse(const char *file, const char *src, size_t len);
+/* A memory size as compile.memory_budget writes it ("512MB", "1.5GiB",
+ * "1000000"; units B KB MB GB KiB MiB GiB) into *out: 0; -1 not a size;
+ * -2 not positive or too large. */
+int parse_byte_size(const char *s, int64_t *out);
 Block *spec_find_block(const Spec *s, const char *name);
 
 /* Read a whole file into the arena (NUL-terminated); NULL + errno on failure. */

@@ -13,11 +13,22 @@ if [ "${TGEN_NEED_CLANG:-0}" = 1 ]; then
   command -v clang >/dev/null 2>&1 || missing="$missing clang"
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing="$missing libclang-rt-dev"
 fi
-[ -z "$missing" ] && exit 0
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "deps.sh: installing:$missing"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || exit 1
-else
-  echo "deps.sh: please install:$missing" >&2
-  exit 1
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "deps.sh: installing:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null || exit 1
+  else
+    echo "deps.sh: please install:$missing" >&2
+    exit 1
+  fi
 fi
+# JAX (CPU) for the gradient oracle (tests/oracle, CTest label oracle), from
+# PyPI into the python3 on PATH; nothing when it imports already. Without it
+# the oracle tests skip, so a failed install is reported but not fatal.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import jax" >/dev/null 2>&1; then
+  echo "deps.sh: installing jax (pip, CPU) for the gradient oracle"
+  python3 -m pip install -q --disable-pip-version-check jax >/dev/null 2>&1 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages jax >/dev/null 2>&1 ||
+    echo "deps.sh: could not pip install jax: the gradient-oracle tests (label oracle) will skip" >&2
+fi
+exit 0

@@ -71,7 +71,9 @@ const char *mlp_error(const mlp_model *m);
 /* Params: Philox init from a seed (identical bits on every device), or a
  * safetensors checkpoint with the spec's tensor names. Loading checks every
  * name, dtype and shape and leaves the params untouched on any error; saving
- * writes a temp file and renames it, so a crash never leaves a torn file. */
+ * writes a temp file and renames it, so a crash never leaves a torn file.
+ * Init and load also start training afresh (optimizer state zero, step 0);
+ * mlp_set_params keeps the optimizer state. */
 mlp_status mlp_init_params(mlp_model *m, uint64_t seed);
 mlp_status mlp_load_params(mlp_model *m, const char *path);
 mlp_status mlp_save_params(mlp_model *m, const char *path);
@@ -85,6 +87,46 @@ mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes);
 mlp_status mlp_forward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, mlp_outputs *out);
 /* The same with dims, inputs and outputs as arrays in declaration order. */
 mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *out);
+
+/* ---- Training (models with a train: section; the others return MLP_EINVAL)
+ *
+ *     float loss;
+ *     for (int step = 0; step < 100; step++)
+ *       if (mlp_train_step(m, &dims, &in, &loss)) fprintf(stderr, "%s\n", mlp_error(m));
+ *     mlp_save_checkpoint(m, "ckpt.safetensors");  // params + optimizer state
+ *
+ * The loss is the spec's train.loss; inputs as for mlp_forward (outputs are
+ * not computed). Dropout is active in forward_backward and train_step, its
+ * mask fixed by the spec's seed, the dropout's place in the spec and the
+ * step count (mlp_get_step). */
+
+/* The loss alone (dropout off): for evaluating held-out data. */
+mlp_status mlp_loss(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss);
+/* Loss and the gradient of every param into the gradient buffer (for callers
+ * with their own optimizer); the step count is unchanged. */
+mlp_status mlp_forward_backward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss);
+/* forward_backward, the clip by global norm (if the spec has grad_clip), the
+ * optimizer step over every param; then the step count goes up by one. */
+mlp_status mlp_train_step(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss);
+/* The same with dims and inputs as arrays in declaration order. */
+mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
+mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
+mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
+/* The gradient buffer: mlp_param_bytes() bytes in the params' layout and
+ * dtypes (device memory on "cuda"); NULL if the model cannot train. */
+const void *mlp_grads(mlp_model *m);
+mlp_status mlp_get_grads(mlp_model *m, void *host, size_t bytes);
+/* Optimizer steps taken so far (dropout's step; AdamW's bias correction). */
+int64_t mlp_get_step(const mlp_model *m);
+mlp_status mlp_set_step(mlp_model *m, int64_t step);
+/* A training checkpoint: the params under their names plus the optimizer
+ * state ("optim.step", "optim.exp_avg.NAME", "optim.exp_avg_sq.NAME" or
+ * "optim.momentum_buffer.NAME", and "optim.master.NAME", the f32 master copy
+ * of bf16/f16 params). Loading checks every tensor first and changes nothing
+ * on error; training then resumes exactly where it stopped (bit for bit on
+ * the CPU). mlp_load_params also accepts a checkpoint (params only). */
+mlp_status mlp_save_checkpoint(mlp_model *m, const char *path);
+mlp_status mlp_load_checkpoint(mlp_model *m, const char *path);
 
 #ifdef __cplusplus
 }

@@ -11,10 +11,15 @@ static const int64_t dyn_max[] = {2048, 0};
 
 /* params: name, checkpoint name, dtype, rank, shape, numel, byte offset, init */
 static const mlp_param_info params[] = {
-  {"w1", "w1", MLP_F32, 2, {128, 64}, 8192, 0, MLP_INIT_KAIMING_UNIFORM, 0.0, 0.0},
-  {"b1", "b1", MLP_F32, 1, {128}, 128, 32768, MLP_INIT_ZEROS, 0.0, 0.0},
-  {"w2", "w2", MLP_F32, 2, {10, 128}, 1280, 33280, MLP_INIT_KAIMING_UNIFORM, 0.0, 0.0},
-  {"b2", "b2", MLP_F32, 1, {10}, 10, 38400, MLP_INIT_ZEROS, 0.0, 0.0},
+  {"w1", "w1", MLP_F32, 2, {128, 64}, 8192, 0, MLP_INIT_KAIMING_UNIFORM, 0.0, 0.0, 0},
+  {"b1", "b1", MLP_F32, 1, {128}, 128, 32768, MLP_INIT_ZEROS, 0.0, 0.0, 8192},
+  {"w2", "w2", MLP_F32, 2, {10, 128}, 1280, 33280, MLP_INIT_KAIMING_UNIFORM, 0.0, 0.0, 8320},
+  {"b2", "b2", MLP_F32, 1, {10}, 10, 38400, MLP_INIT_ZEROS, 0.0, 0.0, 9600},
+};
+
+/* runs of params of one dtype: bytes [b0, b1), elements, f32 state element, dtype */
+static const mlp_param_run runs[] = {
+  {0, 38656, 9664, 0, MLP_F32},
 };
 
 static const mlp_io_info inputs[] = {
@@ -26,7 +31,10 @@ static const mlp_io_info outputs[] = {
   {"logits", MLP_F32, 2},
 };
 
-const mlp_model_info mlp_info = {"mlp", 1, 1, sym_names, dyn_max, 4, params, 38656, 2, 1, inputs, outputs, 0ULL};
+const mlp_model_info mlp_info = {"mlp", 1, 1, sym_names, dyn_max, 4, params, 38656, 2, 1, inputs, outputs, 0ULL,
+  /* training: loss and its dtype, optimizer (0 none, 1 sgd, 2 adamw), lr, beta1, beta2, eps, weight_decay, momentum,
+   * grad_clip (0 = none); accuracy from output %d against input %d (-1: none) */
+  "loss", MLP_F32, 2, 0.01, 0.90000000000000002, 0.999, 1e-08, 0.0, 0.0, 0.0, 0, 1, 1, runs, 9664, 0};
 
 /* The dims of a call: each dynamic dim within [1, max]; derived sizes
  * (non-exact divisions) must divide. */
@@ -60,25 +68,117 @@ const char *const mlp_input_dim_text[][8] = {
   {"B"},
 };
 
-/* Bytes of workspace the forward pass needs for these dims. */
-int64_t mlp_ws_bytes(const int64_t *sym) {
+static const int32_t life_forward[][2] = {
+  {0, 1},  {1, 2},  {2, 3},
+};
+
+static const int32_t life_loss[][2] = {
+  {0, 1},  {1, 2},  {2, 3},  {3, 4},
+};
+
+static const int32_t life_train[][2] = {
+  {0, 26},  {1, 2},  {2, 5},  {3, 33},  {4, 14},  {5, 17},
+  {6, 8},  {8, 9},  {9, 17},  {10, 11},  {11, 12},  {12, 16},
+  {13, 14},  {14, 16},  {16, 18},  {17, 18},  {18, 23},  {19, 28},
+  {20, 22},  {21, 22},  {23, 33},  {25, 26},  {26, 27},  {27, 28},
+  {28, 31},  {29, 30},  {31, 33},
+};
+
+/* Buffer sizes of pass `pass` for these dims, and their lifetimes; returns
+ * the number of buffers. */
+int mlp_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]) {
   MLP_UNUSED const int64_t d_B = sym[0];
-  int64_t o = 0;
-  o += MLP_ALIGN(128 * d_B * 4);  /* %6 linear */
-  o += MLP_ALIGN(128 * d_B * 4);  /* %7 relu */
-  o += MLP_ALIGN(10 * d_B * 4);  /* %8 linear */
-  return o;
+  switch (pass) {
+  case 0:  /* forward */
+    if (life)
+      *life = life_forward;
+    if (bytes) {
+      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
+      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
+      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
+    }
+    return 3;
+  case 1:  /* loss */
+    if (life)
+      *life = life_loss;
+    if (bytes) {
+      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
+      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
+      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
+      bytes[3] = (size_t)(1) * 4;  /* t9 */
+    }
+    return 4;
+  case 2:  /* train */
+    if (life)
+      *life = life_train;
+    if (bytes) {
+      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
+      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
+      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
+      bytes[3] = (size_t)(1) * 4;  /* t9 */
+      bytes[4] = (size_t)(1) * 4;  /* t10 */
+      bytes[5] = (size_t)(10 * d_B) * 4;  /* t11 */
+      bytes[6] = (size_t)(10) * 4;  /* t12 */
+      bytes[7] = (size_t)(10 * d_B) * 1;  /* t14 */
+      bytes[8] = (size_t)(10 * d_B) * 4;  /* t15 */
+      bytes[9] = (size_t)(1) * 4;  /* t16 */
+      bytes[10] = (size_t)(d_B) * 1;  /* t17 */
+      bytes[11] = (size_t)(d_B) * 4;  /* t18 */
+      bytes[12] = (size_t)(1) * 4;  /* t19 */
+      bytes[13] = (size_t)(1) * 4;  /* t20 */
+      bytes[14] = (size_t)(d_B) * 4;  /* t22 */
+      bytes[15] = (size_t)(10 * d_B) * 4;  /* t23 */
+      bytes[16] = (size_t)(10 * d_B) * 4;  /* t24 */
+      bytes[17] = (size_t)(128 * d_B) * 4;  /* t25 */
+      bytes[18] = (size_t)(10 * d_B) * 4;  /* t26 */
+      bytes[19] = (size_t)(128 * d_B) * 4;  /* r7_1 */
+      bytes[20] = (size_t)(10) * 4;  /* t28 */
+      bytes[21] = (size_t)(1) * 4;  /* t30 */
+      bytes[22] = (size_t)(128 * d_B) * 1;  /* t31 */
+      bytes[23] = (size_t)(128 * d_B) * 4;  /* t32 */
+      bytes[24] = (size_t)(128 * d_B) * 4;  /* t33 */
+      bytes[25] = (size_t)(128 * d_B) * 4;  /* t34 */
+      bytes[26] = (size_t)(128) * 4;  /* t36 */
+    }
+    return 27;
+  }
+  (void)bytes;
+  if (life)
+    *life = NULL;
+  return 0;
 }
 
-mlp_status mlp_forward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, mlp_outputs *out) {
-  if (!m)
-    return MLP_EINVAL;
-  if ((!in && 2) || !out)
-    return mlp_fail(m, MLP_EINVAL, "forward: %s is NULL", out ? "in" : "out");
-  const void *iv[2] = {in->x, in->y};
-  void *ov[1] = {out->logits};
-  if (!dims)
-    return mlp_fail(m, MLP_EINVAL, "forward: dims is NULL");
+/* dims and inputs as arrays */
+#define DIMS_INPUTS(what) \
+  if (!m)                                                              \
+    return MLP_EINVAL;                                                  \
+  if (2 && !in)                                                        \
+    return mlp_fail(m, MLP_EINVAL, "%s: in is NULL", what);          \
+  const void *iv[2] = {in->x, in->y};                                                               \
+  if (!dims)                                                           \
+    return mlp_fail(m, MLP_EINVAL, "%s: dims is NULL", what);        \
   const int64_t dv[1] = {dims->B};
+
+mlp_status mlp_forward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, mlp_outputs *out) {
+  DIMS_INPUTS("forward");
+  if (!out)
+    return mlp_fail(m, MLP_EINVAL, "forward: out is NULL");
+  void *ov[1] = {out->logits};
   return mlp_forward_v(m, dv, iv, ov);
 }
+
+mlp_status mlp_loss(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss) {
+  DIMS_INPUTS("loss");
+  return mlp_loss_v(m, dv, iv, loss);
+}
+
+mlp_status mlp_forward_backward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss) {
+  DIMS_INPUTS("forward_backward");
+  return mlp_forward_backward_v(m, dv, iv, loss);
+}
+
+mlp_status mlp_train_step(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss) {
+  DIMS_INPUTS("train_step");
+  return mlp_train_step_v(m, dv, iv, loss);
+}
+

@@ -84,4 +84,86 @@ static inline void mlp_device_free(mlp_model *m, void *dev) {
 #endif
 }
 
+/* A test case: the golden file's dims, seed and inputs (or, without the
+ * file, dims of 2 (capped by max), the spec's seed and the fixed fill), with
+ * the params initialised from the seed and the inputs on the device. */
+typedef struct mlp_case {
+  int have;                 /* the golden file exists */
+  mlp_st_file f;
+  int64_t dyn[16], sym[16];
+  uint64_t seed;
+  mlp_host in[64];
+  void *din[64];
+} mlp_case;
+
+static inline int mlp_case_open(mlp_model *m, const char *golden, mlp_case *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  FILE *fp = golden ? fopen(golden, "rb") : NULL;
+  c->have = fp != NULL;
+  if (fp)
+    fclose(fp);
+  if (c->have && mlp_st_read(golden, &c->f, err, errlen))
+    return -1;
+  c->seed = mlp_info.seed;
+  if (c->have) {
+    const mlp_tensor_desc *d = mlp_st_find(&c->f, "meta.dims"), *s = mlp_st_find(&c->f, "meta.seed");
+    if (!d || !s)
+      return snprintf(err, errlen, "%s lacks meta.dims or meta.seed", golden), -1;
+    for (int k = 0; k < mlp_info.ndyn; k++)
+      c->dyn[k] = ((const int32_t *)d->data)[1 + k];
+    c->seed = (uint64_t)(uint32_t)((const int32_t *)s->data)[0] | (uint64_t)(uint32_t)((const int32_t *)s->data)[1] << 32;
+  } else {
+    for (int k = 0; k < mlp_info.ndyn; k++)
+      c->dyn[k] = mlp_info.dyn_max[k] < 2 ? mlp_info.dyn_max[k] : 2;
+  }
+  if (mlp_compute_syms(c->dyn, c->sym, err, errlen))
+    return -1;
+  if (mlp_init_params(m, c->seed))
+    return snprintf(err, errlen, "init: %s", mlp_error(m)), -1;
+  for (int k = 0; k < mlp_info.ninputs; k++) {
+    if (mlp_host_alloc(&c->in[k], 0, k, c->sym))
+      return snprintf(err, errlen, "out of memory"), -1;
+    if (c->have) {
+      const mlp_tensor_desc *t = mlp_st_find(&c->f, mlp_info.inputs[k].name);
+      if (!t || t->dtype != c->in[k].dtype || mlp_numel(t->rank, t->shape) != c->in[k].numel)
+        return snprintf(err, errlen, "golden input '%s' missing or of the wrong shape", mlp_info.inputs[k].name), -1;
+      memcpy(c->in[k].data, t->data, (size_t)c->in[k].numel * (size_t)mlp_dtype_sizes[c->in[k].dtype]);
+    } else {
+      mlp_host_fill(&c->in[k], mlp_info.inputs[k].name);
+    }
+    if (mlp_to_device(m, &c->in[k], &c->din[k]))
+      return snprintf(err, errlen, "copying input '%s' to the device", mlp_info.inputs[k].name), -1;
+  }
+  return 0;
+}
+
+static inline void mlp_case_close(mlp_model *m, mlp_case *c) {
+  for (int k = 0; k < mlp_info.ninputs; k++) {
+    if (c->din[k] && c->din[k] != c->in[k].data)
+      mlp_device_free(m, c->din[k]);
+    free(c->in[k].data);
+  }
+  if (c->have)
+    mlp_st_free(&c->f);
+}
+
+/* max|got - want| / max|want| over the finite wanted values; *finite = 0 if
+ * got has a non-finite value where want is finite. */
+static inline double mlp_rel_err(const void *got, int dt, const float *want, int64_t n, double *maxref, int *finite) {
+  double maxdiff = 0;
+  *maxref = 0;
+  *finite = 1;
+  for (int64_t i = 0; i < n; i++) {
+    double g = mlp_get(got, dt, i), w = want ? want[i] : 0;
+    if (want && !isfinite(w))
+      continue;
+    *finite &= isfinite(g) ? 1 : 0;
+    if (want && fabs(g - w) > maxdiff)
+      maxdiff = fabs(g - w);
+    if (want && fabs(w) > *maxref)
+      *maxref = fabs(w);
+  }
+  return maxdiff / (*maxref > 1e-6 ? *maxref : 1e-6);
+}
+
 #endif

@@ -4,10 +4,11 @@
  * Template: copied into every emitted project with "mlp_" renamed. Plain C11
  * plus OpenMP pragmas (ignored without -fopenmp); needs libm, and a CBLAS when
  * built with -DTGM_HAVE_CBLAS. The dtype conversions (mlp_bf16_to_f32, ...)
- * live in mlp_init.c; this file has its own inline copies (ld_bf16, st_bf16,
- * ld_f16, st_f16) written so that loops over them vectorise, bit-identical to
- * those (round to nearest even; the unit test checks every half and a sweep
- * of floats).
+ * live in mlp_init.c; the hot loops use the inline copies of mlp_rt.h
+ * (mlp_ld_bf16, mlp_st_bf16, mlp_ld_f16, mlp_st_f16, shared with
+ * mlp_optim_cpu.c), written so that loops over them vectorise, bit-identical
+ * to those (round to nearest even; the unit test checks every half and a
+ * sweep of floats).
  *
  * Numerics: floating ops compute in f32 (bf16/f16 are loaded to f32 and the
  * result rounded once on store); long reductions (sum, mean, var, logsumexp,
@@ -21,12 +22,14 @@
  * micro-kernels (at run time); -DTGM_NO_ISA_DISPATCH turns both off.
  *
  * The layout of the file:
- *   helpers      threads, pragmas, dtype loads and stores, exp and tanh
+ *   helpers      threads, pragmas, dtype loads and stores (on mlp_rt.h's
+ *                inline conversions and bit selects), exp and tanh
  *   broadcast    Bc: a result shape with each operand's strides, collapsed to
  *                the fewest dims, walked in contiguous runs by several threads
- *   pointwise    unary, cast, binary, where, broadcast, fill, arange
+ *   pointwise    unary, cast, binary, where, broadcast, fill, arange, dropout
  *   reductions   reduce (any axes), softmax, layer_norm, rms_norm, losses
  *   data movement  permute (tiled transposes), slice, copy_into, embedding
+ *                and its backward (a stable counting sort, then rows)
  *   GEMM         a packed, cache-blocked GEMM with register-blocked micro-
  *                kernels (AVX-512 / AVX2 chosen at run time on x86, else
  *                plain C), or cblas_sgemm; matmul, linear, attention on top. */
@@ -106,61 +109,12 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static size_t esize(int dt) { return dt == MLP_BF16 || dt == MLP_F16 ? 2 : dt == MLP_BOOL ? 1 : 4; }
 static int is_half(int dt) { return dt == MLP_BF16 || dt == MLP_F16; }
 
-HOT float bits_f(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-HOT uint32_t f_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-/* All ones when c is true: selects with & and | vectorise where ?: over
- * floating arithmetic does not (gcc will not if-convert under trapping math). */
-HOT uint32_t mask(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
-HOT float sel(uint32_t m, float a, float b) { return bits_f((f_bits(a) & m) | (f_bits(b) & ~m)); }
-
-HOT float ld_bf16(uint16_t h) { return bits_f((uint32_t)h << 16); }
-
-/* Round to nearest even on the bits; NaN stays a quiet NaN of the same sign. */
-HOT uint16_t st_bf16(float f) {
-  uint32_t u = f_bits(f), nan = mask((u & 0x7fffffffu) > 0x7f800000u);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
-  return (uint16_t)((r & ~nan) | (q & nan));
-}
-
-/* Exact: normals rebias the exponent, inf/NaN keep the payload, subnormals
- * come out of one exact subtraction (2^-14 (1 + m/1024) - 2^-14). */
-HOT float ld_f16(uint16_t h) {
-  uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
-  uint32_t inf = mask(e == 0x0f800000u), zero = mask(e == 0);
-  o += 0x38000000u + (0x38000000u & inf);
-  uint32_t sub = f_bits(bits_f(o + 0x00800000u) - bits_f(0x38800000u));
-  o = (o & ~zero) | (sub & zero);
-  return bits_f(o | ((uint32_t)(h & 0x8000u) << 16));
-}
-
-/* Round to nearest even: 10 fraction bits for normals, a quantum of 2^-24 for
- * subnormals (rounded by adding 2^23), 65520 and above to inf. */
-HOT uint16_t st_f16(float f) {
-  uint32_t u = f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
-  uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-  uint32_t sub = f_bits(bits_f(a) * 16777216.0f + 8388608.0f) - 0x4b000000u;
-  uint32_t isnan = mask(a > 0x7f800000u), isinf = mask(a >= 0x477ff000u), isnorm = mask(a >= 0x38800000u);
-  uint32_t r = (norm & isnorm) | (sub & ~isnorm);
-  r = (0x7c00u & isinf) | (r & ~isinf);
-  r = (nanv & isnan) | (r & ~isnan);
-  return (uint16_t)(sign | (r & 0xffffu));
-}
-
 /* One element of any dtype as a float / from a float (i32 saturating, NaN to
  * INT32_MIN, as tgen's cast; bool as 0/1). For scalars and slow paths. */
 static inline float ldf(int dt, const void *p, int64_t i) {
   switch (dt) {
-  case MLP_BF16: return ld_bf16(((const uint16_t *)p)[i]);
-  case MLP_F16: return ld_f16(((const uint16_t *)p)[i]);
+  case MLP_BF16: return mlp_ld_bf16(((const uint16_t *)p)[i]);
+  case MLP_F16: return mlp_ld_f16(((const uint16_t *)p)[i]);
   case MLP_I32: return (float)((const int32_t *)p)[i];
   case MLP_BOOL: return (float)((const uint8_t *)p)[i];
   default: return ((const float *)p)[i];
@@ -176,8 +130,8 @@ static inline int32_t sat_i32(double v) {
 }
 static inline void stval(int dt, void *p, int64_t i, double v) {
   switch (dt) {
-  case MLP_BF16: ((uint16_t *)p)[i] = st_bf16((float)v); break;
-  case MLP_F16: ((uint16_t *)p)[i] = st_f16((float)v); break;
+  case MLP_BF16: ((uint16_t *)p)[i] = mlp_st_bf16((float)v); break;
+  case MLP_F16: ((uint16_t *)p)[i] = mlp_st_f16((float)v); break;
   case MLP_I32: ((int32_t *)p)[i] = sat_i32(v); break;
   case MLP_BOOL: ((uint8_t *)p)[i] = v != 0; break;
   default: ((float *)p)[i] = (float)v; break;
@@ -187,11 +141,11 @@ static inline void stval(int dt, void *p, int64_t i, double v) {
 /* Loaders and storers for loops stamped out once per floating dtype:
  * DT_CASES(dt, M) expands M(LD, ST) for the dtype's pair. */
 #define LD_F32(p, i) (((const float *)(p))[i])
-#define LD_BF(p, i) ld_bf16(((const uint16_t *)(p))[i])
-#define LD_H(p, i) ld_f16(((const uint16_t *)(p))[i])
+#define LD_BF(p, i) mlp_ld_bf16(((const uint16_t *)(p))[i])
+#define LD_H(p, i) mlp_ld_f16(((const uint16_t *)(p))[i])
 #define ST_F32(p, i, v) (((float *)(p))[i] = (v))
-#define ST_BF(p, i, v) (((uint16_t *)(p))[i] = st_bf16(v))
-#define ST_H(p, i, v) (((uint16_t *)(p))[i] = st_f16(v))
+#define ST_BF(p, i, v) (((uint16_t *)(p))[i] = mlp_st_bf16(v))
+#define ST_H(p, i, v) (((uint16_t *)(p))[i] = mlp_st_f16(v))
 #define DT_CASES(dt, M)                                                                                                \
   switch (dt) {                                                                                                        \
   case MLP_BF16: M(LD_BF, ST_BF); break;                                                                               \
@@ -243,14 +197,14 @@ static float *f32_copy(int dt, const void *x, int64_t n) {
 HOT float exp_f32(float x) {
   float t = x * 1.44269504088896341f + 12582912.0f;
   float n = t - 12582912.0f;
-  int32_t ni = (int32_t)(f_bits(t) - 0x4b400000u), h = ni / 2;
+  int32_t ni = (int32_t)(mlp_f_bits(t) - 0x4b400000u), h = ni / 2;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
               1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f;
-  float e = p * bits_f((uint32_t)(h + 127) << 23) * bits_f((uint32_t)(ni - h + 127) << 23);
-  uint32_t big = mask(x > 88.75f), small = mask(x < -104.0f);
-  return bits_f(((f_bits(e) & ~big) | (0x7f800000u & big)) & ~small);
+  float e = p * mlp_bits_f((uint32_t)(h + 127) << 23) * mlp_bits_f((uint32_t)(ni - h + 127) << 23);
+  uint32_t big = mlp_mask(x > 88.75f), small = mlp_mask(x < -104.0f);
+  return mlp_bits_f(((mlp_f_bits(e) & ~big) | (0x7f800000u & big)) & ~small);
 }
 
 /* tanh: Cephes' odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1)
@@ -259,10 +213,10 @@ HOT float tanh_f32(float x) {
   float z = x * x;
   float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
                  3.33332819422e-1f) * z * x + x;
-  float ax = bits_f(f_bits(x) & 0x7fffffffu);
+  float ax = mlp_bits_f(mlp_f_bits(x) & 0x7fffffffu);
   float big = 1.0f - 2.0f / (exp_f32(2.0f * ax) + 1.0f);
-  big = bits_f(f_bits(big) | (f_bits(x) & 0x80000000u));
-  return sel(mask(ax < 0.625f), small, big);
+  big = mlp_bits_f(mlp_f_bits(big) | (mlp_f_bits(x) & 0x80000000u));
+  return mlp_sel(mlp_mask(ax < 0.625f), small, big);
 }
 
 /* erfc(z) for z >= 0: libm's erfcf (correctly rounded to within an ulp; it
@@ -273,24 +227,24 @@ HOT float erfc_pos(float z) { return erfcf(z); }
 /* erf: the Taylor series to x^11 below |x| = 0.5 (relative error 3e-8),
  * else 1 - erfc(|x|); the sign of x. */
 HOT float erf_f32(float x) {
-  float ax = bits_f(f_bits(x) & 0x7fffffffu), z = ax * ax;
+  float ax = mlp_bits_f(mlp_f_bits(x) & 0x7fffffffu), z = ax * ax;
   float small = ax * (1.12837916709551257f +
                       z * (-0.37612638903183752f +
                            z * (0.11283791670955126f +
                                 z * (-0.02686617064513125f + z * (0.00522397762544218f + z * -0.00085483270234508f)))));
-  float r = sel(mask(ax < 0.5f), small, 1.0f - erfc_pos(ax));
-  return bits_f(f_bits(r) | (f_bits(x) & 0x80000000u));
+  float r = mlp_sel(mlp_mask(ax < 0.5f), small, 1.0f - erfc_pos(ax));
+  return mlp_bits_f(mlp_f_bits(r) | (mlp_f_bits(x) & 0x80000000u));
 }
 
 /* gelu(x) = x/2 (1 + erf(x / sqrt 2)) = x/2 erfc(|x| / sqrt 2) for x < 0 (no
  * cancellation there), x/2 (2 - erfc(x / sqrt 2)) otherwise. */
 HOT float gelu_f32(float x) {
-  float e = erfc_pos(bits_f(f_bits(x) & 0x7fffffffu) * 0.70710678118654752440f);
-  return 0.5f * x * sel(mask(x < 0), e, 2.0f - e);
+  float e = erfc_pos(mlp_bits_f(mlp_f_bits(x) & 0x7fffffffu) * 0.70710678118654752440f);
+  return 0.5f * x * mlp_sel(mlp_mask(x < 0), e, 2.0f - e);
 }
 
 /* NaN-propagating max (torch.amax, torch.maximum), as a bitwise select. */
-HOT float max_nan(float m, float v) { return sel(mask((v > m) | (v != v)), v, m); }
+HOT float max_nan(float m, float v) { return mlp_sel(mlp_mask((v > m) | (v != v)), v, m); }
 static inline double max_nan_d(double m, double v) {
   if (m != m)
     return m;
@@ -424,7 +378,7 @@ CLONES static void unary_f32(int op, const float *restrict x, float *restrict y,
   break;
   switch (op) {
   case MLP_NEG: LOOP(-v)
-  case MLP_ABS: LOOP(bits_f(f_bits(v) & 0x7fffffffu))
+  case MLP_ABS: LOOP(mlp_bits_f(mlp_f_bits(v) & 0x7fffffffu))
   case MLP_EXP: LOOP(exp_f32(v))
   case MLP_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); break;
   case MLP_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]); break; /* libm (errno): no simd */
@@ -754,11 +708,11 @@ void mlp_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y
 void mlp_cpu_fill(int dt, void *y, int64_t n, double v) {
   uint32_t bits = 0;
   switch (dt) {
-  case MLP_BF16: bits = st_bf16((float)v); break;
-  case MLP_F16: bits = st_f16((float)v); break;
+  case MLP_BF16: bits = mlp_st_bf16((float)v); break;
+  case MLP_F16: bits = mlp_st_f16((float)v); break;
   case MLP_I32: bits = (uint32_t)sat_i32(v); break;
   case MLP_BOOL: bits = v != 0; break;
-  default: bits = f_bits((float)v); break;
+  default: bits = mlp_f_bits((float)v); break;
   }
   size_t es = esize(dt);
   unsigned char one[4];
@@ -781,6 +735,61 @@ void mlp_cpu_arange(int32_t *y, int64_t n) {
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t i = 0; i < n; i++)
     y[i] = (int32_t)i;
+}
+
+/* ---------------------------------------------------------------- dropout */
+
+/* Word 0 of Philox4x32-10 (the bits of mlp_philox4x32, mlp_init.c), inline so
+ * that a loop over counters vectorises (the 32 x 32 -> 64 multiplies map to
+ * vpmuludq). The key bump after the last round is unused, as there. */
+HOT uint32_t philox_w0(uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3, uint32_t k0, uint32_t k1) {
+  UNROLL
+  for (int r = 0; r < 10; r++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
+    x0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0;
+    x2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1;
+    x1 = (uint32_t)p1;
+    x3 = (uint32_t)p0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return x0;
+}
+
+/* Elements [lo, hi) of dropout: kept iff 2 (r >> 8) + 1 >= t (see below). */
+CLONES static void dropout_run(int dt, const void *x, void *y, int64_t lo, int64_t hi, uint32_t t, float s,
+                               uint32_t k0, uint32_t k1, uint32_t s0, uint32_t s1) {
+#define M_(LD, ST)                                                                                                     \
+  SIMD for (int64_t j = lo; j < hi; j++) {                                                                             \
+    uint32_t r = philox_w0((uint32_t)j, (uint32_t)((uint64_t)j >> 32), s0, s1, k0, k1);                                \
+    ST(y, j, mlp_sel(mlp_mask(((r >> 8) << 1 | 1u) >= t), LD(x, j) * s, 0.0f));                                        \
+  }
+  DT_CASES(dt, M_)
+#undef M_
+}
+
+/* Training-mode dropout, the mask of gen/interp.c's eval_dropout: element j
+ * is kept iff u >= p with u = ((r >> 8) + 0.5) 2^-24, r = word 0 of
+ * philox4x32(ctr = {j lo, j hi, step lo, step hi}, key = {seed lo, seed hi ^
+ * ordinal}). u >= p is decided exactly in integers: 2 (r >> 8) + 1 >= p 2^25,
+ * i.e. >= t = ceil(p 2^25). Kept values are x (in f32) times (float)(1 / (1 -
+ * p)), rounded once to dt; dropped ones are +0 (whatever x is). p >= 1 (or
+ * NaN) drops everything. x and y may be the same buffer. */
+void mlp_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64_t seed, uint32_t ordinal,
+                     uint64_t step) {
+  if (n <= 0)
+    return;
+  if (!(p < 1)) {
+    memset(y, 0, esize(dt) * (size_t)n);
+    return;
+  }
+  uint32_t t = p > 0 ? (uint32_t)ceil(p * 33554432.0) : 0;
+  float s = (float)(1.0 / (1.0 - p));
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32) ^ ordinal, s0 = (uint32_t)step, s1 = (uint32_t)(step >> 32);
+  int64_t nb = (n + 4095) / 4096;
+  OMP(parallel for schedule(static) if (n >= PAR_MIN / 8))
+  for (int64_t b = 0; b < nb; b++)
+    dropout_run(dt, x, y, b * 4096, min64(n, (b + 1) * 4096), t, s, k0, k1, s0, s1);
 }
 
 /* ---------------------------------------------------------------- mse_loss */
@@ -1463,6 +1472,73 @@ int64_t mlp_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *tab
   OMP(parallel for schedule(static) if (n * D >= PAR_MIN))
   for (int64_t i = 0; i < n; i++)
     memcpy((char *)y + (size_t)i * row, (const char *)table + (size_t)idx[i] * row, row);
+  return -1;
+}
+
+/* One row of embedding_backward: row = the sum over its m positions (pos[k],
+ * increasing), in f32 from 0 and in that order, stored once in dt; BLK
+ * columns at a time. pos NULL: the positions are those p < m with idx[p] == v
+ * (the fallback without the sort's memory; the same sums). */
+CLONES static void emb_bwd_row(int dt, const void *dy, int64_t D, const int64_t *pos, int64_t m, const int32_t *idx,
+                               int64_t v, void *row) {
+  size_t es = esize(dt);
+  float acc[BLK];
+  for (int64_t c0 = 0; c0 < D; c0 += BLK) {
+    int64_t w = min64(BLK, D - c0);
+    for (int64_t j = 0; j < w; j++)
+      acc[j] = 0.0f;
+    for (int64_t k = 0; k < m; k++) {
+      int64_t p = pos ? pos[k] : k;
+      if (!pos && idx[p] != v)
+        continue;
+      const void *src = (const char *)dy + (p * D + c0) * (int64_t)es;
+#define M_(LD, ST)                                                                                                     \
+  SIMD for (int64_t j = 0; j < w; j++) acc[j] += LD(src, j);
+      DT_CASES(dt, M_)
+#undef M_
+    }
+    void *dst = (char *)row + c0 * (int64_t)es;
+#define M_(LD, ST)                                                                                                     \
+  SIMD for (int64_t j = 0; j < w; j++) ST(dst, j, acc[j]);
+    DT_CASES(dt, M_)
+#undef M_
+  }
+}
+
+/* out[v, :] = the sum of dy[p, :] over the positions p with idx[p] == v, in
+ * increasing p (f32 from 0, stored once in dt); rows no index hits are zero.
+ * The positions are grouped by row with a stable counting sort (c[v] .. c[v +
+ * 1] are row v's, in order), then each row is summed by one thread: the
+ * result does not depend on the thread count or the schedule. */
+int64_t mlp_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V, int64_t D,
+                                   void *out) {
+  for (int64_t p = 0; p < n; p++)
+    if (idx[p] < 0 || idx[p] >= V)
+      return p;
+  if (V <= 0 || D <= 0)
+    return -1;
+  size_t es = esize(dt);
+  int64_t *c = malloc(sizeof(int64_t) * (size_t)(V + 2 + n)), *pos = c ? c + V + 2 : NULL;
+  if (c) {
+    memset(c, 0, sizeof(int64_t) * (size_t)(V + 2));
+    for (int64_t p = 0; p < n; p++)
+      c[idx[p] + 2]++;
+    for (int64_t v = 2; v < V + 2; v++)
+      c[v] += c[v - 1];
+    for (int64_t p = 0; p < n; p++) /* c[v + 1]: row v's next slot; afterwards the start of row v + 1 */
+      pos[c[idx[p] + 1]++] = p;
+  }
+  OMP(parallel for schedule(dynamic, 16) if ((V + n) * D >= PAR_MIN))
+  for (int64_t v = 0; v < V; v++) {
+    void *row = (char *)out + v * D * (int64_t)es;
+    if (c && c[v] == c[v + 1])
+      memset(row, 0, es * (size_t)D);
+    else if (c)
+      emb_bwd_row(dt, dy, D, pos + c[v], c[v + 1] - c[v], NULL, v, row);
+    else
+      emb_bwd_row(dt, dy, D, NULL, n, idx, v, row);
+  }
+  free(c);
   return -1;
 }
 

@@ -24,6 +24,51 @@ static void set_err(char *err, size_t errlen, const char *fmt, const char *arg) 
     snprintf(err, errlen, fmt, arg);
 }
 
+/* Memory on the model's device: zeroed; freed by dev_free. */
+static void *dev_zalloc(mlp_model *m, size_t n) {
+  if (m->device == 0)
+    return calloc(1, n ? n : 1);
+#ifdef MLP_HAVE_CUDA
+  void *p = NULL;
+  unsigned char *zero = calloc(1, n ? n : 1);
+  if (!zero || mlp_cuda_malloc(m->cx, &p, n ? n : 1) || mlp_cuda_memcpy(m->cx, p, zero, n, 0)) {
+    mlp_cuda_free(m->cx, p);
+    p = NULL;
+  }
+  free(zero);
+  return p;
+#else
+  return NULL;
+#endif
+}
+
+static void dev_free(mlp_model *m, void *p) {
+  if (m->device == 0)
+    free(p);
+#ifdef MLP_HAVE_CUDA
+  else if (p)
+    mlp_cuda_free(m->cx, p);
+#endif
+}
+
+/* Copy n bytes between the host and the model's device (to_host: dev -> host). */
+static int dev_copy(mlp_model *m, void *host, void *dev, size_t n, int to_host) {
+  if (m->device == 0) {
+    if (to_host)
+      memcpy(host, dev, n);
+    else
+      memcpy(dev, host, n);
+    return MLP_OK;
+  }
+#ifdef MLP_HAVE_CUDA
+  if (mlp_cuda_memcpy(m->cx, to_host ? host : dev, to_host ? dev : host, n, to_host ? 1 : 0))
+    return mlp_fail(m, MLP_EDEVICE, "copying to/from the device: %s", mlp_cuda_ctx_error(m->cx));
+  return MLP_OK;
+#else
+  return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
+#endif
+}
+
 mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t errlen) {
   if (!out) {
     set_err(err, errlen, "mlp_create: out is NULL%s", "");
@@ -42,6 +87,7 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
   size_t pb = (size_t)mlp_info.param_bytes;
   if (!strcmp(device, "cpu")) {
     m->device = 0;
+    m->master_stale = 1;
     m->params = calloc(1, pb ? pb : 1);
     if (!m->params) {
       free(m);
@@ -51,6 +97,7 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
   } else {
 #ifdef MLP_HAVE_CUDA
     m->device = 1;
+    m->master_stale = 1;
     char cerr[256];
     if (mlp_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
       set_err(err, errlen, "mlp_create: %s", cerr);
@@ -84,17 +131,15 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
 void mlp_destroy(mlp_model *m) {
   if (!m)
     return;
-  if (m->device == 0) {
-    free(m->params);
-    free(m->ws);
-  }
+  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    dev_free(m, bufs[i]);
 #ifdef MLP_HAVE_CUDA
-  else {
-    mlp_cuda_free(m->cx, m->params);
-    mlp_cuda_free(m->cx, m->ws);
+  if (m->device == 1)
     mlp_cuda_ctx_destroy(m->cx);
-  }
 #endif
+  for (int k = 0; k < MLP_NPASS; k++)
+    free(m->layout[k].off);
   free(m);
 }
 
@@ -105,6 +150,8 @@ size_t mlp_param_bytes(void) { return (size_t)mlp_info.param_bytes; }
 /* Copy between a host buffer and the params (either direction). */
 static int params_copy(mlp_model *m, void *host, int to_host) {
   size_t n = (size_t)mlp_info.param_bytes;
+  if (!to_host)
+    m->master_stale = 1; /* the optimizer's f32 copy must follow */
   if (m->device == 0) {
     if (to_host)
       memcpy(host, m->params, n);
@@ -139,6 +186,26 @@ mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes) {
   return params_copy(m, (void *)host, 0);
 }
 
+/* Fresh training: optimizer state zero, step 0 (after init or load). */
+static int reset_train_state(mlp_model *m) {
+  size_t fb = (size_t)mlp_info.state_elems * sizeof(float);
+  float *bufs[2] = {m->opt_m, m->opt_v};
+  m->step = 0;
+  for (int i = 0; i < 2; i++) {
+    if (!bufs[i])
+      continue;
+    if (m->device == 0) {
+      memset(bufs[i], 0, fb);
+      continue;
+    }
+#ifdef MLP_HAVE_CUDA
+    if (mlp_cuda_fill(m->cx, MLP_F32, bufs[i], mlp_info.state_elems, 0) || mlp_cuda_sync(m->cx))
+      return mlp_fail(m, MLP_EDEVICE, "clearing the optimizer state: %s", mlp_cuda_ctx_error(m->cx));
+#endif
+  }
+  return MLP_OK;
+}
+
 mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   if (!m)
     return MLP_EINVAL;
@@ -155,7 +222,7 @@ mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   }
   int rc = params_copy(m, h, 0);
   free(h);
-  return (mlp_status)rc;
+  return (mlp_status)(rc ? rc : reset_train_state(m));
 }
 
 mlp_status mlp_save_params(mlp_model *m, const char *path) {
@@ -238,6 +305,7 @@ mlp_status mlp_load_params(mlp_model *m, const char *path) {
       int known = 0;
       for (int k = 0; k < mlp_info.nparams && !known; k++)
         known = !strcmp(f.t[i].name, mlp_info.params[k].ckpt);
+      known |= !strncmp(f.t[i].name, "optim.", 6); /* a training checkpoint's optimizer state */
       if (!known) {
         rc = mlp_fail(m, MLP_ECORRUPT, "%s: tensor '%s' is not a param of model %s", path, f.t[i].name, mlp_info.name);
         goto done;
@@ -245,6 +313,8 @@ mlp_status mlp_load_params(mlp_model *m, const char *path) {
     }
   }
   rc = params_copy(m, h, 0);
+  if (!rc)
+    rc = reset_train_state(m);
 done:
   free(h);
   mlp_st_free(&f);
@@ -275,32 +345,419 @@ static int ensure_ws(mlp_model *m, int64_t need) {
 #endif
 }
 
-mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *out) {
-  if (!m)
-    return MLP_EINVAL;
+/* ---------------------------------------------------------------- the memory planner */
+
+typedef struct plan_item {
+  int64_t bytes;
+  int k;
+} plan_item;
+
+static int by_size_desc(const void *a, const void *b) {
+  const plan_item *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return x->k - y->k;
+}
+
+static int by_offset(const void *a, const void *b) {
+  const int64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+int64_t mlp_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off) {
+  plan_item *it = malloc(sizeof *it * (size_t)(n + 1));
+  int *placed = malloc(sizeof *placed * (size_t)(n + 1));
+  int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(n + 1)); /* [offset, end) of overlapping placed buffers */
+  int64_t total = 0;
+  if (!it || !placed || !busy) {
+    total = -1;
+    goto done;
+  }
+  for (int k = 0; k < n; k++)
+    it[k] = (plan_item){MLP_ALIGN(bytes[k]), k};
+  qsort(it, (size_t)n, sizeof *it, by_size_desc);
+  for (int i = 0; i < n; i++) {
+    int k = it[i].k, nb = 0;
+    for (int j = 0; j < i; j++) {
+      int q = placed[j];
+      if (life[q][0] <= life[k][1] && life[k][0] <= life[q][1] && it[j].bytes > 0) {
+        busy[nb][0] = off[q];
+        busy[nb][1] = off[q] + it[j].bytes;
+        nb++;
+      }
+    }
+    qsort(busy, (size_t)nb, sizeof *busy, by_offset);
+    int64_t at = 0;
+    for (int j = 0; j < nb && busy[j][0] < at + it[i].bytes; j++)
+      if (busy[j][1] > at)
+        at = busy[j][1];
+    off[k] = at;
+    placed[i] = k;
+    if (at + it[i].bytes > total)
+      total = at + it[i].bytes;
+  }
+done:
+  free(it);
+  free(placed);
+  free(busy);
+  return total;
+}
+
+/* Pass `pass`'s offsets for the dims sym (planned once per dims), with the
+ * workspace grown to hold them. */
+static int layout_for(mlp_model *m, int pass, const int64_t *sym, const int64_t **off) {
+  mlp_layout *L = &m->layout[pass];
+  if (!L->valid || memcmp(L->sym, sym, sizeof L->sym)) {
+    const int32_t(*life)[2] = NULL;
+    int n = mlp_pass_buffers(pass, sym, NULL, &life);
+    int64_t *bytes = malloc(sizeof *bytes * (size_t)(n + 1));
+    free(L->off);
+    L->off = malloc(sizeof *L->off * (size_t)(n + 1));
+    L->valid = 0;
+    if (!bytes || !L->off) {
+      free(bytes);
+      return mlp_fail(m, MLP_ENOMEM, "out of memory planning the workspace");
+    }
+    mlp_pass_buffers(pass, sym, bytes, NULL);
+    L->total = mlp_plan_buffers(n, bytes, life, L->off);
+    free(bytes);
+    if (L->total < 0)
+      return mlp_fail(m, MLP_ENOMEM, "out of memory planning the workspace");
+    L->nbuf = n;
+    L->valid = 1;
+    memcpy(L->sym, sym, sizeof L->sym);
+  }
+  *off = L->off;
+  return ensure_ws(m, L->total);
+}
+
+/* ---------------------------------------------------------------- passes */
+
+/* Checks common to every pass; sym gets the dims' symbol values. */
+static int check_call(mlp_model *m, const char *what, const int64_t *dims, const void *const *in, int64_t *sym) {
   if (mlp_info.ndyn && !dims)
-    return mlp_fail(m, MLP_EINVAL, "forward: dims is NULL, but the model has %d dynamic dim%s", mlp_info.ndyn,
+    return mlp_fail(m, MLP_EINVAL, "%s: dims is NULL, but the model has %d dynamic dim%s", what, mlp_info.ndyn,
                     mlp_info.ndyn == 1 ? "" : "s");
-  if ((mlp_info.ninputs && !in) || !out)
-    return mlp_fail(m, MLP_EINVAL, "forward: %s is NULL", out ? "inputs" : "outputs");
+  if (mlp_info.ninputs && !in)
+    return mlp_fail(m, MLP_EINVAL, "%s: inputs is NULL", what);
   for (int k = 0; k < mlp_info.ninputs; k++)
     if (!in[k])
-      return mlp_fail(m, MLP_EINVAL, "forward: input '%s' is NULL", mlp_info.inputs[k].name);
-  for (int k = 0; k < mlp_info.noutputs; k++)
-    if (!out[k])
-      return mlp_fail(m, MLP_EINVAL, "forward: output '%s' is NULL", mlp_info.outputs[k].name);
-  int64_t sym[16] = {0};
-  int rc = mlp_compute_syms(dims, sym, m->err, sizeof m->err);
+      return mlp_fail(m, MLP_EINVAL, "%s: input '%s' is NULL", what, mlp_info.inputs[k].name);
+  return mlp_compute_syms(dims, sym, m->err, sizeof m->err);
+}
+
+static int run_pass(mlp_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
+  static const mlp_pass_fn cpu[MLP_NPASS] = {mlp_forward_cpu, mlp_loss_cpu, mlp_train_cpu};
+  const int64_t *off = NULL;
+  int rc = layout_for(m, pass, sym, &off);
   if (rc)
-    return (mlp_status)rc;
-  rc = ensure_ws(m, mlp_ws_bytes(sym));
-  if (rc)
-    return (mlp_status)rc;
+    return rc;
   if (m->device == 0)
-    return (mlp_status)mlp_forward_cpu(m, sym, in, out);
+    return cpu[pass](m, sym, off, in, out);
 #ifdef MLP_HAVE_CUDA
-  return (mlp_status)mlp_forward_cuda(m, sym, in, out);
+  static const mlp_pass_fn cuda[MLP_NPASS] = {mlp_forward_cuda, mlp_loss_cuda, mlp_train_cuda};
+  return cuda[pass](m, sym, off, in, out);
 #else
   return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
 #endif
+}
+
+mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *out) {
+  if (!m)
+    return MLP_EINVAL;
+  int64_t sym[16] = {0};
+  int rc = check_call(m, "forward", dims, in, sym);
+  if (rc)
+    return (mlp_status)rc;
+  if (!out)
+    return mlp_fail(m, MLP_EINVAL, "forward: outputs is NULL");
+  for (int k = 0; k < mlp_info.noutputs; k++)
+    if (!out[k])
+      return mlp_fail(m, MLP_EINVAL, "forward: output '%s' is NULL", mlp_info.outputs[k].name);
+  return (mlp_status)run_pass(m, MLP_PASS_FORWARD, sym, in, out);
+}
+
+/* ---------------------------------------------------------------- training */
+
+static int need_train(mlp_model *m, const char *what) {
+  if (!mlp_info.loss_name)
+    return mlp_fail(m, MLP_EINVAL, "%s: model %s has no train: section", what, mlp_info.name);
+  return MLP_OK;
+}
+
+/* Allocate the gradient buffer and the optimizer state on first use. */
+static int train_state(mlp_model *m) {
+  size_t fb = (size_t)mlp_info.state_elems * sizeof(float);
+  if (!m->grads && !(m->grads = dev_zalloc(m, (size_t)mlp_info.param_bytes)))
+    return mlp_fail(m, MLP_ENOMEM, "out of memory for the gradients (%lld bytes)", (long long)mlp_info.param_bytes);
+  if (mlp_info.need_master && !m->master && !(m->master = dev_zalloc(m, fb)))
+    return mlp_fail(m, MLP_ENOMEM, "out of memory for the f32 master params (%zu bytes)", fb);
+  int nstate = mlp_info.optimizer == 2 ? 2 : mlp_info.optimizer == 1 && mlp_info.momentum != 0 ? 1 : 0;
+  if (nstate >= 1 && !m->opt_m && !(m->opt_m = dev_zalloc(m, fb)))
+    return mlp_fail(m, MLP_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
+  if (nstate >= 2 && !m->opt_v && !(m->opt_v = dev_zalloc(m, fb)))
+    return mlp_fail(m, MLP_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
+  return MLP_OK;
+}
+
+static int train_call(mlp_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+                      float *loss) {
+  if (!m)
+    return MLP_EINVAL;
+  int64_t sym[16] = {0};
+  int rc = need_train(m, what);
+  if (!rc)
+    rc = check_call(m, what, dims, in, sym);
+  if (!rc && !loss)
+    rc = mlp_fail(m, MLP_EINVAL, "%s: loss is NULL", what);
+  if (!rc && pass == MLP_PASS_TRAIN)
+    rc = train_state(m);
+  if (rc)
+    return rc;
+  void *out[1] = {loss};
+  return run_pass(m, pass, sym, in, out);
+}
+
+mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  return (mlp_status)train_call(m, "loss", MLP_PASS_LOSS, dims, in, loss);
+}
+
+mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  return (mlp_status)train_call(m, "forward_backward", MLP_PASS_TRAIN, dims, in, loss);
+}
+
+/* The f32 master copy from the params (after init, load or set). */
+static int refresh_master(mlp_model *m) {
+  const mlp_param_run *r = mlp_info.runs;
+  if (!m->master || !m->master_stale)
+    return MLP_OK;
+  for (int i = 0; i < mlp_info.nruns; i++) {
+    if (r[i].dt == MLP_F32)
+      continue;
+    if (m->device == 0)
+      mlp_cpu_cast(r[i].dt, MLP_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n);
+#ifdef MLP_HAVE_CUDA
+    else if (mlp_cuda_cast(m->cx, r[i].dt, MLP_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n))
+      return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+#endif
+  }
+  m->master_stale = 0;
+  return MLP_OK;
+}
+
+/* Clip factor (1 = none) and the optimizer over every run of params. */
+static int optimizer_step(mlp_model *m) {
+  const mlp_param_run *r = mlp_info.runs;
+  int nr = mlp_info.nruns, rc = refresh_master(m);
+  if (rc)
+    return rc;
+  double scale = 1;
+  if (mlp_info.grad_clip > 0) {
+    double ss = 0;
+    for (int i = 0; i < nr; i++) {
+      if (m->device == 0) {
+        ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
+        continue;
+      }
+#ifdef MLP_HAVE_CUDA
+      double part;
+      if (mlp_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
+        return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+      ss += part;
+#endif
+    }
+    scale = mlp_clip_factor(ss, mlp_info.grad_clip);
+  }
+  int64_t t = m->step + 1;
+  const mlp_model_info *o = &mlp_info;
+  for (int i = 0; i < nr; i++) {
+    int low = r[i].dt != MLP_F32;
+    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
+    void *lowp = low ? m->params + r[i].b0 : NULL;
+    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
+    const void *g = m->grads + r[i].b0;
+    if (m->device == 0) {
+      if (o->optimizer == 2)
+        mlp_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps,
+                      o->weight_decay, t, scale);
+      else
+        mlp_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
+      continue;
+    }
+#ifdef MLP_HAVE_CUDA
+    int e = o->optimizer == 2 ? mlp_cuda_adamw(m->cx, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1,
+                                               o->beta2, o->eps, o->weight_decay, t, scale)
+                              : mlp_cuda_sgd(m->cx, w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum,
+                                             o->weight_decay, t, scale);
+    if (e || mlp_cuda_sync(m->cx))
+      return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
+#endif
+  }
+  m->step = t;
+  return MLP_OK;
+}
+
+mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  int rc = train_call(m, "train_step", MLP_PASS_TRAIN, dims, in, loss);
+  if (rc)
+    return (mlp_status)rc;
+  return (mlp_status)optimizer_step(m);
+}
+
+const void *mlp_grads(mlp_model *m) {
+  if (!m || need_train(m, "grads") || train_state(m))
+    return NULL;
+  return m->grads;
+}
+
+mlp_status mlp_get_grads(mlp_model *m, void *host, size_t bytes) {
+  if (!m)
+    return MLP_EINVAL;
+  int rc = need_train(m, "get_grads");
+  if (rc)
+    return (mlp_status)rc;
+  if (!host || bytes != (size_t)mlp_info.param_bytes)
+    return mlp_fail(m, MLP_EINVAL, "get_grads: need a buffer of exactly %lld bytes, got %zu%s",
+                    (long long)mlp_info.param_bytes, bytes, host ? "" : " (NULL)");
+  if ((rc = train_state(m)))
+    return (mlp_status)rc;
+  return (mlp_status)dev_copy(m, host, m->grads, bytes, 1);
+}
+
+int64_t mlp_get_step(const mlp_model *m) { return m ? m->step : -1; }
+
+mlp_status mlp_set_step(mlp_model *m, int64_t step) {
+  if (!m)
+    return MLP_EINVAL;
+  if (step < 0)
+    return mlp_fail(m, MLP_EINVAL, "set_step: step %lld is negative", (long long)step);
+  m->step = step;
+  return MLP_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* The optimizer state's tensors: kind 0 master, 1 exp_avg / momentum_buffer, 2 exp_avg_sq. */
+static const char *state_name(int kind) {
+  return kind == 0 ? "master" : kind == 2 ? "exp_avg_sq" : mlp_info.optimizer == 2 ? "exp_avg" : "momentum_buffer";
+}
+
+static float *state_buf(mlp_model *m, int kind) { return kind == 0 ? m->master : kind == 1 ? m->opt_m : m->opt_v; }
+
+mlp_status mlp_save_checkpoint(mlp_model *m, const char *path) {
+  if (!m)
+    return MLP_EINVAL;
+  int rc = need_train(m, "save_checkpoint");
+  if (rc)
+    return (mlp_status)rc;
+  if (!path)
+    return mlp_fail(m, MLP_EINVAL, "save_checkpoint: path is NULL");
+  if ((rc = train_state(m)) || (rc = refresh_master(m)))
+    return (mlp_status)rc;
+  int64_t n = mlp_info.state_elems;
+  size_t pb = (size_t)mlp_info.param_bytes, fb = (size_t)n * sizeof(float);
+  unsigned char *h = calloc(1, pb + 3 * fb + 8);
+  mlp_tensor_desc *t = calloc((size_t)mlp_info.nparams * 4 + 2, sizeof *t);
+  char (*names)[160] = calloc((size_t)mlp_info.nparams * 3 + 1, sizeof *names);
+  int nt = 0;
+  if (!h || !t || !names) {
+    rc = mlp_fail(m, MLP_ENOMEM, "save_checkpoint: out of memory");
+    goto done;
+  }
+  float *st = (float *)(void *)(h + pb);
+  if ((rc = dev_copy(m, h, m->params, pb, 1)))
+    goto done;
+  for (int kind = 0; kind < 3; kind++)
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 1)))
+      goto done;
+  for (int k = 0; k < mlp_info.nparams; k++) {
+    const mlp_param_info *p = &mlp_info.params[k];
+    t[nt] = (mlp_tensor_desc){p->ckpt, p->dtype, p->rank, {0}, h + p->offset};
+    memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+    for (int kind = 0; kind < 3; kind++) {
+      if (!state_buf(m, kind) || (kind == 0 && p->dtype == MLP_F32))
+        continue;
+      snprintf(names[k * 3 + kind], sizeof names[0], "optim.%s.%s", state_name(kind), p->ckpt);
+      t[nt] = (mlp_tensor_desc){names[k * 3 + kind], MLP_F32, p->rank, {0}, st + (size_t)kind * (size_t)n + mlp_info.params[k].state};
+      memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+    }
+  }
+  int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
+  t[nt++] = (mlp_tensor_desc){"optim.step", MLP_I32, 1, {2}, stepv};
+  if (mlp_st_write(path, t, nt, m->err, sizeof m->err))
+    rc = MLP_EIO;
+done:
+  free(h);
+  free(t);
+  free(names);
+  return (mlp_status)rc;
+}
+
+/* Tensor `name` of f: present, f32 (or i32 for the step), with the shape. */
+static const mlp_tensor_desc *want(mlp_model *m, const mlp_st_file *f, const char *path, const char *name, int dtype,
+                                   int rank, const int64_t *shape, int *rc) {
+  const mlp_tensor_desc *t = mlp_st_find(f, name);
+  if (!t)
+    *rc = mlp_fail(m, MLP_ECORRUPT, "%s: tensor '%s' is missing (not a training checkpoint of this model?)", path, name);
+  else if (t->dtype != dtype || t->rank != rank || memcmp(t->shape, shape, sizeof(int64_t) * (size_t)rank))
+    *rc = mlp_fail(m, MLP_ECORRUPT, "%s: tensor '%s' has the wrong dtype or shape", path, name);
+  return *rc ? NULL : t;
+}
+
+mlp_status mlp_load_checkpoint(mlp_model *m, const char *path) {
+  if (!m)
+    return MLP_EINVAL;
+  int rc = need_train(m, "load_checkpoint");
+  if (rc)
+    return (mlp_status)rc;
+  if (!path)
+    return mlp_fail(m, MLP_EINVAL, "load_checkpoint: path is NULL");
+  if ((rc = train_state(m)))
+    return (mlp_status)rc;
+  mlp_st_file f;
+  if ((rc = mlp_st_read(path, &f, m->err, sizeof m->err)))
+    return (mlp_status)rc;
+  int64_t n = mlp_info.state_elems;
+  size_t fb = (size_t)n * sizeof(float);
+  float *st = calloc(1, 3 * fb + 8);
+  int64_t step = 0;
+  if (!st) {
+    rc = mlp_fail(m, MLP_ENOMEM, "load_checkpoint: out of memory");
+    goto done;
+  }
+  /* check everything before changing anything */
+  const int64_t two = 2;
+  const mlp_tensor_desc *s = want(m, &f, path, "optim.step", MLP_I32, 1, &two, &rc);
+  if (!s)
+    goto done;
+  step = (int64_t)((uint64_t)(uint32_t)((const int32_t *)s->data)[0] | (uint64_t)(uint32_t)((const int32_t *)s->data)[1] << 32);
+  if (step < 0) {
+    rc = mlp_fail(m, MLP_ECORRUPT, "%s: optim.step is negative", path);
+    goto done;
+  }
+  for (int k = 0; k < mlp_info.nparams; k++) {
+    const mlp_param_info *p = &mlp_info.params[k];
+    for (int kind = 0; kind < 3; kind++) {
+      if (!state_buf(m, kind) || (kind == 0 && p->dtype == MLP_F32))
+        continue;
+      char name[160];
+      snprintf(name, sizeof name, "optim.%s.%s", state_name(kind), p->ckpt);
+      const mlp_tensor_desc *t = want(m, &f, path, name, MLP_F32, p->rank, p->shape, &rc);
+      if (!t)
+        goto done;
+      memcpy(st + (size_t)kind * (size_t)n + mlp_info.params[k].state, t->data, (size_t)p->numel * sizeof(float));
+    }
+  }
+  if ((rc = mlp_load_params(m, path))) /* checks and loads the params (all or nothing) */
+    goto done;
+  for (int kind = 0; kind < 3; kind++)
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 0)))
+      goto done;
+  if (m->master)
+    m->master_stale = 0; /* the checkpoint's master copy, not the rounded params */
+  m->step = step;
+done:
+  free(st);
+  mlp_st_free(&f);
+  return (mlp_status)rc;
 }

@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,6 +47,68 @@ float mlp_bf16_to_f32(uint16_t h);
 uint16_t mlp_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
 float mlp_f16_to_f32(uint16_t h);
 uint16_t mlp_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
+
+/* The same conversions inline, for hot loops (the CPU kernels, mlp_cpu.c, and
+ * the optimizer, mlp_optim_cpu.c): bit-identical to the functions above but
+ * written with bit masks instead of branches, so that loops over them
+ * vectorise; always inlined, even where gcc's unit-growth limit is reached
+ * (the ISA clones reach it), or the loops do not vectorise. Helpers:
+ * mlp_bits_f / mlp_f_bits reinterpret; mlp_mask(c) is all ones when c holds;
+ * mlp_sel(m, a, b) takes a where m is set, else b (a select that vectorises
+ * where ?: on floats does not: gcc will not if-convert under trapping math). */
+#if defined(__GNUC__) || defined(__clang__)
+#define MLP_HOT static inline __attribute__((always_inline))
+#else
+#define MLP_HOT static inline
+#endif
+MLP_HOT float mlp_bits_f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+MLP_HOT uint32_t mlp_f_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+MLP_HOT uint32_t mlp_mask(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
+MLP_HOT float mlp_sel(uint32_t m, float a, float b) {
+  return mlp_bits_f((mlp_f_bits(a) & m) | (mlp_f_bits(b) & ~m));
+}
+
+MLP_HOT float mlp_ld_bf16(uint16_t h) { return mlp_bits_f((uint32_t)h << 16); }
+
+/* Round to nearest even on the bits; NaN stays a quiet NaN of the same sign. */
+MLP_HOT uint16_t mlp_st_bf16(float f) {
+  uint32_t u = mlp_f_bits(f), nan = mlp_mask((u & 0x7fffffffu) > 0x7f800000u);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
+  return (uint16_t)((r & ~nan) | (q & nan));
+}
+
+/* Exact: normals rebias the exponent, inf/NaN keep the payload, subnormals
+ * come out of one exact subtraction (2^-14 (1 + m/1024) - 2^-14). */
+MLP_HOT float mlp_ld_f16(uint16_t h) {
+  uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
+  uint32_t inf = mlp_mask(e == 0x0f800000u), zero = mlp_mask(e == 0);
+  o += 0x38000000u + (0x38000000u & inf);
+  uint32_t sub = mlp_f_bits(mlp_bits_f(o + 0x00800000u) - mlp_bits_f(0x38800000u));
+  o = (o & ~zero) | (sub & zero);
+  return mlp_bits_f(o | ((uint32_t)(h & 0x8000u) << 16));
+}
+
+/* Round to nearest even: 10 fraction bits for normals, a quantum of 2^-24 for
+ * subnormals (rounded by adding 2^23), 65520 and above to inf. */
+MLP_HOT uint16_t mlp_st_f16(float f) {
+  uint32_t u = mlp_f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
+  uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  uint32_t sub = mlp_f_bits(mlp_bits_f(a) * 16777216.0f + 8388608.0f) - 0x4b000000u;
+  uint32_t isnan = mlp_mask(a > 0x7f800000u), isinf = mlp_mask(a >= 0x477ff000u), isnorm = mlp_mask(a >= 0x38800000u);
+  uint32_t r = (norm & isnorm) | (sub & ~isnorm);
+  r = (0x7c00u & isinf) | (r & ~isinf);
+  r = (nanv & isnan) | (r & ~isnan);
+  return (uint16_t)(sign | (r & 0xffffu));
+}
 
 /* Element i of a typed host buffer, as a double; and the store back (rounding
  * to bf16/f16, truncating to i32, bool = v != 0). For tables and tests, not
@@ -174,6 +237,20 @@ void mlp_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
                     int64_t out);
 /* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
 int64_t mlp_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
+/* The table's gradient: out [V, D] = 0, then out[idx[p], :] += dy[p, :] for
+ * p = 0, 1, ... n - 1 in that order, in f32 (stored once in dt: f32, bf16,
+ * f16); deterministic (the same bits for any thread count). Returns -1, or
+ * the first p with idx[p] outside [0, V) (then out is not written). */
+int64_t mlp_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V, int64_t D,
+                                   void *out);
+/* Training-mode dropout (gen/interp.c's eval_dropout): element j is kept iff
+ * u >= p, u = ((r >> 8) + 0.5) 2^-24 from r = word 0 of mlp_philox4x32(ctr =
+ * {j lo32, j hi32, step lo32, step hi32}, key = {seed lo32, seed hi32 ^
+ * ordinal}); kept: y = f32(x) * (float)(1 / (1 - p)) rounded to dt, dropped:
+ * y = +0; p >= 1 drops everything. The scale is applied in f32 (the
+ * interpreter's in double: values agree to rounding, the mask exactly). */
+void mlp_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64_t seed, uint32_t ordinal,
+                     uint64_t step);
 /* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
 void mlp_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
@@ -252,6 +329,15 @@ int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, cons
                     int64_t in, int64_t out);
 int mlp_cuda_embedding(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
                        void *y);
+/* As mlp_cpu_embedding_backward, the same bits (positions in order, f32);
+ * a bad index records its position in d_bad and its dy row is left out.
+ * Uses the context's scratch (a CUB radix sort of the indices). */
+int mlp_cuda_embedding_backward(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V,
+                                int64_t D, void *out);
+/* As mlp_cpu_dropout, the same bits (the same mask; one f32 multiply and a
+ * round-to-nearest-even store on both). */
+int mlp_cuda_dropout(mlp_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n, double p, uint64_t seed,
+                     uint32_t ordinal, uint64_t step);
 int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
                        int causal, double scale);
@@ -302,7 +388,16 @@ typedef struct mlp_param_info {
   int64_t offset;         /* bytes from the start of the params buffer */
   int init;               /* MLP_INIT_* */
   double a, b;            /* init arguments */
+  int64_t state;          /* f32 element of its optimizer state (master copy, moments) */
 } mlp_param_info;
+
+/* Consecutive params of one dtype: bytes [b0, b1) of the params and the
+ * gradients, n elements, at f32 element f of the flat optimizer state. The
+ * optimizer makes one call per run (one for a model of one dtype). */
+typedef struct mlp_param_run {
+  int64_t b0, b1, n, f;
+  int dt;
+} mlp_param_run;
 
 typedef struct mlp_io_info {
   const char *name;
@@ -319,21 +414,56 @@ typedef struct mlp_model_info {
   int64_t param_bytes;
   int ninputs, noutputs;
   const mlp_io_info *inputs, *outputs;
-  uint64_t seed;
+  uint64_t seed;              /* params' init and dropout's mask */
+  /* training (train: section; loss_name NULL when there is none) */
+  const char *loss_name;
+  int loss_dtype;
+  int optimizer;              /* 0 none, 1 sgd, 2 adamw */
+  double lr, beta1, beta2, eps, weight_decay, momentum;
+  double grad_clip;           /* max global L2 norm; 0 = no clipping */
+  int metric_output, metric_target; /* accuracy: logits output k vs i32 input k; -1 = none */
+  int nruns;
+  const mlp_param_run *runs;
+  int64_t state_elems;        /* f32 elements of each optimizer state buffer */
+  int need_master;            /* some params are bf16/f16: keep an f32 master copy */
 } mlp_model_info;
 extern const mlp_model_info mlp_info;
 
 /* Generated: derived sizes and the guards on dims (0, or MLP_EINVAL with a
- * message); shapes of inputs and outputs; workspace bytes; the forward passes. */
+ * message); shapes of inputs and outputs; the passes' workspace buffers. */
 int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
-int64_t mlp_ws_bytes(const int64_t *sym);
+enum { MLP_PASS_FORWARD, MLP_PASS_LOSS, MLP_PASS_TRAIN, MLP_NPASS };
+/* Pass `pass`'s workspace buffers: their number; bytes[k] (may be NULL) for
+ * these dims; *life (may be NULL) = {defining step, last reading step} each. */
+int mlp_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]);
+
+/* The memory planner (mlp_model.c): offsets for n buffers so that buffers
+ * whose lifetimes [life[k][0], life[k][1]] overlap never share bytes; greedy,
+ * largest first, each at the lowest 256-aligned offset that fits. Returns the
+ * total bytes, or -1 when out of memory. */
+int64_t mlp_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off);
+
+/* A pass's workspace layout for the dims it was planned for. */
+typedef struct mlp_layout {
+  int valid, nbuf;
+  int64_t sym[16];
+  int64_t *off;
+  int64_t total;
+} mlp_layout;
 
 struct mlp_model {
   int device;              /* 0 cpu, 1 cuda */
   unsigned char *params;   /* host (cpu) or device (cuda) */
   unsigned char *ws;       /* workspace: activations, sized for the current dims */
   int64_t ws_bytes;
+  mlp_layout layout[MLP_NPASS];
+  /* training state (allocated by the first forward_backward / train_step) */
+  unsigned char *grads;    /* gradients, the params' layout (device memory on cuda) */
+  float *master;           /* f32 copy of the params the optimizer updates (NULL: the params are f32) */
+  float *opt_m, *opt_v;    /* AdamW moments / SGD momentum buffer (opt_m), f32, flat */
+  int master_stale;        /* params changed outside the optimizer: refresh master first */
+  int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1) */
   mlp_cuda_ctx *cx;
   char err[512];
 };
@@ -342,8 +472,17 @@ int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
-int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+/* The generated passes (NAME_cpu.c, NAME_cuda.cu): off = the layout's
+ * offsets; forward: out[k] = output k; loss, train: out[0] = a host float
+ * (the loss); train writes m->grads. */
+typedef int (*mlp_pass_fn)(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in,
+                           void *const *out);
+int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,9 @@
-/* tgm_bench: times the forward pass.
- *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N]
- * Prints the median, min and max milliseconds per forward pass over N timed
- * iterations after the warm-up (the CUDA forward pass ends with a sync). */
+/* tgm_bench: times the forward pass, or the training step.
+ *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1]
+ * Prints the median, min and max milliseconds per call over N timed
+ * iterations after the warm-up (each CUDA call ends with a sync), and the
+ * workspace the pass needs at these dims. --train 1 times train_step
+ * (forward, backward, optimizer) on a fixed batch. */
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
 
@@ -20,12 +22,13 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
-  int iters = 20, warmup = 3;
+  int iters = 20, warmup = 3, train = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
     else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
     else return fprintf(stderr, "tgm_bench: unknown option '%s'\n", argv[i]), 1;
   }
   if (iters < 1 || iters > 100000)
@@ -65,16 +68,18 @@ int main(int argc, char **argv) {
   double *t = calloc((size_t)iters, sizeof *t);
   for (int i = 0; i < warmup + iters; i++) {
     double t0 = now_ms();
-    if (tgm_forward_v(m, dyn, (const void *const *)din, dout))
+    float loss;
+    if (train ? tgm_train_step_v(m, dyn, (const void *const *)din, &loss) : tgm_forward_v(m, dyn, (const void *const *)din, dout))
       return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
     if (i >= warmup)
       t[i - warmup] = now_ms() - t0;
   }
   qsort(t, (size_t)iters, sizeof *t, cmp);
-  printf("tgm forward on %s:", device);
+  printf("tgm %s on %s:", train ? "train_step" : "forward", device);
   for (int k = 0; k < tgm_info.ndyn; k++)
     printf(" %s=%lld", tgm_info.sym_names[k], (long long)dyn[k]);
-  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)\n", t[iters / 2], t[0], t[iters - 1], iters);
+  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)  workspace %.1f MiB\n", t[iters / 2], t[0],
+         t[iters - 1], iters, (double)m->layout[train ? TGM_PASS_TRAIN : TGM_PASS_FORWARD].total / 1048576.0);
   free(t);
   tgm_destroy(m);
   return 0;

@@ -72,7 +72,9 @@ const char *tgm_error(const tgm_model *m);
 /* Params: Philox init from a seed (identical bits on every device), or a
  * safetensors checkpoint with the spec's tensor names. Loading checks every
  * name, dtype and shape and leaves the params untouched on any error; saving
- * writes a temp file and renames it, so a crash never leaves a torn file. */
+ * writes a temp file and renames it, so a crash never leaves a torn file.
+ * Init and load also start training afresh (optimizer state zero, step 0);
+ * tgm_set_params keeps the optimizer state. */
 tgm_status tgm_init_params(tgm_model *m, uint64_t seed);
 tgm_status tgm_load_params(tgm_model *m, const char *path);
 tgm_status tgm_save_params(tgm_model *m, const char *path);
@@ -86,6 +88,46 @@ tgm_status tgm_set_params(tgm_model *m, const void *host, size_t bytes);
 tgm_status tgm_forward(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, tgm_outputs *out);
 /* The same with dims, inputs and outputs as arrays in declaration order. */
 tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *in, void *const *out);
+
+/* ---- Training (models with a train: section; the others return TGM_EINVAL)
+ *
+ *     float loss;
+ *     for (int step = 0; step < 100; step++)
+ *       if (tgm_train_step(m, &dims, &in, &loss)) fprintf(stderr, "%s\n", tgm_error(m));
+ *     tgm_save_checkpoint(m, "ckpt.safetensors");  // params + optimizer state
+ *
+ * The loss is the spec's train.loss; inputs as for tgm_forward (outputs are
+ * not computed). Dropout is active in forward_backward and train_step, its
+ * mask fixed by the spec's seed, the dropout's place in the spec and the
+ * step count (tgm_get_step). */
+
+/* The loss alone (dropout off): for evaluating held-out data. */
+tgm_status tgm_loss(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, float *loss);
+/* Loss and the gradient of every param into the gradient buffer (for callers
+ * with their own optimizer); the step count is unchanged. */
+tgm_status tgm_forward_backward(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, float *loss);
+/* forward_backward, the clip by global norm (if the spec has grad_clip), the
+ * optimizer step over every param; then the step count goes up by one. */
+tgm_status tgm_train_step(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, float *loss);
+/* The same with dims and inputs as arrays in declaration order. */
+tgm_status tgm_loss_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
+tgm_status tgm_forward_backward_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
+tgm_status tgm_train_step_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
+/* The gradient buffer: tgm_param_bytes() bytes in the params' layout and
+ * dtypes (device memory on "cuda"); NULL if the model cannot train. */
+const void *tgm_grads(tgm_model *m);
+tgm_status tgm_get_grads(tgm_model *m, void *host, size_t bytes);
+/* Optimizer steps taken so far (dropout's step; AdamW's bias correction). */
+int64_t tgm_get_step(const tgm_model *m);
+tgm_status tgm_set_step(tgm_model *m, int64_t step);
+/* A training checkpoint: the params under their names plus the optimizer
+ * state ("optim.step", "optim.exp_avg.NAME", "optim.exp_avg_sq.NAME" or
+ * "optim.momentum_buffer.NAME", and "optim.master.NAME", the f32 master copy
+ * of bf16/f16 params). Loading checks every tensor first and changes nothing
+ * on error; training then resumes exactly where it stopped (bit for bit on
+ * the CPU). tgm_load_params also accepts a checkpoint (params only). */
+tgm_status tgm_save_checkpoint(tgm_model *m, const char *path);
+tgm_status tgm_load_checkpoint(tgm_model *m, const char *path);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,8 @@
  * section of tgm_rt.h).
  *
  * Template: copied into every emitted project as src/NAME_kernels_cuda.cu
- * with "tgm_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS). Every
+ * with "tgm_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS, and
+ * CUB's headers for embedding_backward's radix sort). Every
  * entry point checks its arguments, enqueues its work on the context's stream
  * and returns 0, or a CUDA/cuBLAS error code with "FUNCTION: what went wrong"
  * in the context (tgm_cuda_ctx_error); nothing here exits or aborts.
@@ -27,6 +28,7 @@
 #include "tgm_rt.h"
 
 #include <cublas_v2.h>
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -162,6 +164,23 @@ template <class T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
+
+/* Philox4x32-10, the bits of tgm_philox4x32 (tgm_init.c): ten rounds, each
+ * multiplying words 0 and 2, xoring the high halves into words 1 and 3 with
+ * the round key; the key bumped by the Weyl constants between rounds. */
+__device__ __forceinline__ uint4 philox4x32(uint4 c, uint2 k) {
+#pragma unroll
+  for (int r = 0; r < 10; r++) {
+    if (r) {
+      k.x += 0x9E3779B9u;
+      k.y += 0xBB67AE85u;
+    }
+    uint32_t hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    uint32_t hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+  }
+  return c;
+}
 
 __device__ __forceinline__ bool is_nan(float x) { return x != x; }
 __device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == INFINITY; }
@@ -965,6 +984,164 @@ __global__ void k_mse_part(const T *__restrict__ a, const T *__restrict__ b, int
   double tot = block_sum_d((double)s, sh);
   if (threadIdx.x == 0)
     part[blockIdx.x] = (float)tot;
+}
+
+/* ---------------------------------------------------------------- embedding_backward, dropout */
+
+/* embedding_backward, step 1: the sort's input, key[p] = idx[p] (or `nkeys`,
+ * above every valid key, for an index outside [0, V), whose position goes to
+ * *bad) and val[p] = p. */
+__global__ void k_emb_keys(const int32_t *__restrict__ idx, int64_t n, int64_t V, uint32_t nkeys,
+                           uint32_t *__restrict__ key, uint32_t *__restrict__ val, unsigned long long *bad) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t p = t; p < n; p += step) {
+    int32_t i = idx[p];
+    bool ok = i >= 0 && (int64_t)i < V;
+    if (!ok)
+      atomicMin(bad, (unsigned long long)p);
+    key[p] = ok ? (uint32_t)i : nkeys;
+    val[p] = (uint32_t)p;
+  }
+}
+
+/* Step 3 (after the stable sort by key): row k's positions are pos[lo[k] ..
+ * hi[k]), in increasing order; lo and hi are zero beforehand (empty rows). */
+__global__ void k_emb_bounds(const uint32_t *__restrict__ key, int64_t n, uint32_t nkeys, uint32_t *__restrict__ lo,
+                             uint32_t *__restrict__ hi) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step) {
+    uint32_t k = key[i];
+    if (k >= nkeys)
+      continue;
+    if (i == 0 || key[i - 1] != k)
+      lo[k] = (uint32_t)i;
+    if (i == n - 1 || key[i + 1] != k)
+      hi[k] = (uint32_t)(i + 1);
+  }
+}
+
+const int kEmbStage = 256;      /* positions staged in shared memory at a time */
+const uint32_t kEmbHeavy = 32; /* rows with more positions go to k_emb_heavy */
+
+/* acc[c] += dy[p, col0 + c cstride] for the positions p = pos[a .. b) in
+ * order (f32, one add per position: the order of the CPU's loop). The block
+ * stages the positions in shared memory, so that only the dy loads are on the
+ * critical path, and keeps U positions' loads in flight. Every thread of the
+ * block calls it (it synchronises); columns past D add nothing. */
+template <class T, int CPT, int U>
+__device__ __forceinline__ void emb_sum(const T *__restrict__ dy, int64_t D, const uint32_t *__restrict__ pos,
+                                        uint32_t a, uint32_t b, int64_t col0, int64_t cstride, float (&acc)[CPT],
+                                        uint32_t *sp) {
+  for (uint32_t base = a; base < b; base += kEmbStage) {
+    uint32_t m = b - base < (uint32_t)kEmbStage ? b - base : (uint32_t)kEmbStage;
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < m; t += blockDim.x)
+      sp[t] = pos[base + t];
+    __syncthreads();
+    uint32_t k = 0;
+    for (; k + U <= m; k += U) {
+      float x[U][CPT];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const T *r = dy + (int64_t)sp[k + u] * D;
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+          int64_t col = col0 + c * cstride;
+          x[u][c] = col < D ? to_f(r[col]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int c = 0; c < CPT; c++)
+          acc[c] += x[u][c];
+    }
+    for (; k < m; k++) {
+      const T *r = dy + (int64_t)sp[k] * D;
+#pragma unroll
+      for (int c = 0; c < CPT; c++) {
+        int64_t col = col0 + c * cstride;
+        if (col < D)
+          acc[c] += to_f(r[col]);
+      }
+    }
+  }
+}
+
+/* Step 4: one block per output row v (grid-stride), each thread CPT columns
+ * (blockDim.x apart, coalesced) summed in f32 and stored once; a row no
+ * index hits is zeros (16-byte stores where aligned). A row of more than
+ * kEmbHeavy positions is left to k_emb_heavy: its number goes to heavy[]
+ * (in any order: each row's result does not depend on it). */
+template <class T, int CPT, int U>
+__global__ void k_emb_rows(const T *__restrict__ dy, int64_t D, int64_t V, uint32_t nkeys,
+                           const uint32_t *__restrict__ pos, const uint32_t *__restrict__ lo,
+                           const uint32_t *__restrict__ hi, uint32_t *__restrict__ heavy, uint32_t *nheavy,
+                           T *__restrict__ out) {
+  __shared__ uint32_t sp[kEmbStage];
+  for (int64_t v = blockIdx.x; v < V; v += gridDim.x) {
+    uint32_t a = v < nkeys ? lo[v] : 0, b = v < nkeys ? hi[v] : 0;
+    T *row = out + v * D;
+    if (b - a > kEmbHeavy) {
+      if (threadIdx.x == 0)
+        heavy[atomicAdd(nheavy, 1u)] = (uint32_t)v;
+      continue;
+    }
+    if (a == b && (D * (int64_t)sizeof(T)) % 16 == 0 && ((uintptr_t)row & 15) == 0) {
+      uint4 *r4 = (uint4 *)row, z = make_uint4(0, 0, 0, 0);
+      for (int64_t i = threadIdx.x; i < D * (int64_t)sizeof(T) / 16; i += blockDim.x)
+        r4[i] = z;
+      continue;
+    }
+    for (int64_t cb = 0; cb < D; cb += (int64_t)CPT * blockDim.x) {
+      float acc[CPT];
+#pragma unroll
+      for (int c = 0; c < CPT; c++)
+        acc[c] = 0.0f;
+      emb_sum<T, CPT, U>(dy, D, pos, a, b, cb + threadIdx.x, blockDim.x, acc, sp);
+#pragma unroll
+      for (int c = 0; c < CPT; c++) {
+        int64_t col = cb + threadIdx.x + (int64_t)c * blockDim.x;
+        if (col < D)
+          row[col] = from_f<T>(acc[c]);
+      }
+    }
+  }
+}
+
+/* Step 5: the heavy rows (a frequent token, padding), split by columns over
+ * blocks: block (x, y) sums columns [x blockDim.x, (x + 1) blockDim.x) of
+ * heavy row y (grid-stride over both), one column per thread and U
+ * positions' loads in flight, so that a row of thousands of positions is
+ * spread over many SMs with many loads outstanding. The same order of adds. */
+template <class T, int U>
+__global__ void k_emb_heavy(const T *__restrict__ dy, int64_t D, const uint32_t *__restrict__ pos,
+                            const uint32_t *__restrict__ lo, const uint32_t *__restrict__ hi,
+                            const uint32_t *__restrict__ heavy, const uint32_t *nheavy, T *__restrict__ out) {
+  __shared__ uint32_t sp[kEmbStage];
+  uint32_t cnt = *nheavy;
+  for (uint32_t h = blockIdx.y; h < cnt; h += gridDim.y)
+    for (int64_t cb = blockIdx.x * (int64_t)blockDim.x; cb < D; cb += (int64_t)gridDim.x * blockDim.x) {
+      uint32_t v = heavy[h];
+      int64_t col = cb + threadIdx.x;
+      float acc[1] = {0.0f};
+      emb_sum<T, 1, U>(dy, D, pos, lo[v], hi[v], col, 0, acc, sp);
+      if (col < D)
+        out[(int64_t)v * D + col] = from_f<T>(acc[0]);
+    }
+}
+
+/* Dropout: element j kept iff 2 (r >> 8) + 1 >= t, r = word 0 of
+ * philox4x32({j lo, j hi, step lo, step hi}, key); y = x s or +0. x and y
+ * may be the same buffer. */
+template <class T>
+__global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint2 key, uint32_t s0, uint32_t s1) {
+  int64_t i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t j = i0; j < n; j += step) {
+    uint32_t r = philox4x32(make_uint4((uint32_t)j, (uint32_t)((uint64_t)j >> 32), s0, s1), key).x;
+    float v = to_f(x[j]) * s;
+    y[j] = from_f<T>(((r >> 8) << 1 | 1u) >= t ? v : 0.0f);
+  }
 }
 
 /* ---------------------------------------------------------------- host: geometry */
@@ -2030,6 +2207,131 @@ int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, 
   if (D == 0) /* nothing to copy, but the indices are still checked */
     return launch_rows<uint8_t>(cx, table, 0, y, 0, n, 0, idx, V);
   return copy_rows(cx, table, D * es, y, D * es, n, D * es, idx, V);
+}
+
+template <class T>
+static int emb_rows_typed(tgm_cuda_ctx *cx, const void *dy, int64_t D, int64_t V, uint32_t nkeys, const uint32_t *pos,
+                          const uint32_t *lo, const uint32_t *hi, uint32_t *heavy, uint32_t *nheavy, int64_t maxheavy,
+                          void *out) {
+  const int cpt = 4;
+  int64_t nt = ((D + cpt - 1) / cpt + 31) / 32 * 32;
+  nt = nt < 64 ? 64 : nt > 256 ? 256 : nt;
+  unsigned grid = (unsigned)(V < ((int64_t)1 << 24) ? V : ((int64_t)1 << 24));
+  k_emb_rows<T, cpt, 8><<<grid, (unsigned)nt, 0, cx->stream>>>((const T *)dy, D, V, nkeys, pos, lo, hi, heavy, nheavy,
+                                                               (T *)out);
+  TGM_CUDA_LAUNCHED("k_emb_rows");
+  if (maxheavy > 0) {
+    const int ht = 64;
+    int64_t gx = (D + ht - 1) / ht;
+    dim3 g((unsigned)(gx < 65535 ? gx : 65535), (unsigned)(maxheavy < 65535 ? maxheavy : 65535));
+    k_emb_heavy<T, 64><<<g, ht, 0, cx->stream>>>((const T *)dy, D, pos, lo, hi, heavy, nheavy, (T *)out);
+    TGM_CUDA_LAUNCHED("k_emb_heavy");
+  }
+  return 0;
+}
+
+/* Deterministic without atomics on the sums: (1) keys = the indices (bad ones
+ * to a sentinel above the rest, recorded in d_bad), values = the positions;
+ * (2) CUB's radix sort by key, stable, over the key's bits only (16 bits for
+ * V = 50304: two passes): each row's positions end up contiguous and in
+ * increasing order; (3) each row's segment [lo, hi) from the sorted keys;
+ * (4) one block per row adds its dy rows in that order in f32 and writes the
+ * row once, except (5) rows of more than kEmbHeavy positions, which are split
+ * by columns over many blocks (same order of adds). The sums are those of
+ * tgm_cpu_embedding_backward, bit for bit.
+ * Cost at GPT-2 sizes (V = 50304, D = 768, n = 16384) on an H100 (tests/gpu/
+ * test_cuda_kernels.cu, group timing): 0.15 ms (f32) / 0.14 ms (bf16) with
+ * uniform indices, where writing the [V, D] result (155 / 77 MB) dominates;
+ * 0.21 ms with Zipf indices (the top row 9% of the positions); 0.95 ms in the
+ * worst case, every position on one row, where the in-order f32 sum of 16384
+ * rows per column is latency-bound (the order is what makes it exact). */
+int tgm_cuda_embedding_backward(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V,
+                                int64_t D, void *out) {
+  cx->op = "tgm_cuda_embedding_backward";
+  if (!is_float_dt(dt))
+    return TGM_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (n < 0 || V < 0 || D < 0)
+    return TGM_CUDA_BAD("negative size");
+  if (n > (int64_t)INT32_MAX)
+    return TGM_CUDA_BAD("%lld indices: at most 2^31 - 1", (long long)n);
+  if ((n && !idx) || (n && D && !dy) || (V && D && !out))
+    return TGM_CUDA_BAD("NULL pointer");
+  int64_t es = dt_size(dt);
+  if (n == 0) {
+    if (V * D != 0)
+      TGM_CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(V * D * es), cx->stream));
+    return 0;
+  }
+  /* keys < nkeys are rows (int32 indices reach 2^31 - 1 at most); nkeys is the bad-index sentinel */
+  uint32_t nkeys = V < ((int64_t)1 << 31) ? (uint32_t)V : (uint32_t)1 << 31;
+  int bits = 1;
+  while (bits < 32 && (nkeys >> bits))
+    bits++;
+  size_t sort_bytes = 0;
+  TGM_CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                               (const uint32_t *)NULL, (uint32_t *)NULL, (int)n, 0, bits, cx->stream));
+  /* scratch: key, val, sorted key, pos [n] each; lo, hi [nkeys], nheavy, heavy [maxheavy]; CUB's temporary */
+  int64_t maxheavy = n / ((int64_t)kEmbHeavy + 1); /* rows with more than kEmbHeavy positions, at most */
+  size_t nb = (size_t)TGM_ALIGN(4 * n), kb = (size_t)TGM_ALIGN(4 * (2 * (int64_t)nkeys + 1 + maxheavy));
+  void *p;
+  int rc = scratch(cx, 4 * nb + kb + sort_bytes, &p);
+  if (rc)
+    return rc;
+  char *base = (char *)p;
+  uint32_t *key = (uint32_t *)base, *val = (uint32_t *)(base + nb), *skey = (uint32_t *)(base + 2 * nb),
+           *pos = (uint32_t *)(base + 3 * nb), *lo = (uint32_t *)(base + 4 * nb), *hi = lo + nkeys,
+           *nheavy = hi + nkeys, *heavy = nheavy + 1;
+  void *tmp = base + 4 * nb + kb;
+  k_emb_keys<<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(idx, n, V, nkeys, key, val, cx->d_bad);
+  TGM_CUDA_LAUNCHED("k_emb_keys");
+  if (V * D == 0)
+    return 0;
+  TGM_CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, (const uint32_t *)key, skey, (const uint32_t *)val,
+                                               pos, (int)n, 0, bits, cx->stream));
+  TGM_CUDA_TRY(cudaMemsetAsync(lo, 0, sizeof(uint32_t) * (2 * (size_t)nkeys + 1), cx->stream)); /* lo, hi, nheavy */
+  k_emb_bounds<<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(skey, n, nkeys, lo, hi);
+  TGM_CUDA_LAUNCHED("k_emb_bounds");
+  switch (dt) {
+  case TGM_F32: return emb_rows_typed<float>(cx, dy, D, V, nkeys, pos, lo, hi, heavy, nheavy, maxheavy, out);
+  case TGM_BF16: return emb_rows_typed<bf16>(cx, dy, D, V, nkeys, pos, lo, hi, heavy, nheavy, maxheavy, out);
+  default: return emb_rows_typed<f16>(cx, dy, D, V, nkeys, pos, lo, hi, heavy, nheavy, maxheavy, out);
+  }
+}
+
+template <class T>
+static int dropout_typed(tgm_cuda_ctx *cx, const void *x, void *y, int64_t n, uint32_t t, float s, uint2 key,
+                         uint32_t s0, uint32_t s1) {
+  k_dropout<T><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const T *)x, (T *)y, n, t, s, key, s0, s1);
+  TGM_CUDA_LAUNCHED("k_dropout");
+  return 0;
+}
+
+/* The mask of tgm_cpu_dropout (see there): kept iff 2 (r >> 8) + 1 >= t =
+ * ceil(p 2^25), i.e. u >= p exactly; y = f32(x) * (float)(1 / (1 - p)). */
+int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n, double p, uint64_t seed,
+                     uint32_t ordinal, uint64_t step) {
+  cx->op = "tgm_cuda_dropout";
+  if (!is_float_dt(dt))
+    return TGM_CUDA_BAD("dtype %s is not floating", dt_name(dt));
+  if (n < 0)
+    return TGM_CUDA_BAD("negative size");
+  if (n == 0)
+    return 0;
+  if (!x || !y)
+    return TGM_CUDA_BAD("NULL pointer");
+  if (!(p < 1)) { /* everything dropped */
+    TGM_CUDA_TRY(cudaMemsetAsync(y, 0, (size_t)(n * dt_size(dt)), cx->stream));
+    return 0;
+  }
+  uint32_t t = p > 0 ? (uint32_t)ceil(p * 33554432.0) : 0;
+  float s = (float)(1.0 / (1.0 - p));
+  uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32) ^ ordinal);
+  uint32_t s0 = (uint32_t)step, s1 = (uint32_t)(step >> 32);
+  switch (dt) {
+  case TGM_F32: return dropout_typed<float>(cx, x, y, n, t, s, key, s0, s1);
+  case TGM_BF16: return dropout_typed<bf16>(cx, x, y, n, t, s, key, s0, s1);
+  default: return dropout_typed<f16>(cx, x, y, n, t, s, key, s0, s1);
+  }
 }
 
 int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,

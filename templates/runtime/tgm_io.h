@@ -84,4 +84,86 @@ static inline void tgm_device_free(tgm_model *m, void *dev) {
 #endif
 }
 
+/* A test case: the golden file's dims, seed and inputs (or, without the
+ * file, dims of 2 (capped by max), the spec's seed and the fixed fill), with
+ * the params initialised from the seed and the inputs on the device. */
+typedef struct tgm_case {
+  int have;                 /* the golden file exists */
+  tgm_st_file f;
+  int64_t dyn[16], sym[16];
+  uint64_t seed;
+  tgm_host in[64];
+  void *din[64];
+} tgm_case;
+
+static inline int tgm_case_open(tgm_model *m, const char *golden, tgm_case *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  FILE *fp = golden ? fopen(golden, "rb") : NULL;
+  c->have = fp != NULL;
+  if (fp)
+    fclose(fp);
+  if (c->have && tgm_st_read(golden, &c->f, err, errlen))
+    return -1;
+  c->seed = tgm_info.seed;
+  if (c->have) {
+    const tgm_tensor_desc *d = tgm_st_find(&c->f, "meta.dims"), *s = tgm_st_find(&c->f, "meta.seed");
+    if (!d || !s)
+      return snprintf(err, errlen, "%s lacks meta.dims or meta.seed", golden), -1;
+    for (int k = 0; k < tgm_info.ndyn; k++)
+      c->dyn[k] = ((const int32_t *)d->data)[1 + k];
+    c->seed = (uint64_t)(uint32_t)((const int32_t *)s->data)[0] | (uint64_t)(uint32_t)((const int32_t *)s->data)[1] << 32;
+  } else {
+    for (int k = 0; k < tgm_info.ndyn; k++)
+      c->dyn[k] = tgm_info.dyn_max[k] < 2 ? tgm_info.dyn_max[k] : 2;
+  }
+  if (tgm_compute_syms(c->dyn, c->sym, err, errlen))
+    return -1;
+  if (tgm_init_params(m, c->seed))
+    return snprintf(err, errlen, "init: %s", tgm_error(m)), -1;
+  for (int k = 0; k < tgm_info.ninputs; k++) {
+    if (tgm_host_alloc(&c->in[k], 0, k, c->sym))
+      return snprintf(err, errlen, "out of memory"), -1;
+    if (c->have) {
+      const tgm_tensor_desc *t = tgm_st_find(&c->f, tgm_info.inputs[k].name);
+      if (!t || t->dtype != c->in[k].dtype || tgm_numel(t->rank, t->shape) != c->in[k].numel)
+        return snprintf(err, errlen, "golden input '%s' missing or of the wrong shape", tgm_info.inputs[k].name), -1;
+      memcpy(c->in[k].data, t->data, (size_t)c->in[k].numel * (size_t)tgm_dtype_sizes[c->in[k].dtype]);
+    } else {
+      tgm_host_fill(&c->in[k], tgm_info.inputs[k].name);
+    }
+    if (tgm_to_device(m, &c->in[k], &c->din[k]))
+      return snprintf(err, errlen, "copying input '%s' to the device", tgm_info.inputs[k].name), -1;
+  }
+  return 0;
+}
+
+static inline void tgm_case_close(tgm_model *m, tgm_case *c) {
+  for (int k = 0; k < tgm_info.ninputs; k++) {
+    if (c->din[k] && c->din[k] != c->in[k].data)
+      tgm_device_free(m, c->din[k]);
+    free(c->in[k].data);
+  }
+  if (c->have)
+    tgm_st_free(&c->f);
+}
+
+/* max|got - want| / max|want| over the finite wanted values; *finite = 0 if
+ * got has a non-finite value where want is finite. */
+static inline double tgm_rel_err(const void *got, int dt, const float *want, int64_t n, double *maxref, int *finite) {
+  double maxdiff = 0;
+  *maxref = 0;
+  *finite = 1;
+  for (int64_t i = 0; i < n; i++) {
+    double g = tgm_get(got, dt, i), w = want ? want[i] : 0;
+    if (want && !isfinite(w))
+      continue;
+    *finite &= isfinite(g) ? 1 : 0;
+    if (want && fabs(g - w) > maxdiff)
+      maxdiff = fabs(g - w);
+    if (want && fabs(w) > *maxref)
+      *maxref = fabs(w);
+  }
+  return maxdiff / (*maxref > 1e-6 ? *maxref : 1e-6);
+}
+
 #endif

@@ -24,6 +24,51 @@ static void set_err(char *err, size_t errlen, const char *fmt, const char *arg) 
     snprintf(err, errlen, fmt, arg);
 }
 
+/* Memory on the model's device: zeroed; freed by dev_free. */
+static void *dev_zalloc(tgm_model *m, size_t n) {
+  if (m->device == 0)
+    return calloc(1, n ? n : 1);
+#ifdef TGM_HAVE_CUDA
+  void *p = NULL;
+  unsigned char *zero = calloc(1, n ? n : 1);
+  if (!zero || tgm_cuda_malloc(m->cx, &p, n ? n : 1) || tgm_cuda_memcpy(m->cx, p, zero, n, 0)) {
+    tgm_cuda_free(m->cx, p);
+    p = NULL;
+  }
+  free(zero);
+  return p;
+#else
+  return NULL;
+#endif
+}
+
+static void dev_free(tgm_model *m, void *p) {
+  if (m->device == 0)
+    free(p);
+#ifdef TGM_HAVE_CUDA
+  else if (p)
+    tgm_cuda_free(m->cx, p);
+#endif
+}
+
+/* Copy n bytes between the host and the model's device (to_host: dev -> host). */
+static int dev_copy(tgm_model *m, void *host, void *dev, size_t n, int to_host) {
+  if (m->device == 0) {
+    if (to_host)
+      memcpy(host, dev, n);
+    else
+      memcpy(dev, host, n);
+    return TGM_OK;
+  }
+#ifdef TGM_HAVE_CUDA
+  if (tgm_cuda_memcpy(m->cx, to_host ? host : dev, to_host ? dev : host, n, to_host ? 1 : 0))
+    return tgm_fail(m, TGM_EDEVICE, "copying to/from the device: %s", tgm_cuda_ctx_error(m->cx));
+  return TGM_OK;
+#else
+  return tgm_fail(m, TGM_EDEVICE, "no CUDA path in this build");
+#endif
+}
+
 tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t errlen) {
   if (!out) {
     set_err(err, errlen, "tgm_create: out is NULL%s", "");
@@ -42,6 +87,7 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
   size_t pb = (size_t)tgm_info.param_bytes;
   if (!strcmp(device, "cpu")) {
     m->device = 0;
+    m->master_stale = 1;
     m->params = calloc(1, pb ? pb : 1);
     if (!m->params) {
       free(m);
@@ -51,6 +97,7 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
   } else {
 #ifdef TGM_HAVE_CUDA
     m->device = 1;
+    m->master_stale = 1;
     char cerr[256];
     if (tgm_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
       set_err(err, errlen, "tgm_create: %s", cerr);
@@ -84,17 +131,15 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
 void tgm_destroy(tgm_model *m) {
   if (!m)
     return;
-  if (m->device == 0) {
-    free(m->params);
-    free(m->ws);
-  }
+  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    dev_free(m, bufs[i]);
 #ifdef TGM_HAVE_CUDA
-  else {
-    tgm_cuda_free(m->cx, m->params);
-    tgm_cuda_free(m->cx, m->ws);
+  if (m->device == 1)
     tgm_cuda_ctx_destroy(m->cx);
-  }
 #endif
+  for (int k = 0; k < TGM_NPASS; k++)
+    free(m->layout[k].off);
   free(m);
 }
 
@@ -105,6 +150,8 @@ size_t tgm_param_bytes(void) { return (size_t)tgm_info.param_bytes; }
 /* Copy between a host buffer and the params (either direction). */
 static int params_copy(tgm_model *m, void *host, int to_host) {
   size_t n = (size_t)tgm_info.param_bytes;
+  if (!to_host)
+    m->master_stale = 1; /* the optimizer's f32 copy must follow */
   if (m->device == 0) {
     if (to_host)
       memcpy(host, m->params, n);
@@ -139,6 +186,26 @@ tgm_status tgm_set_params(tgm_model *m, const void *host, size_t bytes) {
   return params_copy(m, (void *)host, 0);
 }
 
+/* Fresh training: optimizer state zero, step 0 (after init or load). */
+static int reset_train_state(tgm_model *m) {
+  size_t fb = (size_t)tgm_info.state_elems * sizeof(float);
+  float *bufs[2] = {m->opt_m, m->opt_v};
+  m->step = 0;
+  for (int i = 0; i < 2; i++) {
+    if (!bufs[i])
+      continue;
+    if (m->device == 0) {
+      memset(bufs[i], 0, fb);
+      continue;
+    }
+#ifdef TGM_HAVE_CUDA
+    if (tgm_cuda_fill(m->cx, TGM_F32, bufs[i], tgm_info.state_elems, 0) || tgm_cuda_sync(m->cx))
+      return tgm_fail(m, TGM_EDEVICE, "clearing the optimizer state: %s", tgm_cuda_ctx_error(m->cx));
+#endif
+  }
+  return TGM_OK;
+}
+
 tgm_status tgm_init_params(tgm_model *m, uint64_t seed) {
   if (!m)
     return TGM_EINVAL;
@@ -155,7 +222,7 @@ tgm_status tgm_init_params(tgm_model *m, uint64_t seed) {
   }
   int rc = params_copy(m, h, 0);
   free(h);
-  return (tgm_status)rc;
+  return (tgm_status)(rc ? rc : reset_train_state(m));
 }
 
 tgm_status tgm_save_params(tgm_model *m, const char *path) {
@@ -238,6 +305,7 @@ tgm_status tgm_load_params(tgm_model *m, const char *path) {
       int known = 0;
       for (int k = 0; k < tgm_info.nparams && !known; k++)
         known = !strcmp(f.t[i].name, tgm_info.params[k].ckpt);
+      known |= !strncmp(f.t[i].name, "optim.", 6); /* a training checkpoint's optimizer state */
       if (!known) {
         rc = tgm_fail(m, TGM_ECORRUPT, "%s: tensor '%s' is not a param of model %s", path, f.t[i].name, tgm_info.name);
         goto done;
@@ -245,6 +313,8 @@ tgm_status tgm_load_params(tgm_model *m, const char *path) {
     }
   }
   rc = params_copy(m, h, 0);
+  if (!rc)
+    rc = reset_train_state(m);
 done:
   free(h);
   tgm_st_free(&f);
@@ -275,32 +345,419 @@ static int ensure_ws(tgm_model *m, int64_t need) {
 #endif
 }
 
-tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *in, void *const *out) {
-  if (!m)
-    return TGM_EINVAL;
+/* ---------------------------------------------------------------- the memory planner */
+
+typedef struct plan_item {
+  int64_t bytes;
+  int k;
+} plan_item;
+
+static int by_size_desc(const void *a, const void *b) {
+  const plan_item *x = a, *y = b;
+  if (x->bytes != y->bytes)
+    return x->bytes > y->bytes ? -1 : 1;
+  return x->k - y->k;
+}
+
+static int by_offset(const void *a, const void *b) {
+  const int64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+int64_t tgm_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off) {
+  plan_item *it = malloc(sizeof *it * (size_t)(n + 1));
+  int *placed = malloc(sizeof *placed * (size_t)(n + 1));
+  int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(n + 1)); /* [offset, end) of overlapping placed buffers */
+  int64_t total = 0;
+  if (!it || !placed || !busy) {
+    total = -1;
+    goto done;
+  }
+  for (int k = 0; k < n; k++)
+    it[k] = (plan_item){TGM_ALIGN(bytes[k]), k};
+  qsort(it, (size_t)n, sizeof *it, by_size_desc);
+  for (int i = 0; i < n; i++) {
+    int k = it[i].k, nb = 0;
+    for (int j = 0; j < i; j++) {
+      int q = placed[j];
+      if (life[q][0] <= life[k][1] && life[k][0] <= life[q][1] && it[j].bytes > 0) {
+        busy[nb][0] = off[q];
+        busy[nb][1] = off[q] + it[j].bytes;
+        nb++;
+      }
+    }
+    qsort(busy, (size_t)nb, sizeof *busy, by_offset);
+    int64_t at = 0;
+    for (int j = 0; j < nb && busy[j][0] < at + it[i].bytes; j++)
+      if (busy[j][1] > at)
+        at = busy[j][1];
+    off[k] = at;
+    placed[i] = k;
+    if (at + it[i].bytes > total)
+      total = at + it[i].bytes;
+  }
+done:
+  free(it);
+  free(placed);
+  free(busy);
+  return total;
+}
+
+/* Pass `pass`'s offsets for the dims sym (planned once per dims), with the
+ * workspace grown to hold them. */
+static int layout_for(tgm_model *m, int pass, const int64_t *sym, const int64_t **off) {
+  tgm_layout *L = &m->layout[pass];
+  if (!L->valid || memcmp(L->sym, sym, sizeof L->sym)) {
+    const int32_t(*life)[2] = NULL;
+    int n = tgm_pass_buffers(pass, sym, NULL, &life);
+    int64_t *bytes = malloc(sizeof *bytes * (size_t)(n + 1));
+    free(L->off);
+    L->off = malloc(sizeof *L->off * (size_t)(n + 1));
+    L->valid = 0;
+    if (!bytes || !L->off) {
+      free(bytes);
+      return tgm_fail(m, TGM_ENOMEM, "out of memory planning the workspace");
+    }
+    tgm_pass_buffers(pass, sym, bytes, NULL);
+    L->total = tgm_plan_buffers(n, bytes, life, L->off);
+    free(bytes);
+    if (L->total < 0)
+      return tgm_fail(m, TGM_ENOMEM, "out of memory planning the workspace");
+    L->nbuf = n;
+    L->valid = 1;
+    memcpy(L->sym, sym, sizeof L->sym);
+  }
+  *off = L->off;
+  return ensure_ws(m, L->total);
+}
+
+/* ---------------------------------------------------------------- passes */
+
+/* Checks common to every pass; sym gets the dims' symbol values. */
+static int check_call(tgm_model *m, const char *what, const int64_t *dims, const void *const *in, int64_t *sym) {
   if (tgm_info.ndyn && !dims)
-    return tgm_fail(m, TGM_EINVAL, "forward: dims is NULL, but the model has %d dynamic dim%s", tgm_info.ndyn,
+    return tgm_fail(m, TGM_EINVAL, "%s: dims is NULL, but the model has %d dynamic dim%s", what, tgm_info.ndyn,
                     tgm_info.ndyn == 1 ? "" : "s");
-  if ((tgm_info.ninputs && !in) || !out)
-    return tgm_fail(m, TGM_EINVAL, "forward: %s is NULL", out ? "inputs" : "outputs");
+  if (tgm_info.ninputs && !in)
+    return tgm_fail(m, TGM_EINVAL, "%s: inputs is NULL", what);
   for (int k = 0; k < tgm_info.ninputs; k++)
     if (!in[k])
-      return tgm_fail(m, TGM_EINVAL, "forward: input '%s' is NULL", tgm_info.inputs[k].name);
-  for (int k = 0; k < tgm_info.noutputs; k++)
-    if (!out[k])
-      return tgm_fail(m, TGM_EINVAL, "forward: output '%s' is NULL", tgm_info.outputs[k].name);
-  int64_t sym[16] = {0};
-  int rc = tgm_compute_syms(dims, sym, m->err, sizeof m->err);
+      return tgm_fail(m, TGM_EINVAL, "%s: input '%s' is NULL", what, tgm_info.inputs[k].name);
+  return tgm_compute_syms(dims, sym, m->err, sizeof m->err);
+}
+
+static int run_pass(tgm_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
+  static const tgm_pass_fn cpu[TGM_NPASS] = {tgm_forward_cpu, tgm_loss_cpu, tgm_train_cpu};
+  const int64_t *off = NULL;
+  int rc = layout_for(m, pass, sym, &off);
   if (rc)
-    return (tgm_status)rc;
-  rc = ensure_ws(m, tgm_ws_bytes(sym));
-  if (rc)
-    return (tgm_status)rc;
+    return rc;
   if (m->device == 0)
-    return (tgm_status)tgm_forward_cpu(m, sym, in, out);
+    return cpu[pass](m, sym, off, in, out);
 #ifdef TGM_HAVE_CUDA
-  return (tgm_status)tgm_forward_cuda(m, sym, in, out);
+  static const tgm_pass_fn cuda[TGM_NPASS] = {tgm_forward_cuda, tgm_loss_cuda, tgm_train_cuda};
+  return cuda[pass](m, sym, off, in, out);
 #else
   return tgm_fail(m, TGM_EDEVICE, "no CUDA path in this build");
 #endif
+}
+
+tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *in, void *const *out) {
+  if (!m)
+    return TGM_EINVAL;
+  int64_t sym[16] = {0};
+  int rc = check_call(m, "forward", dims, in, sym);
+  if (rc)
+    return (tgm_status)rc;
+  if (!out)
+    return tgm_fail(m, TGM_EINVAL, "forward: outputs is NULL");
+  for (int k = 0; k < tgm_info.noutputs; k++)
+    if (!out[k])
+      return tgm_fail(m, TGM_EINVAL, "forward: output '%s' is NULL", tgm_info.outputs[k].name);
+  return (tgm_status)run_pass(m, TGM_PASS_FORWARD, sym, in, out);
+}
+
+/* ---------------------------------------------------------------- training */
+
+static int need_train(tgm_model *m, const char *what) {
+  if (!tgm_info.loss_name)
+    return tgm_fail(m, TGM_EINVAL, "%s: model %s has no train: section", what, tgm_info.name);
+  return TGM_OK;
+}
+
+/* Allocate the gradient buffer and the optimizer state on first use. */
+static int train_state(tgm_model *m) {
+  size_t fb = (size_t)tgm_info.state_elems * sizeof(float);
+  if (!m->grads && !(m->grads = dev_zalloc(m, (size_t)tgm_info.param_bytes)))
+    return tgm_fail(m, TGM_ENOMEM, "out of memory for the gradients (%lld bytes)", (long long)tgm_info.param_bytes);
+  if (tgm_info.need_master && !m->master && !(m->master = dev_zalloc(m, fb)))
+    return tgm_fail(m, TGM_ENOMEM, "out of memory for the f32 master params (%zu bytes)", fb);
+  int nstate = tgm_info.optimizer == 2 ? 2 : tgm_info.optimizer == 1 && tgm_info.momentum != 0 ? 1 : 0;
+  if (nstate >= 1 && !m->opt_m && !(m->opt_m = dev_zalloc(m, fb)))
+    return tgm_fail(m, TGM_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
+  if (nstate >= 2 && !m->opt_v && !(m->opt_v = dev_zalloc(m, fb)))
+    return tgm_fail(m, TGM_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
+  return TGM_OK;
+}
+
+static int train_call(tgm_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+                      float *loss) {
+  if (!m)
+    return TGM_EINVAL;
+  int64_t sym[16] = {0};
+  int rc = need_train(m, what);
+  if (!rc)
+    rc = check_call(m, what, dims, in, sym);
+  if (!rc && !loss)
+    rc = tgm_fail(m, TGM_EINVAL, "%s: loss is NULL", what);
+  if (!rc && pass == TGM_PASS_TRAIN)
+    rc = train_state(m);
+  if (rc)
+    return rc;
+  void *out[1] = {loss};
+  return run_pass(m, pass, sym, in, out);
+}
+
+tgm_status tgm_loss_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  return (tgm_status)train_call(m, "loss", TGM_PASS_LOSS, dims, in, loss);
+}
+
+tgm_status tgm_forward_backward_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  return (tgm_status)train_call(m, "forward_backward", TGM_PASS_TRAIN, dims, in, loss);
+}
+
+/* The f32 master copy from the params (after init, load or set). */
+static int refresh_master(tgm_model *m) {
+  const tgm_param_run *r = tgm_info.runs;
+  if (!m->master || !m->master_stale)
+    return TGM_OK;
+  for (int i = 0; i < tgm_info.nruns; i++) {
+    if (r[i].dt == TGM_F32)
+      continue;
+    if (m->device == 0)
+      tgm_cpu_cast(r[i].dt, TGM_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n);
+#ifdef TGM_HAVE_CUDA
+    else if (tgm_cuda_cast(m->cx, r[i].dt, TGM_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n))
+      return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
+#endif
+  }
+  m->master_stale = 0;
+  return TGM_OK;
+}
+
+/* Clip factor (1 = none) and the optimizer over every run of params. */
+static int optimizer_step(tgm_model *m) {
+  const tgm_param_run *r = tgm_info.runs;
+  int nr = tgm_info.nruns, rc = refresh_master(m);
+  if (rc)
+    return rc;
+  double scale = 1;
+  if (tgm_info.grad_clip > 0) {
+    double ss = 0;
+    for (int i = 0; i < nr; i++) {
+      if (m->device == 0) {
+        ss += tgm_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
+        continue;
+      }
+#ifdef TGM_HAVE_CUDA
+      double part;
+      if (tgm_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
+        return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
+      ss += part;
+#endif
+    }
+    scale = tgm_clip_factor(ss, tgm_info.grad_clip);
+  }
+  int64_t t = m->step + 1;
+  const tgm_model_info *o = &tgm_info;
+  for (int i = 0; i < nr; i++) {
+    int low = r[i].dt != TGM_F32;
+    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
+    void *lowp = low ? m->params + r[i].b0 : NULL;
+    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
+    const void *g = m->grads + r[i].b0;
+    if (m->device == 0) {
+      if (o->optimizer == 2)
+        tgm_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps,
+                      o->weight_decay, t, scale);
+      else
+        tgm_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
+      continue;
+    }
+#ifdef TGM_HAVE_CUDA
+    int e = o->optimizer == 2 ? tgm_cuda_adamw(m->cx, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1,
+                                               o->beta2, o->eps, o->weight_decay, t, scale)
+                              : tgm_cuda_sgd(m->cx, w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum,
+                                             o->weight_decay, t, scale);
+    if (e || tgm_cuda_sync(m->cx))
+      return tgm_fail(m, TGM_EDEVICE, "optimizer: %s", tgm_cuda_ctx_error(m->cx));
+#endif
+  }
+  m->step = t;
+  return TGM_OK;
+}
+
+tgm_status tgm_train_step_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  int rc = train_call(m, "train_step", TGM_PASS_TRAIN, dims, in, loss);
+  if (rc)
+    return (tgm_status)rc;
+  return (tgm_status)optimizer_step(m);
+}
+
+const void *tgm_grads(tgm_model *m) {
+  if (!m || need_train(m, "grads") || train_state(m))
+    return NULL;
+  return m->grads;
+}
+
+tgm_status tgm_get_grads(tgm_model *m, void *host, size_t bytes) {
+  if (!m)
+    return TGM_EINVAL;
+  int rc = need_train(m, "get_grads");
+  if (rc)
+    return (tgm_status)rc;
+  if (!host || bytes != (size_t)tgm_info.param_bytes)
+    return tgm_fail(m, TGM_EINVAL, "get_grads: need a buffer of exactly %lld bytes, got %zu%s",
+                    (long long)tgm_info.param_bytes, bytes, host ? "" : " (NULL)");
+  if ((rc = train_state(m)))
+    return (tgm_status)rc;
+  return (tgm_status)dev_copy(m, host, m->grads, bytes, 1);
+}
+
+int64_t tgm_get_step(const tgm_model *m) { return m ? m->step : -1; }
+
+tgm_status tgm_set_step(tgm_model *m, int64_t step) {
+  if (!m)
+    return TGM_EINVAL;
+  if (step < 0)
+    return tgm_fail(m, TGM_EINVAL, "set_step: step %lld is negative", (long long)step);
+  m->step = step;
+  return TGM_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* The optimizer state's tensors: kind 0 master, 1 exp_avg / momentum_buffer, 2 exp_avg_sq. */
+static const char *state_name(int kind) {
+  return kind == 0 ? "master" : kind == 2 ? "exp_avg_sq" : tgm_info.optimizer == 2 ? "exp_avg" : "momentum_buffer";
+}
+
+static float *state_buf(tgm_model *m, int kind) { return kind == 0 ? m->master : kind == 1 ? m->opt_m : m->opt_v; }
+
+tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
+  if (!m)
+    return TGM_EINVAL;
+  int rc = need_train(m, "save_checkpoint");
+  if (rc)
+    return (tgm_status)rc;
+  if (!path)
+    return tgm_fail(m, TGM_EINVAL, "save_checkpoint: path is NULL");
+  if ((rc = train_state(m)) || (rc = refresh_master(m)))
+    return (tgm_status)rc;
+  int64_t n = tgm_info.state_elems;
+  size_t pb = (size_t)tgm_info.param_bytes, fb = (size_t)n * sizeof(float);
+  unsigned char *h = calloc(1, pb + 3 * fb + 8);
+  tgm_tensor_desc *t = calloc((size_t)tgm_info.nparams * 4 + 2, sizeof *t);
+  char (*names)[160] = calloc((size_t)tgm_info.nparams * 3 + 1, sizeof *names);
+  int nt = 0;
+  if (!h || !t || !names) {
+    rc = tgm_fail(m, TGM_ENOMEM, "save_checkpoint: out of memory");
+    goto done;
+  }
+  float *st = (float *)(void *)(h + pb);
+  if ((rc = dev_copy(m, h, m->params, pb, 1)))
+    goto done;
+  for (int kind = 0; kind < 3; kind++)
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 1)))
+      goto done;
+  for (int k = 0; k < tgm_info.nparams; k++) {
+    const tgm_param_info *p = &tgm_info.params[k];
+    t[nt] = (tgm_tensor_desc){p->ckpt, p->dtype, p->rank, {0}, h + p->offset};
+    memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+    for (int kind = 0; kind < 3; kind++) {
+      if (!state_buf(m, kind) || (kind == 0 && p->dtype == TGM_F32))
+        continue;
+      snprintf(names[k * 3 + kind], sizeof names[0], "optim.%s.%s", state_name(kind), p->ckpt);
+      t[nt] = (tgm_tensor_desc){names[k * 3 + kind], TGM_F32, p->rank, {0}, st + (size_t)kind * (size_t)n + tgm_info.params[k].state};
+      memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+    }
+  }
+  int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
+  t[nt++] = (tgm_tensor_desc){"optim.step", TGM_I32, 1, {2}, stepv};
+  if (tgm_st_write(path, t, nt, m->err, sizeof m->err))
+    rc = TGM_EIO;
+done:
+  free(h);
+  free(t);
+  free(names);
+  return (tgm_status)rc;
+}
+
+/* Tensor `name` of f: present, f32 (or i32 for the step), with the shape. */
+static const tgm_tensor_desc *want(tgm_model *m, const tgm_st_file *f, const char *path, const char *name, int dtype,
+                                   int rank, const int64_t *shape, int *rc) {
+  const tgm_tensor_desc *t = tgm_st_find(f, name);
+  if (!t)
+    *rc = tgm_fail(m, TGM_ECORRUPT, "%s: tensor '%s' is missing (not a training checkpoint of this model?)", path, name);
+  else if (t->dtype != dtype || t->rank != rank || memcmp(t->shape, shape, sizeof(int64_t) * (size_t)rank))
+    *rc = tgm_fail(m, TGM_ECORRUPT, "%s: tensor '%s' has the wrong dtype or shape", path, name);
+  return *rc ? NULL : t;
+}
+
+tgm_status tgm_load_checkpoint(tgm_model *m, const char *path) {
+  if (!m)
+    return TGM_EINVAL;
+  int rc = need_train(m, "load_checkpoint");
+  if (rc)
+    return (tgm_status)rc;
+  if (!path)
+    return tgm_fail(m, TGM_EINVAL, "load_checkpoint: path is NULL");
+  if ((rc = train_state(m)))
+    return (tgm_status)rc;
+  tgm_st_file f;
+  if ((rc = tgm_st_read(path, &f, m->err, sizeof m->err)))
+    return (tgm_status)rc;
+  int64_t n = tgm_info.state_elems;
+  size_t fb = (size_t)n * sizeof(float);
+  float *st = calloc(1, 3 * fb + 8);
+  int64_t step = 0;
+  if (!st) {
+    rc = tgm_fail(m, TGM_ENOMEM, "load_checkpoint: out of memory");
+    goto done;
+  }
+  /* check everything before changing anything */
+  const int64_t two = 2;
+  const tgm_tensor_desc *s = want(m, &f, path, "optim.step", TGM_I32, 1, &two, &rc);
+  if (!s)
+    goto done;
+  step = (int64_t)((uint64_t)(uint32_t)((const int32_t *)s->data)[0] | (uint64_t)(uint32_t)((const int32_t *)s->data)[1] << 32);
+  if (step < 0) {
+    rc = tgm_fail(m, TGM_ECORRUPT, "%s: optim.step is negative", path);
+    goto done;
+  }
+  for (int k = 0; k < tgm_info.nparams; k++) {
+    const tgm_param_info *p = &tgm_info.params[k];
+    for (int kind = 0; kind < 3; kind++) {
+      if (!state_buf(m, kind) || (kind == 0 && p->dtype == TGM_F32))
+        continue;
+      char name[160];
+      snprintf(name, sizeof name, "optim.%s.%s", state_name(kind), p->ckpt);
+      const tgm_tensor_desc *t = want(m, &f, path, name, TGM_F32, p->rank, p->shape, &rc);
+      if (!t)
+        goto done;
+      memcpy(st + (size_t)kind * (size_t)n + tgm_info.params[k].state, t->data, (size_t)p->numel * sizeof(float));
+    }
+  }
+  if ((rc = tgm_load_params(m, path))) /* checks and loads the params (all or nothing) */
+    goto done;
+  for (int kind = 0; kind < 3; kind++)
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 0)))
+      goto done;
+  if (m->master)
+    m->master_stale = 0; /* the checkpoint's master copy, not the rounded params */
+  m->step = step;
+done:
+  free(st);
+  tgm_st_free(&f);
+  return (tgm_status)rc;
 }

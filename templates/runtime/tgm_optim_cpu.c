@@ -3,9 +3,9 @@
  * part of tgm_rt.h's "CPU kernels" section).
  *
  * Template: copied into every emitted project with "tgm_" renamed. Plain C11
- * plus OpenMP pragmas (ignored without -fopenmp); needs libm. Its helpers
- * carry an opt_ / OPT_ prefix so that this file can share a translation unit
- * with tgm_cpu.c.
+ * plus OpenMP pragmas (ignored without -fopenmp); needs libm. Its macros
+ * carry an OPT_ prefix so that this file can share a translation unit with
+ * tgm_cpu.c; the bit helpers and bf16/f16 conversions come from tgm_rt.h.
  *
  * Semantics: PyTorch 2.x torch.optim.AdamW and torch.optim.SGD as their
  * single-tensor (foreach=False, fused=False) paths compute them for an f32
@@ -36,7 +36,6 @@
 #include "tgm_rt.h"
 
 #include <math.h>
-#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -53,12 +52,6 @@
 #define OPT_SIMD_SUM(v)
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
-#define OPT_HOT static inline __attribute__((always_inline))
-#else
-#define OPT_HOT static inline
-#endif
-
 /* The AdamW loop calls sqrtf, which vectorises only without errno (clang
  * warns about an `omp simd` loop it cannot vectorise): simd only then. */
 #ifdef __NO_MATH_ERRNO__
@@ -73,58 +66,16 @@
  * partial sums added in order: the result does not depend on the threads. */
 #define OPT_NCHUNK 64
 
-OPT_HOT float opt_bits_f(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-OPT_HOT uint32_t opt_f_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-/* All ones when c is true; selects with & and | vectorise where ?: on floats does not. */
-OPT_HOT uint32_t opt_mask(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
-OPT_HOT float opt_sel(uint32_t m, float a, float b) {
-  return opt_bits_f((opt_f_bits(a) & m) | (opt_f_bits(b) & ~m));
-}
-
-/* The dtype conversions, bit-identical to tgm_init.c's (and to tgm_cpu.c's
- * inline copies), written to vectorise. */
-OPT_HOT float opt_ld_bf16(uint16_t h) { return opt_bits_f((uint32_t)h << 16); }
-OPT_HOT uint16_t opt_st_bf16(float f) {
-  uint32_t u = opt_f_bits(f), nan = opt_mask((u & 0x7fffffffu) > 0x7f800000u);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
-  return (uint16_t)((r & ~nan) | (q & nan));
-}
-OPT_HOT float opt_ld_f16(uint16_t h) {
-  uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
-  uint32_t inf = opt_mask(e == 0x0f800000u), zero = opt_mask(e == 0);
-  o += 0x38000000u + (0x38000000u & inf);
-  uint32_t sub = opt_f_bits(opt_bits_f(o + 0x00800000u) - opt_bits_f(0x38800000u));
-  o = (o & ~zero) | (sub & zero);
-  return opt_bits_f(o | ((uint32_t)(h & 0x8000u) << 16));
-}
-OPT_HOT uint16_t opt_st_f16(float f) {
-  uint32_t u = opt_f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
-  uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-  uint32_t sub = opt_f_bits(opt_bits_f(a) * 16777216.0f + 8388608.0f) - 0x4b000000u;
-  uint32_t isnan = opt_mask(a > 0x7f800000u), isinf = opt_mask(a >= 0x477ff000u),
-           isnorm = opt_mask(a >= 0x38800000u);
-  uint32_t r = (norm & isnorm) | (sub & ~isnorm);
-  r = (0x7c00u & isinf) | (r & ~isinf);
-  r = (nanv & isnan) | (r & ~isnan);
-  return (uint16_t)(sign | (r & 0xffffu));
-}
-
+/* The bit helpers (tgm_mask, tgm_sel) and the inline dtype conversions
+ * (tgm_ld_bf16, tgm_st_bf16, tgm_ld_f16, tgm_st_f16) are tgm_rt.h's, shared
+ * with tgm_cpu.c: bit-identical to tgm_init.c's and written to vectorise. */
 #define OPT_LD_F32(p, i) (((const float *)(p))[i])
-#define OPT_LD_BF(p, i) opt_ld_bf16(((const uint16_t *)(p))[i])
-#define OPT_LD_H(p, i) opt_ld_f16(((const uint16_t *)(p))[i])
+#define OPT_LD_BF(p, i) tgm_ld_bf16(((const uint16_t *)(p))[i])
+#define OPT_LD_H(p, i) tgm_ld_f16(((const uint16_t *)(p))[i])
 #define OPT_ST_NONE(p, i, x) ((void)0)
 #define OPT_ST_F32(p, i, x) (((float *)(p))[i] = (x))
-#define OPT_ST_BF(p, i, x) (((uint16_t *)(p))[i] = opt_st_bf16(x))
-#define OPT_ST_H(p, i, x) (((uint16_t *)(p))[i] = opt_st_f16(x))
+#define OPT_ST_BF(p, i, x) (((uint16_t *)(p))[i] = tgm_st_bf16(x))
+#define OPT_ST_H(p, i, x) (((uint16_t *)(p))[i] = tgm_st_f16(x))
 
 /* M(LDG, STL) for the gradient dtype gdt and the copy of the weights (none
  * when lowp is NULL or lowdt is not a floating dtype; f32; bf16; f16). */
@@ -159,7 +110,7 @@ void tgm_cpu_adamw(float *w, const void *g, int gdt, float *m, float *v, void *l
   const float decay = (float)(1.0 - lr * weight_decay);
   const float w1 = (float)(1.0 - beta1);              /* lerp weight */
   const float wm1 = w1 - 1.0f;                        /* torch's lerp: end + (w - 1)(end - start) when |w| >= 0.5 */
-  const uint32_t small = opt_mask(fabsf(w1) < 0.5f); /* torch's lerp: start + w (end - start) */
+  const uint32_t small = tgm_mask(fabsf(w1) < 0.5f); /* torch's lerp: start + w (end - start) */
   const float b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
   const float bc2s = (float)sqrt(1.0 - pow(beta2, t));
   const float nstep = (float)(-(lr / (1.0 - pow(beta1, t))));
@@ -171,7 +122,7 @@ void tgm_cpu_adamw(float *w, const void *g, int gdt, float *m, float *v, void *l
     float gi = LDG(g, i) * gs;                                                                                         \
     float wi = W[i] * decay, mi = M[i], vi = V[i];                                                                     \
     float d = gi - mi;                                                                                                 \
-    mi = opt_sel(small, mi + w1 * d, gi + wm1 * d);                                                                    \
+    mi = tgm_sel(small, mi + w1 * d, gi + wm1 * d);                                                                    \
     vi = vi * b2 + omb2 * gi * gi;                                                                                     \
     wi = wi + nstep * mi / (sqrtf(vi) / bc2s + epsf);                                                                  \
     W[i] = wi;                                                                                                         \
@@ -190,14 +141,14 @@ void tgm_cpu_sgd(float *w, const void *g, int gdt, float *buf, void *lowp, int l
   if (n <= 0)
     return;
   const float gs = (float)grad_scale, wd = (float)weight_decay, mom = (float)momentum, nlr = (float)-lr;
-  const uint32_t use_wd = opt_mask(weight_decay != 0), first = opt_mask(step <= 1);
+  const uint32_t use_wd = tgm_mask(weight_decay != 0), first = tgm_mask(step <= 1);
   float *restrict W = w, *restrict B = buf;
   if (momentum == 0) {
 #define OPT_SGD(LDG, STL)                                                                                              \
   OPT_OMP(parallel for simd schedule(static) if (n >= OPT_PAR_MIN))                                                    \
   for (int64_t i = 0; i < n; i++) {                                                                                    \
     float gi = LDG(g, i) * gs, wi = W[i];                                                                              \
-    gi = opt_sel(use_wd, gi + wd * wi, gi);                                                                            \
+    gi = tgm_sel(use_wd, gi + wd * wi, gi);                                                                            \
     wi = wi + nlr * gi;                                                                                                \
     W[i] = wi;                                                                                                         \
     STL(lowp, i, wi);                                                                                                  \
@@ -209,8 +160,8 @@ void tgm_cpu_sgd(float *w, const void *g, int gdt, float *buf, void *lowp, int l
   OPT_OMP(parallel for simd schedule(static) if (n >= OPT_PAR_MIN))                                                    \
   for (int64_t i = 0; i < n; i++) {                                                                                    \
     float gi = LDG(g, i) * gs, wi = W[i];                                                                              \
-    gi = opt_sel(use_wd, gi + wd * wi, gi);                                                                            \
-    float bi = opt_sel(first, gi, B[i] * mom + gi);                                                                    \
+    gi = tgm_sel(use_wd, gi + wd * wi, gi);                                                                            \
+    float bi = tgm_sel(first, gi, B[i] * mom + gi);                                                                    \
     wi = wi + nlr * bi;                                                                                                \
     B[i] = bi;                                                                                                         \
     W[i] = wi;                                                                                                         \

@@ -1,17 +1,33 @@
-/* tgm_run: the tgm model from the command line, for scripting and parity
- * checks against other frameworks.
+/* tgm_run: the tgm model from the command line, for scripting, training and
+ * parity checks against other frameworks.
  *
- *   tgm_run [--device cpu|cuda] [--params P.safetensors | --seed N] [--save-params P.safetensors]
- *           [--inputs I.safetensors] [--out O.safetensors] [--dims B=4,T=64]
+ *   tgm_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]
+ *           [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]
+ *           [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]
+ *           [--save-params P] [--save-checkpoint C]
  *
- * Loads or initialises the params (default: --seed of the spec), optionally
- * saves them, reads the inputs (tensor names = input names; without --inputs
- * a fixed pseudo-random fill), runs the forward pass and writes the outputs
- * (tensor names = output names). Dynamic dims come from --dims, else from the
- * input shapes, else 1. Errors go to stderr with exit status 1. */
+ * Device: cpu (default), cuda, or auto (cuda when the build has it and a GPU
+ * answers, else cpu). Params: loaded from --params (a params file or a checkpoint), from a
+ * training checkpoint with its optimizer state (--checkpoint), or initialised
+ * from --seed (default: the spec's seed). Inputs: tensor names = input names;
+ * without --inputs a fixed pseudo-random fill. Dynamic dims come from --dims,
+ * else from the input shapes, else 1.
+ *
+ * What runs:
+ *   default          the forward pass; --out gets the outputs by name
+ *   --grad           loss and gradients; --out gets the loss under its name
+ *                    and every gradient as grad.<param checkpoint name>
+ *   --train-steps N  N training steps on the inputs; --out gets the updated
+ *                    params by name and the per-step losses as `losses` [N];
+ *                    progress every --log-every steps (default: about 10 lines)
+ *   --eval-inputs E  after training (or alone): the loss on E and, when the
+ *                    loss is cross_entropy of an output against an input, the
+ *                    accuracy of the argmax
+ * Errors go to stderr with exit status 1. */
 #include "tgm_io.h"
 
 #include <errno.h>
+#include <time.h>
 
 extern const char *const tgm_input_dim_text[][TGM_MAXRANK];
 
@@ -23,43 +39,25 @@ static int die_(const char *fmt, const char *a, const char *b) {
 }
 
 static const char *usage =
-    "usage: tgm_run [--device cpu|cuda] [--params P.safetensors | --seed N] [--save-params P.safetensors]\n"
-    "               [--inputs I.safetensors] [--out O.safetensors] [--dims B=4,T=64]\n";
+    "usage: tgm_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]\n"
+    "               [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]\n"
+    "               [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]\n"
+    "               [--save-params P] [--save-checkpoint C]\n";
 
-int main(int argc, char **argv) {
-  const char *device = "cpu", *params = NULL, *save = NULL, *inputs = NULL, *outp = NULL, *dims = NULL;
-  unsigned long long seed = tgm_info.seed;
-  int have_seed = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-    if (i + 1 >= argc)
-      return die_("%s: missing value (or unknown option)\n%s", a, usage);
-    const char *v = argv[++i];
-    if (!strcmp(a, "--device")) device = v;
-    else if (!strcmp(a, "--params")) params = v;
-    else if (!strcmp(a, "--save-params")) save = v;
-    else if (!strcmp(a, "--inputs")) inputs = v;
-    else if (!strcmp(a, "--out")) outp = v;
-    else if (!strcmp(a, "--dims")) dims = v;
-    else if (!strcmp(a, "--seed")) {
-      char *end;
-      errno = 0;
-      seed = strtoull(v, &end, 10);
-      if (*end || end == v || errno || v[0] == '-')
-        return die_("--seed: '%s' is not a non-negative integer%s", v, "");
-      have_seed = 1;
-    } else
-      return die_("unknown option '%s'\n%s", a, usage);
-  }
-  if (params && have_seed)
-    return die_("give --params or --seed, not both%s%s", "", "");
+/* A batch: the inputs of one file (or the fill) at its dims, on the device. */
+typedef struct batch {
+  int64_t dyn[16], sym[16];
+  tgm_host in[64];
+  void *din[64];
+  tgm_st_file f;
+  int have_file;
+} batch;
 
-  int64_t dyn[16] = {0}, sym[16] = {0};
+/* dims from --dims (given[]) and the shapes of the file's inputs */
+static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b) {
   int given[16] = {0};
+  char err[512];
+  memset(b, 0, sizeof *b);
   if (dims) { /* --dims B=4,T=64 */
     const char *s = dims;
     while (*s) {
@@ -71,28 +69,25 @@ int main(int argc, char **argv) {
         if (strlen(tgm_info.sym_names[k]) == (size_t)(eq - s) && !strncmp(tgm_info.sym_names[k], s, (size_t)(eq - s)))
           break;
       if (k == tgm_info.ndyn)
-        return die_("--dims: '%.*s' is not a dynamic dim of the model", s, "") ;
+        return die_("--dims: '%.*s' is not a dynamic dim of the model", s, "");
       char *end;
-      dyn[k] = strtoll(eq + 1, &end, 10);
+      b->dyn[k] = strtoll(eq + 1, &end, 10);
       if (end == eq + 1 || (*end && *end != ','))
         return die_("--dims: bad value in '%s'%s", s, "");
       given[k] = 1;
       s = *end ? end + 1 : end;
     }
   }
-  tgm_st_file inf;
-  memset(&inf, 0, sizeof inf);
-  char err[512];
-  if (inputs) {
-    if (tgm_st_read(inputs, &inf, err, sizeof err))
+  if (path) {
+    if (tgm_st_read(path, &b->f, err, sizeof err))
       return die_("%s%s", err, "");
-    /* dims from the input shapes where a size is a single dynamic dim */
+    b->have_file = 1;
     for (int k = 0; k < tgm_info.ninputs; k++) {
-      const tgm_tensor_desc *t = tgm_st_find(&inf, tgm_info.inputs[k].name);
+      const tgm_tensor_desc *t = tgm_st_find(&b->f, tgm_info.inputs[k].name);
       if (!t)
-        return die_("%s: input '%s' is missing", inputs, tgm_info.inputs[k].name);
+        return die_("%s: input '%s' is missing", path, tgm_info.inputs[k].name);
       if (t->rank != tgm_info.inputs[k].rank) {
-        fprintf(stderr, "tgm_run: input '%s': rank %d, expected %d\n", tgm_info.inputs[k].name, t->rank,
+        fprintf(stderr, "tgm_run: %s: input '%s': rank %d, expected %d\n", path, tgm_info.inputs[k].name, t->rank,
                 tgm_info.inputs[k].rank);
         return 1;
       }
@@ -100,90 +95,284 @@ int main(int argc, char **argv) {
         for (int s = 0; s < tgm_info.ndyn; s++)
           if (!strcmp(tgm_input_dim_text[k][j], tgm_info.sym_names[s]) && !given[s]) {
             if (t->shape[j] > tgm_info.dyn_max[s] || t->shape[j] < 1) {
-              fprintf(stderr, "tgm_run: input '%s': dim %d is %lld, %s %lld (%s)\n", tgm_info.inputs[k].name, j,
-                      (long long)t->shape[j], t->shape[j] < 1 ? "below" : "above max",
+              fprintf(stderr, "tgm_run: %s: input '%s': dim %d is %lld, %s %lld (%s)\n", path, tgm_info.inputs[k].name,
+                      j, (long long)t->shape[j], t->shape[j] < 1 ? "below" : "above max",
                       (long long)(t->shape[j] < 1 ? 1 : tgm_info.dyn_max[s]), tgm_info.sym_names[s]);
               return 1;
             }
-            dyn[s] = t->shape[j];
+            b->dyn[s] = t->shape[j];
             given[s] = 1;
           }
     }
   }
   for (int s = 0; s < tgm_info.ndyn; s++)
     if (!given[s])
-      dyn[s] = 1;
-  if (tgm_compute_syms(dyn, sym, err, sizeof err))
+      b->dyn[s] = 1;
+  if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
     return die_("%s%s", err, "");
-
-  tgm_model *m;
-  if (tgm_create(device, &m, err, sizeof err))
-    return die_("%s%s", err, "");
-  int rc = params ? tgm_load_params(m, params) : tgm_init_params(m, seed);
-  if (rc)
-    return die_("%s%s", tgm_error(m), "");
-  if (save && tgm_save_params(m, save))
-    return die_("%s%s", tgm_error(m), "");
-
-  tgm_host in[64], out[64];
-  void *din[64], *dout[64];
   for (int k = 0; k < tgm_info.ninputs; k++) {
-    if (tgm_host_alloc(&in[k], 0, k, sym))
+    tgm_host *h = &b->in[k];
+    if (tgm_host_alloc(h, 0, k, b->sym))
       return die_("out of memory%s%s", "", "");
-    if (inputs) {
-      const tgm_tensor_desc *t = tgm_st_find(&inf, tgm_info.inputs[k].name);
-      if (t->dtype != in[k].dtype) {
-        fprintf(stderr, "tgm_run: input '%s': dtype %s, expected %s\n", tgm_info.inputs[k].name,
-                tgm_dtype_names[t->dtype], tgm_dtype_names[in[k].dtype]);
+    if (path) {
+      const tgm_tensor_desc *t = tgm_st_find(&b->f, tgm_info.inputs[k].name);
+      if (t->dtype != h->dtype) {
+        fprintf(stderr, "tgm_run: %s: input '%s': dtype %s, expected %s\n", path, tgm_info.inputs[k].name,
+                tgm_dtype_names[t->dtype], tgm_dtype_names[h->dtype]);
         return 1;
       }
       for (int j = 0; j < t->rank; j++)
-        if (t->shape[j] != in[k].shape[j]) {
-          fprintf(stderr, "tgm_run: input '%s': dim %d is %lld, expected %lld (%s)\n", tgm_info.inputs[k].name, j,
-                  (long long)t->shape[j], (long long)in[k].shape[j], tgm_input_dim_text[k][j]);
+        if (t->shape[j] != h->shape[j]) {
+          fprintf(stderr, "tgm_run: %s: input '%s': dim %d is %lld, expected %lld (%s)\n", path,
+                  tgm_info.inputs[k].name, j, (long long)t->shape[j], (long long)h->shape[j], tgm_input_dim_text[k][j]);
           return 1;
         }
-      memcpy(in[k].data, t->data, (size_t)in[k].numel * (size_t)tgm_dtype_sizes[in[k].dtype]);
+      memcpy(h->data, t->data, (size_t)h->numel * (size_t)tgm_dtype_sizes[h->dtype]);
     } else {
-      tgm_host_fill(&in[k], tgm_info.inputs[k].name);
+      tgm_host_fill(h, tgm_info.inputs[k].name);
     }
-    if (tgm_to_device(m, &in[k], &din[k]))
+    if (tgm_to_device(m, h, &b->din[k]))
       return die_("copying input '%s' to the device%s", tgm_info.inputs[k].name, "");
   }
+  return 0;
+}
+
+static void free_batch(tgm_model *m, batch *b) {
+  for (int k = 0; k < tgm_info.ninputs; k++) {
+    if (b->din[k] != b->in[k].data)
+      tgm_device_free(m, b->din[k]);
+    free(b->in[k].data);
+  }
+  if (b->have_file)
+    tgm_st_free(&b->f);
+}
+
+/* The forward pass on b: outputs into out[] (host), allocated here. */
+static int forward(tgm_model *m, batch *b, tgm_host *out) {
+  void *dout[64];
   for (int k = 0; k < tgm_info.noutputs; k++)
-    if (tgm_host_alloc(&out[k], 1, k, sym) || tgm_to_device(m, &out[k], &dout[k]))
+    if (tgm_host_alloc(&out[k], 1, k, b->sym) || tgm_to_device(m, &out[k], &dout[k]))
       return die_("allocating output '%s'%s", tgm_info.outputs[k].name, "");
-  if (tgm_forward_v(m, dyn, (const void *const *)din, dout))
-    return die_("%s%s", tgm_error(m), "");
-  tgm_tensor_desc t[64];
+  int rc = tgm_forward_v(m, b->dyn, (const void *const *)b->din, dout);
   for (int k = 0; k < tgm_info.noutputs; k++) {
-    if (tgm_from_device(m, &out[k], dout[k]))
-      return die_("copying output '%s' back%s", tgm_info.outputs[k].name, "");
-    t[k].name = tgm_info.outputs[k].name;
-    t[k].dtype = out[k].dtype;
-    t[k].rank = out[k].rank;
-    memcpy(t[k].shape, out[k].shape, sizeof t[k].shape);
-    t[k].data = out[k].data;
-  }
-  if (outp && tgm_st_write(outp, t, tgm_info.noutputs, err, sizeof err))
-    return die_("%s%s", err, "");
-  for (int k = 0; k < tgm_info.noutputs; k++) {
-    double s = 0;
-    for (int64_t i = 0; i < out[k].numel; i++)
-      s += fabs(tgm_get(out[k].data, out[k].dtype, i));
-    printf("%s: %s[", tgm_info.outputs[k].name, tgm_dtype_names[out[k].dtype]);
-    for (int j = 0; j < out[k].rank; j++)
-      printf("%s%lld", j ? ", " : "", (long long)out[k].shape[j]);
-    printf("] mean |x| %.6g\n", out[k].numel ? s / (double)out[k].numel : 0.0);
-  }
-  for (int k = 0; k < tgm_info.ninputs; k++)
-    if (din[k] != in[k].data)
-      tgm_device_free(m, din[k]);
-  for (int k = 0; k < tgm_info.noutputs; k++)
+    if (!rc && tgm_from_device(m, &out[k], dout[k]))
+      rc = die_("copying output '%s' back%s", tgm_info.outputs[k].name, "");
     if (dout[k] != out[k].data)
       tgm_device_free(m, dout[k]);
-  if (inputs)
-    tgm_st_free(&inf);
+  }
+  if (rc)
+    return die_("%s%s", tgm_error(m), "");
+  return 0;
+}
+
+static void describe(const char *name, const tgm_host *h) {
+  double s = 0;
+  for (int64_t i = 0; i < h->numel; i++)
+    s += fabs(tgm_get(h->data, h->dtype, i));
+  printf("%s: %s[", name, tgm_dtype_names[h->dtype]);
+  for (int j = 0; j < h->rank; j++)
+    printf("%s%lld", j ? ", " : "", (long long)h->shape[j]);
+  printf("] mean |x| %.6g\n", h->numel ? s / (double)h->numel : 0.0);
+}
+
+/* The loss on b and, when the model has a classification metric, the accuracy. */
+static int evaluate(tgm_model *m, batch *b, const char *what) {
+  float loss;
+  if (tgm_loss_v(m, b->dyn, (const void *const *)b->din, &loss))
+    return die_("%s%s", tgm_error(m), "");
+  printf("%s: %s %.6f", what, tgm_info.loss_name, loss);
+  if (tgm_info.metric_output >= 0) {
+    tgm_host out[64];
+    if (forward(m, b, out))
+      return 1;
+    const tgm_host *lg = &out[tgm_info.metric_output], *y = &b->in[tgm_info.metric_target];
+    int64_t rows = lg->shape[0], C = lg->shape[1], right = 0, counted = 0;
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < C; j++)
+        if (tgm_get(lg->data, lg->dtype, r * C + j) > tgm_get(lg->data, lg->dtype, r * C + best))
+          best = j;
+      int32_t t = ((const int32_t *)y->data)[r];
+      if (t < 0 || t >= C)
+        continue; /* ignored rows */
+      counted++;
+      right += best == t;
+    }
+    printf(", accuracy %.2f%% (%lld of %lld)", counted ? 100.0 * (double)right / (double)counted : 0.0,
+           (long long)right, (long long)counted);
+    for (int k = 0; k < tgm_info.noutputs; k++)
+      free(out[k].data);
+  }
+  printf("\n");
+  return 0;
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int parse_count(const char *opt, const char *v, long long *out) {
+  char *end;
+  errno = 0;
+  *out = strtoll(v, &end, 10);
+  if (*end || end == v || errno || *out < 0)
+    return die_("%s: '%s' is not a non-negative integer", opt, v);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *device = "cpu", *params = NULL, *ckpt = NULL, *save = NULL, *save_ckpt = NULL, *inputs = NULL,
+             *outp = NULL, *dims = NULL, *eval = NULL;
+  unsigned long long seed = tgm_info.seed;
+  long long train = -1, log_every = 0;
+  int have_seed = 0, grad = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(usage, stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--grad")) {
+      grad = 1;
+      continue;
+    }
+    if (i + 1 >= argc)
+      return die_("%s: missing value (or unknown option)\n%s", a, usage);
+    const char *v = argv[++i];
+    long long n;
+    if (!strcmp(a, "--device")) device = v;
+    else if (!strcmp(a, "--params")) params = v;
+    else if (!strcmp(a, "--checkpoint")) ckpt = v;
+    else if (!strcmp(a, "--save-params")) save = v;
+    else if (!strcmp(a, "--save-checkpoint")) save_ckpt = v;
+    else if (!strcmp(a, "--inputs")) inputs = v;
+    else if (!strcmp(a, "--eval-inputs")) eval = v;
+    else if (!strcmp(a, "--out")) outp = v;
+    else if (!strcmp(a, "--dims")) dims = v;
+    else if (!strcmp(a, "--train-steps")) {
+      if (parse_count(a, v, &train))
+        return 1;
+    } else if (!strcmp(a, "--log-every")) {
+      if (parse_count(a, v, &log_every))
+        return 1;
+    } else if (!strcmp(a, "--seed")) {
+      if (parse_count(a, v, &n))
+        return 1;
+      seed = (unsigned long long)n;
+      have_seed = 1;
+    } else
+      return die_("unknown option '%s'\n%s", a, usage);
+  }
+  if ((params != NULL) + (ckpt != NULL) + have_seed > 1)
+    return die_("give one of --params, --checkpoint and --seed%s%s", "", "");
+  if (grad && train >= 0)
+    return die_("give --grad or --train-steps, not both%s%s", "", "");
+  if ((grad || train >= 0 || eval || ckpt || save_ckpt) && !tgm_info.loss_name)
+    return die_("model %s has no train: section, so no --grad, --train-steps, --eval-inputs or checkpoints%s",
+                tgm_info.name, "");
+
+  char err[512];
+  tgm_model *m;
+  if (!strcmp(device, "auto")) { /* CUDA when this build has it and a GPU answers, else the CPU */
+    device = tgm_create("cuda", &m, err, sizeof err) ? "cpu" : "cuda";
+    if (!strcmp(device, "cuda"))
+      tgm_destroy(m);
+    printf("device: %s\n", device);
+  }
+  if (tgm_create(device, &m, err, sizeof err))
+    return die_("%s%s", err, "");
+  int rc = ckpt ? tgm_load_checkpoint(m, ckpt) : params ? tgm_load_params(m, params) : tgm_init_params(m, seed);
+  if (rc)
+    return die_("%s%s", tgm_error(m), "");
+
+  batch b;
+  if ((inputs || !eval || train >= 0 || grad) && load_batch(m, inputs, dims, &b))
+    return 1;
+  int have_batch = inputs || !eval || train >= 0 || grad;
+  tgm_tensor_desc t[256];
+  int nt = 0;
+  tgm_host out[64];
+  unsigned char *gbuf = NULL;
+  float loss = 0, *losses = NULL;
+
+  if (grad) {
+    size_t pb = tgm_param_bytes();
+    gbuf = malloc(pb ? pb : 1);
+    if (!gbuf)
+      return die_("out of memory%s%s", "", "");
+    if (tgm_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss) || tgm_get_grads(m, gbuf, pb))
+      return die_("%s%s", tgm_error(m), "");
+    printf("%s: %.7g\n", tgm_info.loss_name, loss);
+    t[nt++] = (tgm_tensor_desc){tgm_info.loss_name, TGM_F32, 0, {0}, &loss};
+    static char names[256][300];
+    for (int k = 0; k < tgm_info.nparams && nt < 256; k++) {
+      const tgm_param_info *p = &tgm_info.params[k];
+      snprintf(names[k], sizeof names[k], "grad.%s", p->ckpt);
+      t[nt] = (tgm_tensor_desc){names[k], p->dtype, p->rank, {0}, gbuf + p->offset};
+      memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+      double ss = 0;
+      for (int64_t i = 0; i < p->numel; i++)
+        ss += tgm_get(gbuf + p->offset, p->dtype, i) * tgm_get(gbuf + p->offset, p->dtype, i);
+      printf("  grad.%s: norm %.6g\n", p->ckpt, sqrt(ss));
+    }
+  } else if (train >= 0) {
+    losses = calloc((size_t)train + 1, sizeof(float));
+    if (!losses)
+      return die_("out of memory%s%s", "", "");
+    long long every = log_every ? log_every : train > 10 ? train / 10 : 1;
+    double t0 = now();
+    for (long long s = 0; s < train; s++) {
+      if (tgm_train_step_v(m, b.dyn, (const void *const *)b.din, &losses[s]))
+        return die_("%s%s", tgm_error(m), "");
+      if ((s + 1) % every == 0 || s + 1 == train) {
+        double dt = now() - t0;
+        printf("step %5lld/%lld  %s %.6f  (%.1f ms/step)\n", s + 1, train, tgm_info.loss_name, losses[s],
+               1e3 * dt / (double)(s + 1));
+        fflush(stdout);
+      }
+    }
+    size_t pb = tgm_param_bytes();
+    gbuf = malloc(pb ? pb : 1);
+    if (!gbuf || tgm_get_params(m, gbuf, pb))
+      return die_("%s%s", gbuf ? tgm_error(m) : "out of memory", "");
+    for (int k = 0; k < tgm_info.nparams && nt < 255; k++) {
+      const tgm_param_info *p = &tgm_info.params[k];
+      t[nt] = (tgm_tensor_desc){p->ckpt, p->dtype, p->rank, {0}, gbuf + p->offset};
+      memcpy(t[nt++].shape, p->shape, sizeof p->shape);
+    }
+    t[nt++] = (tgm_tensor_desc){"losses", TGM_F32, 1, {train}, losses};
+  } else if (have_batch) {
+    if (forward(m, &b, out))
+      return 1;
+    for (int k = 0; k < tgm_info.noutputs; k++) {
+      t[nt] = (tgm_tensor_desc){tgm_info.outputs[k].name, out[k].dtype, out[k].rank, {0}, out[k].data};
+      memcpy(t[nt++].shape, out[k].shape, sizeof t[0].shape);
+      describe(tgm_info.outputs[k].name, &out[k]);
+    }
+  }
+  if (outp && nt && tgm_st_write(outp, t, nt, err, sizeof err))
+    return die_("%s%s", err, "");
+  if (save && tgm_save_params(m, save))
+    return die_("%s%s", tgm_error(m), "");
+  if (save_ckpt && tgm_save_checkpoint(m, save_ckpt))
+    return die_("%s%s", tgm_error(m), "");
+  if (train >= 0 && evaluate(m, &b, "train"))
+    return 1;
+  if (eval) {
+    batch e;
+    if (load_batch(m, eval, NULL, &e) || evaluate(m, &e, "held-out"))
+      return 1;
+    free_batch(m, &e);
+  }
+  if (have_batch)
+    free_batch(m, &b);
+  if (!grad && train < 0 && have_batch)
+    for (int k = 0; k < tgm_info.noutputs; k++)
+      free(out[k].data);
+  free(gbuf);
+  free(losses);
   tgm_destroy(m);
   return 0;
 }

@@ -8,7 +8,12 @@
  * natural size of the result when it is a sum (the 2-norm of the summed
  * terms); NaN must meet NaN and infinities must match exactly. Tolerances:
  * f32 1e-5, f32 GEMM-based 1e-4 (no TF32), bf16 2e-2, f16 2e-3; integer,
- * bool and data-movement results must be exact.
+ * bool and data-movement results must be exact. embedding_backward and
+ * dropout must give the CPU kernels' bits: the f32 in-order sums, the Philox
+ * mask and the f32 product, computed here as tgm_cpu_embedding_backward and
+ * tgm_cpu_dropout compute them (test_cpu_kernels.c checks those kernels
+ * against the same loops bit for bit). Group "timing" prints TIME lines for
+ * GPT-2-sized embedding_backward and dropout.
  *
  * Exit status: 0 all passed, 1 some failed, 77 no CUDA device (skip).
  * Build: tests/gpu/build_and_run.sh. */
@@ -961,6 +966,273 @@ static void test_embedding(void) {
     }
 }
 
+/* The raw bytes of a device tensor. */
+static std::vector<unsigned char> raw_bytes(const Tensor &t) {
+  std::vector<unsigned char> raw((size_t)t.n() * ESZ[t.dt] + 1);
+  if (t.n() && tgm_cuda_memcpy(CX, raw.data(), t.d, (size_t)t.n() * ESZ[t.dt], 1))
+    fprintf(stderr, "download failed: %s\n", tgm_cuda_ctx_error(CX));
+  return raw;
+}
+
+/* embedding_backward against the CPU kernel's arithmetic, bit for bit:
+ * out[idx[p]] += dy[p] for p in order, in f32 from 0, stored once in dt (what
+ * tgm_cpu_embedding_backward computes; tests/unit/test_cpu_kernels.c checks it
+ * against the same loop bit for bit); bad positions are left out of the sums
+ * and the first one reported. Indices hit only the even rows (the odd rows
+ * must come out zero over the junk fill), with many repeats; D past one
+ * column chunk (4 x 256); runs twice to the same bits. */
+static void test_embedding_backward(void) {
+  struct Case {
+    int64_t n, V, D;
+    bool bad, skewed;
+  };
+  const Case cases[] = {{1, 1, 1, false, false},      {37, 50, 33, false, false},    {300, 7, 257, false, false},
+                        {5000, 1000, 768, false, false}, {2003, 3, 1100, false, false}, {20, 50, 16, true, false},
+                        {0, 9, 7, false, false},      {5, 4, 0, true, false},       {64, 70000, 8, true, false},
+                        {4099, 1, 5, false, false},    {6000, 500, 200, true, true},  {3001, 64, 1030, false, true}};
+  for (int dt = 0; dt < 3; dt++)
+    for (const Case &c : cases) {
+      Tensor idx, dy, y;
+      idx.alloc(TGM_I32, {std::max<int64_t>(c.n, 1)});
+      idx.shape = {c.n};
+      idx.v.resize((size_t)c.n);
+      for (auto &x : idx.v) /* skewed: a third of the positions on rows 0 and 2 (heavy rows), the rest spread */
+        x = (double)((c.skewed && rng_next() % 3 == 0 ? irand(0, 1) : irand(0, (c.V - 1) / 2)) * 2);
+      if (c.bad) { /* two bad indices: the smaller position must be reported */
+        idx.v[3] = (double)c.V;
+        idx.v[c.n - 2] = -1;
+      }
+      idx.upload();
+      rand_tensor(dy, dt, {c.n, c.D}, -1, 1);
+      out_tensor(y, dt, {c.V, c.D});
+      char lab[160];
+      snprintf(lab, sizeof lab, "embedding_backward %s n=%lld V=%lld D=%lld%s%s", DTN[dt], (long long)c.n,
+               (long long)c.V, (long long)c.D, c.skewed ? " skewed" : "", c.bad ? " (bad indices)" : "");
+      if (!ran(lab, tgm_cuda_embedding_backward(CX, dt, (const int32_t *)idx.d, c.n, dy.d, c.V, c.D, y.d)))
+        continue;
+      int64_t pos = -2;
+      int rc = tgm_cuda_bad_index(CX, &pos);
+      expect(std::string(lab) + " bad position", rc == 0 && pos == (c.bad ? 3 : -1),
+             "rc " + std::to_string(rc) + ", position " + std::to_string(pos));
+      std::vector<float> acc((size_t)(c.V * c.D) + 1, 0.0f);
+      Vals exact((size_t)(c.V * c.D), 0.0), ref((size_t)(c.V * c.D)), scale((size_t)(c.V * c.D), 0.0);
+      for (int64_t p = 0; p < c.n; p++) {
+        int64_t i = (int64_t)idx.v[p];
+        if (i < 0 || i >= c.V)
+          continue;
+        for (int64_t j = 0; j < c.D; j++) {
+          acc[i * c.D + j] += (float)dy.v[p * c.D + j];
+          exact[i * c.D + j] += dy.v[p * c.D + j];
+          scale[i * c.D + j] += dy.v[p * c.D + j] * dy.v[p * c.D + j];
+        }
+      }
+      for (size_t i = 0; i < ref.size(); i++) {
+        ref[i] = round_dt(dt, acc[i]);
+        scale[i] = sqrt(scale[i]);
+      }
+      Vals got = y.download();
+      compare(std::string(lab) + " = f32 sums in order", got, ref, 0);
+      compare(std::string(lab) + " ~ exact sums", got, exact, tol_for(dt), scale);
+      std::vector<unsigned char> first = raw_bytes(y);
+      if (c.bad)
+        tgm_cuda_bad_index(CX, &pos);
+      if (ran(std::string(lab) + " again",
+              tgm_cuda_embedding_backward(CX, dt, (const int32_t *)idx.d, c.n, dy.d, c.V, c.D, y.d)))
+        expect(std::string(lab) + " again: the same bits", raw_bytes(y) == first, "the bits differ");
+      if (c.bad)
+        tgm_cuda_bad_index(CX, &pos);
+    }
+  /* a refused dtype */
+  int rc = tgm_cuda_embedding_backward(CX, TGM_I32, NULL, 0, NULL, 0, 0, NULL);
+  expect("embedding_backward: i32 refused", rc != 0 && strstr(tgm_cuda_ctx_error(CX), "embedding_backward"),
+         tgm_cuda_ctx_error(CX));
+}
+
+/* Milliseconds per call of `call` (after a warm-up), by CUDA events on the
+ * context's stream. */
+template <class F> static double time_ms(F call, int reps) {
+  call();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, CX->stream);
+  for (int r = 0; r < reps; r++)
+    call();
+  cudaEventRecord(b, CX->stream);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / reps;
+}
+
+/* GPT-2 sizes (V = 50304, D = 768, n = 16384 tokens): uniform indices, Zipf
+ * (s = 1: the top row gets 8.8% of the positions, text-like), and the worst
+ * case of every position on one row; dropout on [16384, 768]. */
+static void test_timing(void) {
+  const int64_t V = 50304, D = 768, n = 16384;
+  std::vector<double> cdf((size_t)V);
+  double tot = 0;
+  for (int64_t r = 0; r < V; r++)
+    cdf[r] = tot += 1.0 / (double)(r + 1);
+  static const char *const how[] = {"(uniform indices)", "(Zipf indices)", "(all on one row)"};
+  for (int dt = 0; dt < 2; dt++)
+    for (int skew = 0; skew < 3; skew++) {
+      Tensor idx, dy, y;
+      rand_tensor(idx, TGM_I32, {n}, 0, skew == 2 ? 0 : V - 1);
+      if (skew == 1) {
+        for (auto &x : idx.v)
+          x = (double)(std::lower_bound(cdf.begin(), cdf.end(), urand(0, tot)) - cdf.begin());
+        idx.upload();
+      }
+      rand_tensor(dy, dt, {n, D}, -1, 1);
+      out_tensor(y, dt, {V, D});
+      int rc = 0;
+      double ms = time_ms(
+          [&] { rc |= tgm_cuda_embedding_backward(CX, dt, (const int32_t *)idx.d, n, dy.d, V, D, y.d); }, 20);
+      char lab[160];
+      snprintf(lab, sizeof lab, "TIME embedding_backward %s V=%lld D=%lld n=%lld %s", DTN[dt], (long long)V,
+               (long long)D, (long long)n, how[skew]);
+      if (ran(lab, rc))
+        printf("%-64s %.3f ms (%.0f GB/s of output)\n", lab, ms, (double)(V * D * ESZ[dt]) / ms * 1e-6);
+    }
+  for (int dt = 0; dt < 2; dt++) {
+    Tensor x, y;
+    rand_tensor(x, dt, {n, D}, -1, 1);
+    out_tensor(y, dt, {n, D});
+    int rc = 0;
+    double ms = time_ms([&] { rc |= tgm_cuda_dropout(CX, dt, x.d, y.d, n * D, 0.1, 1234, 0, 7); }, 20);
+    char lab[160];
+    snprintf(lab, sizeof lab, "TIME dropout %s [%lld, %lld] p=0.1", DTN[dt], (long long)n, (long long)D);
+    if (ran(lab, rc))
+      printf("%-64s %.3f ms (%.0f GB/s)\n", lab, ms, (double)(2 * n * D * ESZ[dt]) / ms * 1e-6);
+  }
+}
+
+/* The device Philox against tgm_philox4x32 (tgm_init.c), all four words. */
+__global__ void k_test_philox(const uint4 *c, const uint2 *k, uint4 *out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n)
+    out[i] = philox4x32(c[i], k[i]);
+}
+
+/* dropout's keep decision as gen/interp.c writes it: u in double, u >= p. */
+static bool ref_kept(int64_t j, double p, uint64_t seed, uint32_t ordinal, uint64_t step) {
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ ordinal};
+  uint32_t ctr[4] = {(uint32_t)(uint64_t)j, (uint32_t)((uint64_t)j >> 32), (uint32_t)step, (uint32_t)(step >> 32)};
+  uint32_t r[4];
+  tgm_philox4x32(ctr, key, r);
+  double u = ((double)(r[0] >> 8) + 0.5) * (1.0 / 16777216.0);
+  return p < 1 && u >= p;
+}
+
+/* dropout against the CPU kernel's result, bit for bit: the mask of the
+ * reference Philox (the interpreter's decision, u >= p in double) and kept
+ * values (float)x * (float)(1 / (1 - p)) rounded to dt (what
+ * tgm_cpu_dropout stores; test_cpu_kernels.c checks it bit for bit); dropped
+ * ones +0. In place too; the boundary p = u_j keeps j, the next double
+ * drops it. */
+static void test_dropout(void) {
+  {
+    const int n = 4096;
+    std::vector<uint4> c(n), got(n);
+    std::vector<uint2> k(n);
+    for (int i = 0; i < n; i++) {
+      uint64_t a = rng_next(), b = rng_next(), e = rng_next();
+      c[i] = make_uint4((uint32_t)a, (uint32_t)(a >> 32), (uint32_t)b, (uint32_t)(b >> 32));
+      k[i] = make_uint2((uint32_t)e, (uint32_t)(e >> 32));
+    }
+    c[0] = make_uint4(0, 0, 0, 0), k[0] = make_uint2(0, 0);
+    void *dc, *dk, *dout;
+    tgm_cuda_malloc(CX, &dc, sizeof(uint4) * n);
+    tgm_cuda_malloc(CX, &dk, sizeof(uint2) * n);
+    tgm_cuda_malloc(CX, &dout, sizeof(uint4) * n);
+    tgm_cuda_memcpy(CX, dc, c.data(), sizeof(uint4) * n, 0);
+    tgm_cuda_memcpy(CX, dk, k.data(), sizeof(uint2) * n, 0);
+    k_test_philox<<<(n + 255) / 256, 256, 0, CX->stream>>>((const uint4 *)dc, (const uint2 *)dk, (uint4 *)dout, n);
+    tgm_cuda_memcpy(CX, got.data(), dout, sizeof(uint4) * n, 1);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+      uint32_t ctr[4] = {c[i].x, c[i].y, c[i].z, c[i].w}, key[2] = {k[i].x, k[i].y}, r[4];
+      tgm_philox4x32(ctr, key, r);
+      bad += r[0] != got[i].x || r[1] != got[i].y || r[2] != got[i].z || r[3] != got[i].w;
+    }
+    /* Random123's known answer for Philox4x32-10, counter 0 and key 0 */
+    bool kat = got[0].x == 0x6627e8d5u && got[0].y == 0xe169c58du && got[0].z == 0xbc57ac4cu && got[0].w == 0x9b00dbd8u;
+    expect("philox4x32 on the device: the bits of tgm_philox4x32 (4096 counters)", bad == 0,
+           std::to_string(bad) + " differ");
+    expect("philox4x32 on the device: Random123's known answer at 0", kat, "wrong words");
+    tgm_cuda_free(CX, dc);
+    tgm_cuda_free(CX, dk);
+    tgm_cuda_free(CX, dout);
+  }
+  const int64_t ns[] = {1, 1000, 70001, (1 << 20) + 3};
+  const double ps[] = {0, 0.5, 0.1, 0.9, 1, 1.0 / 3};
+  const uint64_t seeds[][3] = {{0, 0, 0}, {((uint64_t)1 << 32) + 1234, 3, ((uint64_t)1 << 32) + 7},
+                               {0xdeadbeefcafef00dull, 0xffffffffu, 123456789}};
+  int which = 0;
+  for (int dt = 0; dt < 3; dt++)
+    for (int64_t n : ns)
+      for (double p : ps) {
+        const uint64_t *sd = seeds[which++ % 3];
+        uint64_t seed = sd[0], step = sd[2];
+        uint32_t ordinal = (uint32_t)sd[1];
+        Tensor x, y;
+        x.alloc(dt, {n});
+        x.v.resize((size_t)n);
+        for (auto &v : x.v)
+          v = round_dt(dt, (rng_next() & 1 ? -1 : 1) * urand(0.25, 4));
+        x.upload();
+        out_tensor(y, dt, {n});
+        char lab[200];
+        snprintf(lab, sizeof lab, "dropout %s n=%lld p=%g seed=%llx ord=%u step=%llu", DTN[dt], (long long)n, p,
+                 (unsigned long long)seed, ordinal, (unsigned long long)step);
+        if (!ran(lab, tgm_cuda_dropout(CX, dt, x.d, y.d, n, p, seed, ordinal, step)))
+          continue;
+        Vals ref((size_t)n);
+        float s = (float)(1.0 / (1.0 - p));
+        for (int64_t j = 0; j < n; j++)
+          ref[j] = ref_kept(j, p, seed, ordinal, step) ? round_dt(dt, (double)((float)x.v[j] * s)) : 0.0;
+        Vals got = y.download();
+        int64_t mism = 0;
+        for (int64_t j = 0; j < n; j++)
+          mism += (got[j] != 0) != (ref[j] != 0);
+        expect(std::string(lab) + " mask", mism == 0, std::to_string(mism) + " elements differ");
+        compare(std::string(lab) + " values", got, ref, 0);
+        std::vector<unsigned char> first = raw_bytes(y);
+        bool plus0 = true;
+        for (int64_t j = 0; j < n; j++)
+          if (ref[j] == 0)
+            for (int b = 0; b < ESZ[dt]; b++)
+              plus0 &= first[(size_t)j * ESZ[dt] + b] == 0;
+        expect(std::string(lab) + " dropped are +0", plus0, "a dropped element is not +0");
+        if (ran(std::string(lab) + " in place", tgm_cuda_dropout(CX, dt, x.d, x.d, n, p, seed, ordinal, step)))
+          expect(std::string(lab) + " in place: the same bits", raw_bytes(x) == first, "the bits differ");
+      }
+  { /* the boundary of u >= p */
+    const int64_t m = 64;
+    Tensor x, y;
+    x.alloc(TGM_F32, {m});
+    x.v.assign((size_t)m, 1.0);
+    x.upload();
+    out_tensor(y, TGM_F32, {m});
+    int bad_keep = 0, bad_drop = 0, rc = 0;
+    for (int64_t j = 0; j < m; j++) {
+      uint32_t key[2] = {99, 5 ^ 2u}, ctr[4] = {(uint32_t)j, 0, 3, 0}, r[4];
+      tgm_philox4x32(ctr, key, r);
+      double u = ((double)(r[0] >> 8) + 0.5) * (1.0 / 16777216.0);
+      rc |= tgm_cuda_dropout(CX, TGM_F32, x.d, y.d, m, u, ((uint64_t)5 << 32) + 99, 2, 3);
+      bad_keep += y.download()[j] == 0;
+      rc |= tgm_cuda_dropout(CX, TGM_F32, x.d, y.d, m, nextafter(u, 2.0), ((uint64_t)5 << 32) + 99, 2, 3);
+      bad_drop += y.download()[j] != 0;
+    }
+    expect("dropout: p = u keeps, the next double above drops", rc == 0 && bad_keep == 0 && bad_drop == 0,
+           "rc " + std::to_string(rc) + ", " + std::to_string(bad_keep) + " not kept, " + std::to_string(bad_drop) +
+               " not dropped");
+  }
+}
+
 static void test_attention(void) {
   struct Case {
     Shape q, k, v;
@@ -1188,6 +1460,9 @@ int main(int argc, char **argv) {
                            {"matmul", test_matmul},
                            {"linear", test_linear},
                            {"embedding", test_embedding},
+                           {"embedding_backward", test_embedding_backward},
+                           {"dropout", test_dropout},
+                           {"timing", test_timing},
                            {"attention", test_attention},
                            {"cross_entropy", test_cross_entropy},
                            {"mse", test_mse},

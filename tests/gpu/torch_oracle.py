@@ -9,6 +9,7 @@ with what PyTorch computes for the same params and inputs.
     python3 torch_oracle.py --graph G.json --params P.safetensors \\
         --inputs I.safetensors --out O.safetensors \\
         [--device cuda|cpu] [--compute model|f64|f32] [--dims B=2,T=64] [--with-loss]
+        [--grad [--allow-dropout]]
 
   --compute model  every tensor in its own dtype (f32 / bf16 / f16 / i32 /
                    bool), as torch computes with tensors of those dtypes: this
@@ -17,6 +18,17 @@ with what PyTorch computes for the same params and inputs.
                    reference); `cast` to a floating dtype still rounds to that
                    dtype, as tgen's reference interpreter does
   --compute f32    every floating tensor in float32 (casts still round)
+  --grad           instead of the outputs, write the train loss (under its
+                   binding name, the JSON's "loss_name") and
+                   grad.<checkpoint name> = d loss / d param for every param,
+                   by torch.autograd over the same node-by-node evaluation
+                   (params are leaf tensors with requires_grad). With
+                   --compute f64/f32 the gradient of a `cast` is rounded to
+                   the operand's dtype (a cast back, as gen/autodiff.c and
+                   tests/oracle/jax_oracle.py do); with --compute model it is
+                   torch's own. The loss may not depend on a dropout with
+                   p > 0 (evaluated as the identity, which a training step
+                   with masks does not compute) unless --allow-dropout.
 
 Params are looked up by their checkpoint name ("ckpt" in the JSON), falling
 back to the internal name; inputs by input name. Dynamic dims come from
@@ -30,6 +42,7 @@ As a module:
     g = T.load_graph("G.json")
     outs = T.run_graph(g, T.st_load("P.safetensors"), T.st_load("I.safetensors"),
                        device="cuda", compute="model")
+    loss, grads = T.run_grad(g, params, inputs, device="cuda", compute="f64")
 
 Safetensors files are read and written with `safetensors.torch` when it is
 importable, else with the small reader/writer below (json + struct +
@@ -307,6 +320,41 @@ def load_graph(path):
         return json.load(f)
 
 
+class RoundCast(torch.autograd.Function):
+    """`cast` to a floating dtype with --compute f64/f32 under autograd: the
+    value rounded through the target dtype and held in the compute dtype (as
+    without autograd); the gradient rounded to the operand's dtype, as the
+    cast back that gen/autodiff.c makes (none when the dtypes agree)."""
+
+    @staticmethod
+    def forward(ctx, x, to_dt, from_dt):
+        ctx.from_dt, ctx.same = from_dt, to_dt == from_dt
+        return x.to(to_dt).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g if ctx.same else g.to(ctx.from_dt).to(g.dtype)), None, None
+
+
+def loss_name(graph):
+    """The train loss's binding name (the JSON's loss_name, else the node's)."""
+    return graph.get("loss_name") or graph["nodes"][graph["loss"]]["name"] or "loss"
+
+
+def loss_dropouts(graph):
+    """Dropout nodes with p > 0 that the loss depends on."""
+    nodes, seen, stack, out = graph["nodes"], set(), [graph["loss"]], []
+    while stack:
+        i = stack.pop()
+        if i < 0 or i in seen:
+            continue
+        seen.add(i)
+        if nodes[i]["op"] == "dropout" and fval(nodes[i], 0) > 0:
+            out.append(nodes[i])
+        stack.extend(nodes[i]["in"])
+    return sorted(out, key=lambda n: n["id"])
+
+
 class Evaluator:
     """Evaluates a graph with torch ops. compute: 'model' (each tensor in its
     own dtype), 'f64' or 'f32' (every floating tensor in that dtype; casts
@@ -456,6 +504,9 @@ class Evaluator:
         if op == "cast":
             x = T(0)
             if dt in FLOAT_DTYPES:
+                src = self.nodes[ins[0]]["dtype"]
+                if x.requires_grad and self.compute != "model" and src in FLOAT_DTYPES:
+                    return RoundCast.apply(x, DTYPES[dt], DTYPES[src])
                 # round to the target dtype, then hold it in the compute dtype
                 return x.to(DTYPES[dt]).to(self.tdtype(dt))
             return x.to(DTYPES[dt])
@@ -587,6 +638,48 @@ def run_graph(graph, params, inputs, dims=None, device="cpu", compute="model", i
     return out
 
 
+def run_grad(graph, params, inputs, dims=None, device="cpu", compute="model", allow_dropout=False, check=True):
+    """The train loss and d loss / d param for every param, by torch.autograd
+    over the node-by-node evaluation (each param a leaf tensor with
+    requires_grad, in the compute dtype). Returns (loss, {checkpoint name:
+    grad}); a param the loss does not depend on (or of a non-floating dtype)
+    gets zeros. Refuses a loss that depends on a dropout with p > 0 unless
+    allow_dropout (see the module doc)."""
+    if graph.get("loss", -1) < 0:
+        raise ValueError(f"torch_oracle: model {graph.get('name')} has no train: loss to differentiate")
+    bad = loss_dropouts(graph)
+    if bad and not allow_dropout:
+        n = bad[0]
+        raise ValueError(f"torch_oracle: the loss depends on dropout '{n['name']}' (line {n['line']}, p = "
+                         f"{fval(n, 0)}): the oracle evaluates dropout as the identity (eval semantics), which a "
+                         f"training step with dropout masks does not compute; pass --allow-dropout to evaluate "
+                         f"it so anyway")
+    dims = resolve_dims(graph, inputs, dims)
+    ev = Evaluator(graph, dims, device=device, compute=compute, check=check)
+    leaves = {}
+    for p in graph["params"]:
+        t = params.get(p["ckpt"], params.get(p["name"]))
+        if t is None:
+            raise KeyError(f"param '{p['ckpt']}' ({p['name']}) is missing")
+        t = ev.leaf(t, p["dtype"]).detach().clone()
+        if t.is_floating_point():
+            t.requires_grad_(True)
+        leaves[p["ckpt"]] = t
+    lid = graph["loss"]
+    with torch.enable_grad():
+        loss = ev.run(leaves, inputs, {lid})[lid]
+        diff = [k for k, v in leaves.items() if v.requires_grad]
+        gs = [None] * len(diff)
+        if diff and loss.requires_grad:
+            gs = torch.autograd.grad(loss, [leaves[k] for k in diff], allow_unused=True)
+    grads = dict(zip(diff, gs))
+    out = {}
+    for p in graph["params"]:
+        g = grads.get(p["ckpt"])
+        out[p["ckpt"]] = torch.zeros_like(leaves[p["ckpt"]]).detach() if g is None else g.detach()
+    return loss.detach(), out
+
+
 def make_forward(graph, params, dims, device="cuda", compute="model", example_inputs=None):
     """A function of the inputs (positional, in the graph's input order)
     returning the outputs (a tuple, in output order) over fixed params,
@@ -638,11 +731,26 @@ def main(argv=None):
     ap.add_argument("--compute", default="model", choices=["model", "f64", "f32"])
     ap.add_argument("--dims", default="", help="dynamic dims, B=2,T=64")
     ap.add_argument("--with-loss", action="store_true", help="also write the train loss (its binding name)")
+    ap.add_argument("--grad", action="store_true",
+                    help="write the train loss and grad.<checkpoint name> for every param instead of the outputs")
+    ap.add_argument("--allow-dropout", action="store_true",
+                    help="--grad: evaluate a dropout the loss depends on as the identity instead of refusing")
     a = ap.parse_args(argv)
     set_precise_defaults()
     g = load_graph(a.graph)
-    outs = run_graph(g, st_load(a.params), st_load(a.inputs), parse_dims(a.dims), device=a.device,
-                     compute=a.compute, include_loss=a.with_loss)
+    if a.grad:
+        try:
+            loss, grads = run_grad(g, st_load(a.params), st_load(a.inputs), parse_dims(a.dims), device=a.device,
+                                   compute=a.compute, allow_dropout=a.allow_dropout)
+        except (KeyError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            print(msg if msg.startswith("torch_oracle:") else f"torch_oracle: {msg}", file=sys.stderr)
+            return 1
+        outs = {loss_name(g): loss}
+        outs.update({f"grad.{k}": v for k, v in grads.items()})
+    else:
+        outs = run_graph(g, st_load(a.params), st_load(a.inputs), parse_dims(a.dims), device=a.device,
+                         compute=a.compute, include_loss=a.with_loss)
     st_save(a.out, outs)
     for k, v in outs.items():
         print(f"{k}: {str(v.dtype).replace('torch.', '')}{list(v.shape)}")

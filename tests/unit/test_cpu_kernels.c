@@ -16,13 +16,19 @@
  * mean |ref|) (unary ops: rtol, their values being O(1)) plus half an f16
  * subnormal quantum for f16; integer, bool, compare, max/min and
  * data-movement results must be exact, as must the dtype conversions (bit
- * for bit against tgm_init.c). Prints a line per failure and "N passed, M
- * failed"; exits nonzero on any failure. */
+ * for bit against tgm_init.c). embedding_backward and dropout are checked bit
+ * for bit against f32 reference loops written here (the in-order sums; the
+ * Philox mask and the f32 product), for the same bits at 1 and 2 threads, and
+ * dropout's mask against gen/interp.c itself (tgen_load + interp_run in
+ * training mode). Prints a line per failure and "N passed, M failed"; exits
+ * nonzero on any failure. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "../../templates/runtime/tgm_cpu.c"
 #include "../../templates/runtime/tgm_init.c"
+
+#include "ir.h" /* tgen_load, interp_run: dropout's mask against the interpreter */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -409,7 +415,7 @@ static void test_cast(void) {
     tgm_cpu_cast(dt, TGM_F32, h, f, n);
     for (int64_t i = 0; i < n; i++) {
       float w = dt == TGM_BF16 ? tgm_bf16_to_f32(h[i]) : tgm_f16_to_f32(h[i]);
-      bad += f_bits(f[i]) != f_bits(w);
+      bad += tgm_f_bits(f[i]) != tgm_f_bits(w);
     }
   }
   check(!bad, "bf16/f16 -> f32: every half, bit-identical to tgm_init.c");
@@ -423,13 +429,13 @@ static void test_cast(void) {
         if (pass == 0) { /* stride through all patterns */
           if (u > 0xffffffffu - 65521u)
             break;
-          f[m] = bits_f(u += 65521u);
+          f[m] = tgm_bits_f(u += 65521u);
         } else { /* around every half / bf16 boundary: h<<13 and h<<16 +- a few ulps */
           if (u >= 65536u * 8u)
             break;
           uint32_t hh = u / 8, dd = u % 8;
           uint32_t base = dd < 4 ? ((hh << 13) + 0x38000000u) : (hh << 16);
-          f[m] = bits_f(base + (dd % 4 == 0 ? 0 : dd % 4 == 1 ? 1 : dd % 4 == 2 ? 0x0fffu : 0x1000u) -
+          f[m] = tgm_bits_f(base + (dd % 4 == 0 ? 0 : dd % 4 == 1 ? 1 : dd % 4 == 2 ? 0x0fffu : 0x1000u) -
                         (dd % 4 == 3 ? 1u : 0u) + ((dd >= 4 && dd % 2) ? 0x7fffu : 0u));
           u++;
         }
@@ -441,7 +447,7 @@ static void test_cast(void) {
         for (int64_t i = 0; i < m; i++) {
           uint16_t w = dt == TGM_BF16 ? tgm_f32_to_bf16(f[i]) : tgm_f32_to_f16(f[i]);
           if (hb[i] != w && bad++ < 4)
-            printf("  f32 %08x -> %s: got %04x want %04x\n", f_bits(f[i]), dtn[dt], hb[i], w);
+            printf("  f32 %08x -> %s: got %04x want %04x\n", tgm_f_bits(f[i]), dtn[dt], hb[i], w);
         }
       }
       tested += m;
@@ -1033,6 +1039,259 @@ static void test_embedding(void) {
     }
 }
 
+/* The same call at 1 and 2 threads must give the same bits (the kernels'
+ * orders do not depend on the thread count); restores the thread count. */
+#ifdef _OPENMP
+#define SAME_AT_1_AND_2_THREADS(what, bytes, out, call)                                                                \
+  do {                                                                                                                 \
+    int nt_ = omp_get_max_threads();                                                                                   \
+    void *one_ = malloc((size_t)(bytes) + 1);                                                                          \
+    omp_set_num_threads(1);                                                                                            \
+    call;                                                                                                              \
+    memcpy(one_, out, (size_t)(bytes));                                                                                \
+    memset(out, 0x5a, (size_t)(bytes));                                                                                \
+    omp_set_num_threads(2);                                                                                            \
+    call;                                                                                                              \
+    omp_set_num_threads(nt_);                                                                                          \
+    check(!memcmp(one_, out, (size_t)(bytes)), fmt("%s: the same bits at 1 and 2 threads", what));                     \
+    free(one_);                                                                                                        \
+  } while (0)
+#else
+#define SAME_AT_1_AND_2_THREADS(what, bytes, out, call) ((void)0)
+#endif
+
+/* embedding_backward against out = 0; out[idx[p]] += dy[p] for p in order,
+ * in f32 (the stored result must be those bits exactly) and in double
+ * (within the dtype's tolerance). Indices are drawn from the even rows only
+ * (the odd rows are unused and must come out zero, whatever out held), with
+ * many repeats; D up to past the kernel's column block. */
+static void test_embedding_backward(void) {
+  static const int64_t cs[][3] = {{1, 1, 1}, {17, 5, 33}, {130, 1000, 17}, {3000, 50, 300}, {5000, 301, 64}, {0, 9, 7}};
+  for (int dt = 0; dt < 3; dt++)
+    for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
+      int64_t n = cs[k][0], V = cs[k][1], D = cs[k][2], ny = n * D, no = V * D, nidx = n > 0 ? n : 1;
+      size_t es = (size_t)tgm_dtype_sizes[dt];
+      T dy = rnd(dt, 1, &ny, -1, 1), idx = mk(TGM_I32, 1, &nidx), out = mk(dt, 1, &no);
+      for (int64_t p = 0; p < n; p++)
+        setv(&idx, p, (double)(int64_t)(rnext() % (uint64_t)((V + 1) / 2)) * 2);
+      float *acc = calloc((size_t)no + 1, sizeof(float));
+      double *ref = calloc((size_t)no + 1, sizeof(double)), *exact = calloc((size_t)no + 1, sizeof(double));
+      for (int64_t p = 0; p < n; p++)
+        for (int64_t j = 0; j < D; j++) {
+          acc[(int64_t)idx.v[p] * D + j] += (float)dy.v[p * D + j];
+          exact[(int64_t)idx.v[p] * D + j] += dy.v[p * D + j];
+        }
+      for (int64_t i = 0; i < no; i++)
+        ref[i] = rounded(dt, acc[i]);
+      const char *what = fmt("embedding_backward %s n=%lld V=%lld D=%lld", dtn[dt], (long long)n, (long long)V,
+                             (long long)D);
+      memset(out.p, 0xa5, es * (size_t)no); /* rows no index hits must be written (zeros) */
+      int64_t bad = tgm_cpu_embedding_backward(dt, idx.p, n, dy.p, V, D, out.p);
+      check(bad == -1, fmt("%s: no bad index (got %lld)", what, (long long)bad));
+      expect(fmt("%s: the f32 sums in position order, bit for bit", what), dt, out.p, ref, no, 0);
+      expect(fmt("%s: within tolerance of the exact sums", what), dt, out.p, exact, no, tol_of(dt));
+      SAME_AT_1_AND_2_THREADS(what, es * (size_t)no, out.p,
+                              tgm_cpu_embedding_backward(dt, idx.p, n, dy.p, V, D, out.p));
+      /* the fallback without the sort's memory (each row scans idx): the same bits */
+      if (n > 0) {
+        void *fb = malloc(es * (size_t)no);
+        for (int64_t v = 0; v < V; v++)
+          emb_bwd_row(dt, dy.p, D, NULL, n, idx.p, v, (char *)fb + (size_t)(v * D) * es);
+        check(!memcmp(fb, out.p, es * (size_t)no), fmt("%s: the no-scratch rows give the same bits", what));
+        free(fb);
+      }
+      if (n > 5) { /* the first bad position, and out untouched */
+        memset(out.p, 0x3c, es * (size_t)no);
+        setv(&idx, n - 1, -1);
+        setv(&idx, 4, (double)V);
+        bad = tgm_cpu_embedding_backward(dt, idx.p, n, dy.p, V, D, out.p);
+        check(bad == 4, fmt("%s: first bad index is 4 (got %lld)", what, (long long)bad));
+        setv(&idx, 4, 0);
+        bad = tgm_cpu_embedding_backward(dt, idx.p, n, dy.p, V, D, out.p);
+        check(bad == n - 1, fmt("%s: a negative index is bad (got %lld)", what, (long long)bad));
+        int untouched = 1;
+        for (size_t b = 0; b < es * (size_t)no; b++)
+          untouched &= ((unsigned char *)out.p)[b] == 0x3c;
+        check(untouched, fmt("%s: out is not written on a bad index", what));
+      }
+      free(acc);
+      free(ref);
+      free(exact);
+      tfree(&dy);
+      tfree(&idx);
+      tfree(&out);
+    }
+}
+
+/* dropout's keep decision, as gen/interp.c writes it: u in double, u >= p. */
+static int ref_kept(int64_t j, double p, uint64_t seed, uint32_t ordinal, uint64_t step) {
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ ordinal};
+  uint32_t ctr[4] = {(uint32_t)(uint64_t)j, (uint32_t)((uint64_t)j >> 32), (uint32_t)step, (uint32_t)(step >> 32)};
+  uint32_t r[4];
+  tgm_philox4x32(ctr, key, r);
+  double u = ((double)(r[0] >> 8) + 0.5) * (1.0 / 16777216.0);
+  return p < 1 && u >= p;
+}
+
+/* dropout: the mask equal to the reference Philox's, element for element;
+ * kept values x * (float)(1 / (1 - p)) in f32 rounded to the dtype (exact)
+ * and within tolerance of the double product; dropped ones +0; the kept
+ * fraction near 1 - p; in place; the same bits at 1 and 2 threads. x has no
+ * zeros, so a zero result means dropped. */
+static void test_dropout(void) {
+  static const int64_t ns[] = {1, 1000, 70001};
+  static const double ps[] = {0, 0.5, 0.1, 0.9, 1, 1.0 / 3};
+  static const uint64_t seeds[][3] = {{0, 0, 0}, {((uint64_t)1 << 32) + 1234, 3, ((uint64_t)1 << 32) + 7},
+                                      {0xdeadbeefcafef00dull, 0xffffffffu, 123456789}};
+  for (int dt = 0; dt < 3; dt++)
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+      for (size_t b = 0; b < sizeof ps / sizeof *ps; b++) {
+        int64_t n = ns[a];
+        double p = ps[b];
+        const uint64_t *sd = seeds[(a + b) % 3];
+        uint64_t seed = sd[0], step = sd[2];
+        uint32_t ordinal = (uint32_t)sd[1];
+        size_t es = (size_t)tgm_dtype_sizes[dt];
+        T x = mk(dt, 1, &n), y = mk(dt, 1, &n);
+        for (int64_t j = 0; j < n; j++)
+          setv(&x, j, (rnext() & 1 ? -1 : 1) * runif(0.25, 4));
+        double *ref = malloc(sizeof(double) * (size_t)n), *ref32 = malloc(sizeof(double) * (size_t)n);
+        float s = (float)(1.0 / (1.0 - p));
+        int64_t kept = 0, mism = 0;
+        for (int64_t j = 0; j < n; j++) {
+          int k = ref_kept(j, p, seed, ordinal, step);
+          kept += k;
+          ref[j] = k ? rounded(dt, x.v[j] * (1.0 / (1.0 - p))) : 0.0;
+          ref32[j] = k ? rounded(dt, (float)x.v[j] * s) : 0.0;
+        }
+        const char *what = fmt("dropout %s n=%lld p=%g seed=%llx ordinal=%u step=%llu", dtn[dt], (long long)n, p,
+                               (unsigned long long)seed, ordinal, (unsigned long long)step);
+        tgm_cpu_dropout(dt, x.p, y.p, n, p, seed, ordinal, step);
+        for (int64_t j = 0; j < n; j++)
+          mism += (getv(dt, y.p, j) != 0) != (ref[j] != 0);
+        check(mism == 0, fmt("%s: mask equal to the reference Philox (%lld mismatches)", what, (long long)mism));
+        expect(fmt("%s: values, f32 product", what), dt, y.p, ref32, n, 0);
+        expect(fmt("%s: values within tolerance of the double product", what), dt, y.p, ref, n, tol_of(dt));
+        if (n > 10000)
+          check(fabs((double)kept / (double)n - (1 - p)) < 0.01,
+                fmt("%s: kept fraction %g near 1 - p", what, (double)kept / (double)n));
+        int signs = 1; /* dropped elements are +0 */
+        for (int64_t j = 0; j < n; j++)
+          if (ref[j] == 0)
+            signs &= (es == 4 ? ((uint32_t *)y.p)[j] : ((uint16_t *)y.p)[j]) == 0;
+        check(signs, fmt("%s: dropped elements are +0", what));
+        SAME_AT_1_AND_2_THREADS(what, es * (size_t)n, y.p, tgm_cpu_dropout(dt, x.p, y.p, n, p, seed, ordinal, step));
+        void *keep = malloc(es * (size_t)n);
+        memcpy(keep, y.p, es * (size_t)n);
+        tgm_cpu_dropout(dt, x.p, x.p, n, p, seed, ordinal, step); /* in place */
+        check(!memcmp(keep, x.p, es * (size_t)n), fmt("%s: in place, the same bits", what));
+        free(keep);
+        free(ref);
+        free(ref32);
+        tfree(&x);
+        tfree(&y);
+      }
+  /* the boundary of u >= p: p = u_j exactly keeps element j, the next double
+   * above drops it (the kernel decides in integers) */
+  {
+    int64_t m = 64, bad_keep = 0, bad_drop = 0;
+    T x = mk(TGM_F32, 1, &m), y = mk(TGM_F32, 1, &m);
+    for (int64_t j = 0; j < m; j++)
+      setv(&x, j, 1);
+    for (int64_t j = 0; j < m; j++) {
+      uint32_t key[2] = {99, 5 ^ 2u}, ctr[4] = {(uint32_t)j, 0, 3, 0}, r[4];
+      tgm_philox4x32(ctr, key, r);
+      double u = ((double)(r[0] >> 8) + 0.5) * (1.0 / 16777216.0);
+      tgm_cpu_dropout(TGM_F32, x.p, y.p, m, u, ((uint64_t)5 << 32) + 99, 2, 3);
+      bad_keep += ((float *)y.p)[j] == 0;
+      tgm_cpu_dropout(TGM_F32, x.p, y.p, m, nextafter(u, 2), ((uint64_t)5 << 32) + 99, 2, 3);
+      bad_drop += ((float *)y.p)[j] != 0;
+    }
+    check(bad_keep == 0 && bad_drop == 0, fmt("dropout: p = u keeps (%lld wrong), p just above u drops (%lld wrong)",
+                                              (long long)bad_keep, (long long)bad_drop));
+    tfree(&x);
+    tfree(&y);
+  }
+  /* a different step, ordinal or seed gives a different mask */
+  int64_t n = 4096;
+  T x = mk(TGM_F32, 1, &n), y0 = mk(TGM_F32, 1, &n), y1 = mk(TGM_F32, 1, &n);
+  for (int64_t j = 0; j < n; j++)
+    setv(&x, j, 1);
+  tgm_cpu_dropout(TGM_F32, x.p, y0.p, n, 0.5, 42, 0, 1);
+  tgm_cpu_dropout(TGM_F32, x.p, y1.p, n, 0.5, 42, 0, 2);
+  check(memcmp(y0.p, y1.p, 4 * (size_t)n) != 0, "dropout: another step, another mask");
+  tgm_cpu_dropout(TGM_F32, x.p, y1.p, n, 0.5, 42, 1, 1);
+  check(memcmp(y0.p, y1.p, 4 * (size_t)n) != 0, "dropout: another ordinal, another mask");
+  tgm_cpu_dropout(TGM_F32, x.p, y1.p, n, 0.5, 42 + ((uint64_t)1 << 32), 0, 1);
+  check(memcmp(y0.p, y1.p, 4 * (size_t)n) != 0, "dropout: another seed (high word), another mask");
+  tfree(&x);
+  tfree(&y0);
+  tfree(&y1);
+}
+
+/* dropout against gen/interp.c itself: two dropouts of one spec (ordinals 0
+ * and 1) through tgen_load and interp_run in training mode; the kernel with
+ * each node's ordinal gives the interpreter's zero pattern exactly and its
+ * values to f32 rounding. */
+static void test_dropout_interp(void) {
+  static const char spec[] = "name: t\n"
+                             "inputs:\n"
+                             "  x: [3000]\n"
+                             "graph:\n"
+                             "  - a: dropout(x, 0.3)\n"
+                             "  - b: dropout(a, 0.75)\n"
+                             "outputs: [a, b]\n";
+  static Diag dg; /* tgen_load may leave the global `diag` pointing here */
+  Arena ar = {0};
+  ar.fail_after = -1;
+  Graph *g = tgen_load(&dg, &ar, "t.yaml", spec, sizeof spec - 1);
+  if (!g) {
+    check(0, fmt("dropout vs interp: the spec was refused: %s", dg.msg));
+    arena_free(&ar);
+    return;
+  }
+  int64_t n = 3000;
+  Tensor in = {1, {n}, n, malloc(sizeof(double) * (size_t)n)};
+  float *xf = malloc(sizeof(float) * (size_t)n), *ya = malloc(sizeof(float) * (size_t)n),
+        *yb = malloc(sizeof(float) * (size_t)n);
+  for (int64_t j = 0; j < n; j++)
+    in.data[j] = xf[j] = (float)((rnext() & 1 ? -1 : 1) * runif(0.25, 4));
+  Tensor *vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+  char err[256];
+  uint64_t seeds[2] = {0x0123456789abcdefull, 7};
+  uint64_t steps[2] = {((uint64_t)3 << 32) + 11, 0};
+  for (int r = 0; r < 2; r++) {
+    InterpOptions o = {.training = 1, .seed = seeds[r], .step = steps[r]};
+    if (interp_run(g, &o, &in, NULL, vals, err, sizeof err)) {
+      check(0, fmt("dropout vs interp: interp_run: %s", err));
+      break;
+    }
+    const Node *na = g->outputs[0], *nb = g->outputs[1];
+    tgm_cpu_dropout(TGM_F32, xf, ya, n, 0.3, seeds[r], (uint32_t)na->index, steps[r]);
+    tgm_cpu_dropout(TGM_F32, ya, yb, n, 0.75, seeds[r], (uint32_t)nb->index, steps[r]);
+    const double *ia = vals[na->id].data, *ib = vals[nb->id].data;
+    int64_t mism = 0, far = 0, kept = 0;
+    for (int64_t j = 0; j < n; j++) {
+      mism += (ya[j] != 0) != (ia[j] != 0);
+      mism += (yb[j] != 0) != (ib[j] != 0);
+      kept += ib[j] != 0;
+      far += fabs(ya[j] - ia[j]) > 1e-6 * fabs(ia[j]) || fabs(yb[j] - ib[j]) > 2e-6 * fabs(ib[j]);
+    }
+    check(na->index != nb->index, "dropout vs interp: the two dropouts have different ordinals");
+    check(mism == 0 && kept > 0, fmt("dropout vs interp (seed %llx): the same zero pattern (%lld mismatches)",
+                                     (unsigned long long)seeds[r], (long long)mism));
+    check(far == 0, fmt("dropout vs interp (seed %llx): values to f32 rounding (%lld beyond)",
+                        (unsigned long long)seeds[r], (long long)far));
+    interp_free(g, vals);
+  }
+  free(vals);
+  free(in.data);
+  free(xf);
+  free(ya);
+  free(yb);
+  arena_free(&ar);
+}
+
 /* ---------------------------------------------------------------- GEMM-based */
 
 static void test_gemm_direct(void) {
@@ -1278,6 +1537,8 @@ static void run_all(void) {
   test_permute();
   test_slice_concat();
   test_embedding();
+  test_embedding_backward();
+  test_dropout();
 }
 
 static void run_gemm(void) {
@@ -1324,6 +1585,8 @@ int main(void) {
     run_gemm();
 #endif
   }
+  snprintf(ctx, sizeof ctx, "interpreter");
+  test_dropout_interp();
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
 }

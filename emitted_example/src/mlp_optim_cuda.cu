@@ -1,0 +1,316 @@
+/* mlp_optim_cuda.cu: the optimizer step of the emitted training code on CUDA
+ * (mlp_cuda_adamw, mlp_cuda_sgd, mlp_cuda_sum_squares in mlp_rt.h's "CUDA
+ * kernels" section).
+ *
+ * Template: copied into every emitted project with "mlp_" renamed; needs only
+ * cudart. It cannot see struct mlp_cuda_ctx (private to mlp_cuda.cu) and
+ * reaches the context through mlp_cuda_ctx_stream / _fail / _scratch. Its
+ * helpers live in an anonymous namespace with cuopt_ names (mlp_optim_cpu.c's
+ * are opt_), so the file can share a translation unit with mlp_cuda.cu and
+ * mlp_optim_cpu.c (as the tests include them).
+ *
+ * Semantics: exactly mlp_optim_cpu.c's (PyTorch 2.x AdamW / SGD on an f32
+ * param; see the comment at its top), computed in f32 in the same order of
+ * operations; nvcc's default multiply-add contraction is kept (torch's CUDA
+ * kernels are compiled the same way), so results may differ from the CPU's by
+ * an ulp. The low-precision copy is rounded to nearest even with the bit
+ * logic of mlp_f32_to_bf16 / mlp_f32_to_f16 (NaN payloads included).
+ *
+ * The update kernels are grid-stride loops, one element per iteration, and
+ * allocate nothing. sum_squares is two deterministic phases: a grid whose
+ * size depends only on n (not on the device) writes one double per block
+ * (each thread strides over fixed elements, the block reduces in a fixed
+ * tree), then one block reduces the partials in a fixed order. */
+#include "mlp_rt.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+namespace {
+
+const int kOptThreads = 256;        /* threads per block */
+const int64_t kOptMaxBlocks = 4096; /* grid cap of the update kernels (grid-stride beyond) */
+const int kOptSumBlocks = 1024;     /* most partial sums of sum_squares */
+
+/* ---------------------------------------------------------------- device helpers */
+
+__device__ __forceinline__ uint32_t cuopt_mask(bool c) { return c ? 0xffffffffu : 0u; }
+
+/* The bit logic of mlp_f32_to_bf16: round to nearest even; NaN stays a quiet NaN. */
+__device__ __forceinline__ uint16_t cuopt_st_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x0040u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The bit logic of mlp_f32_to_f16 (as mlp_cpu.c's st_f16): round to nearest
+ * even; subnormals by one exact-scaled addition; 65520 and above to inf. */
+__device__ __forceinline__ uint16_t cuopt_st_f16(float f) {
+  uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
+  uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  uint32_t sub = __float_as_uint(__fadd_rn(__fmul_rn(__uint_as_float(a), 16777216.0f), 8388608.0f)) - 0x4b000000u;
+  uint32_t isnan = cuopt_mask(a > 0x7f800000u), isinf = cuopt_mask(a >= 0x477ff000u), isnorm = cuopt_mask(a >= 0x38800000u);
+  uint32_t r = (norm & isnorm) | (sub & ~isnorm);
+  r = (0x7c00u & isinf) | (r & ~isinf);
+  r = (nanv & isnan) | (r & ~isnan);
+  return (uint16_t)(sign | (r & 0xffffu));
+}
+
+/* Element i of a floating tensor of dtype DT, as f32 (exact). */
+template <int DT> __device__ __forceinline__ float cuopt_ld(const void *p, int64_t i) {
+  if constexpr (DT == MLP_BF16) {
+    return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
+  } else if constexpr (DT == MLP_F16) {
+    return __half2float(((const __half *)p)[i]);
+  } else {
+    return ((const float *)p)[i];
+  }
+}
+
+/* Element i of the low-precision copy (LDT < 0: there is none). */
+template <int LDT> __device__ __forceinline__ void cuopt_st(void *p, int64_t i, float x) {
+  if constexpr (LDT == MLP_BF16) {
+    ((uint16_t *)p)[i] = cuopt_st_bf16(x);
+  } else if constexpr (LDT == MLP_F16) {
+    ((uint16_t *)p)[i] = cuopt_st_f16(x);
+  } else if constexpr (LDT == MLP_F32) {
+    ((float *)p)[i] = x;
+  } else {
+    (void)p, (void)i, (void)x;
+  }
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+struct OptAdam {
+  float gs, decay, w1, wm1, b2, omb2, bc2s, nstep, eps;
+  bool small; /* torch's lerp: start + w (end - start) when |w| < 0.5, else end + (w - 1)(end - start) */
+};
+
+template <int GDT, int LDT>
+__global__ void __launch_bounds__(kOptThreads)
+    k_opt_adamw(float *__restrict__ w, const void *__restrict__ g, float *__restrict__ m, float *__restrict__ v,
+                void *__restrict__ lowp, int64_t n, OptAdam a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float gi = cuopt_ld<GDT>(g, i) * a.gs;
+    float wi = w[i] * a.decay, mi = m[i], vi = v[i];
+    float d = gi - mi;
+    mi = a.small ? mi + a.w1 * d : gi + a.wm1 * d;
+    vi = vi * a.b2 + a.omb2 * gi * gi;
+    wi = wi + a.nstep * mi / (sqrtf(vi) / a.bc2s + a.eps);
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+    cuopt_st<LDT>(lowp, i, wi);
+  }
+}
+
+struct OptSgd {
+  float gs, wd, mom, nlr;
+  bool use_wd, first;
+};
+
+/* MOM: momentum != 0 (buf is read and written; otherwise never touched). */
+template <int GDT, int LDT, bool MOM>
+__global__ void __launch_bounds__(kOptThreads)
+    k_opt_sgd(float *__restrict__ w, const void *__restrict__ g, float *__restrict__ buf, void *__restrict__ lowp,
+              int64_t n, OptSgd a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float gi = cuopt_ld<GDT>(g, i) * a.gs, wi = w[i];
+    if (a.use_wd)
+      gi = gi + a.wd * wi;
+    if constexpr (MOM) {
+      gi = a.first ? gi : buf[i] * a.mom + gi;
+      buf[i] = gi;
+    }
+    wi = wi + a.nlr * gi;
+    w[i] = wi;
+    cuopt_st<LDT>(lowp, i, wi);
+  }
+}
+
+/* Fixed-order tree sum of the block's values; the result in thread 0. */
+__device__ __forceinline__ double cuopt_block_sum(double s, double *sh) {
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int k = kOptThreads / 2; k > 0; k >>= 1) {
+    if ((int)threadIdx.x < k)
+      sh[threadIdx.x] += sh[threadIdx.x + k];
+    __syncthreads();
+  }
+  return sh[0];
+}
+
+template <int DT>
+__global__ void __launch_bounds__(kOptThreads) k_opt_sumsq_part(const void *__restrict__ x, int64_t n, double *part) {
+  __shared__ double sh[kOptThreads];
+  double s = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    double e = (double)cuopt_ld<DT>(x, i);
+    s += e * e;
+  }
+  s = cuopt_block_sum(s, sh);
+  if (threadIdx.x == 0)
+    part[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kOptThreads) k_opt_sumsq_final(const double *part, int nb, double *out) {
+  __shared__ double sh[kOptThreads];
+  double s = 0;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x)
+    s += part[i];
+  s = cuopt_block_sum(s, sh);
+  if (threadIdx.x == 0)
+    out[0] = s;
+}
+
+/* ---------------------------------------------------------------- host helpers */
+
+bool cuopt_is_float(int dt) { return dt == MLP_F32 || dt == MLP_BF16 || dt == MLP_F16; }
+
+unsigned cuopt_grid(int64_t n, int64_t cap) {
+  int64_t b = (n + kOptThreads - 1) / kOptThreads;
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+template <int V> using OptInt = std::integral_constant<int, V>;
+
+/* f(OptInt<GDT>, OptInt<LDT>) for the gradient dtype and the copy's (-1: none). */
+template <class F> int cuopt_dispatch(int gdt, int ldt, F f) {
+  auto low = [&](auto G) -> int {
+    switch (ldt) {
+    case MLP_F32: return f(G, OptInt<MLP_F32>());
+    case MLP_BF16: return f(G, OptInt<MLP_BF16>());
+    case MLP_F16: return f(G, OptInt<MLP_F16>());
+    default: return f(G, OptInt<-1>());
+    }
+  };
+  switch (gdt) {
+  case MLP_BF16: return low(OptInt<MLP_BF16>());
+  case MLP_F16: return low(OptInt<MLP_F16>());
+  default: return low(OptInt<MLP_F32>());
+  }
+}
+
+/* The checks common to both updates; 0 or an error recorded in the context. */
+int cuopt_check(mlp_cuda_ctx *cx, int64_t n, bool ptrs_ok, int gdt, const void *lowp, int lowdt) {
+  if (n < 0)
+    return mlp_cuda_ctx_fail(cx, (int)cudaErrorInvalidValue, "negative size %lld", (long long)n);
+  if (n > 0 && !ptrs_ok)
+    return mlp_cuda_ctx_fail(cx, (int)cudaErrorInvalidValue, "NULL pointer");
+  if (!cuopt_is_float(gdt))
+    return mlp_cuda_ctx_fail(cx, (int)cudaErrorInvalidValue, "gradient dtype %d is not f32, bf16 or f16", gdt);
+  if (lowp && !cuopt_is_float(lowdt))
+    return mlp_cuda_ctx_fail(cx, (int)cudaErrorInvalidValue, "low-precision copy dtype %d is not f32, bf16 or f16",
+                             lowdt);
+  return 0;
+}
+
+int cuopt_launched(mlp_cuda_ctx *cx, const char *what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return mlp_cuda_ctx_fail(cx, (int)e, "launching %s failed: %s (%s)", what, cudaGetErrorString(e),
+                             cudaGetErrorName(e));
+  return 0;
+}
+
+} // namespace
+
+/* ---------------------------------------------------------------- entry points */
+
+int mlp_cuda_adamw(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *m, float *v, void *lowp, int lowdt,
+                   int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                   double grad_scale) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_adamw");
+  if (int rc = cuopt_check(cx, n, w && g && m && v, gdt, lowp, lowdt))
+    return rc;
+  if (n == 0)
+    return 0;
+  /* The scalars as torch forms them (Python floats), then rounded to f32. */
+  double t = (double)(step > 0 ? step : 1);
+  OptAdam a;
+  a.gs = (float)grad_scale;
+  a.decay = (float)(1.0 - lr * weight_decay);
+  a.w1 = (float)(1.0 - beta1);
+  a.wm1 = a.w1 - 1.0f;
+  a.small = fabsf(a.w1) < 0.5f;
+  a.b2 = (float)beta2;
+  a.omb2 = (float)(1.0 - beta2);
+  a.bc2s = (float)sqrt(1.0 - pow(beta2, t));
+  a.nstep = (float)(-(lr / (1.0 - pow(beta1, t))));
+  a.eps = (float)eps;
+  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
+    k_opt_adamw<decltype(G)::value, decltype(L)::value>
+        <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, m, v, lowp, n, a);
+    return cuopt_launched(cx, "k_opt_adamw");
+  });
+}
+
+int mlp_cuda_sgd(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf, void *lowp, int lowdt, int64_t n,
+                 double lr, double momentum, double weight_decay, int64_t step, double grad_scale) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_sgd");
+  if (int rc = cuopt_check(cx, n, w && g && (buf || momentum == 0), gdt, lowp, lowdt))
+    return rc;
+  if (n == 0)
+    return 0;
+  OptSgd a;
+  a.gs = (float)grad_scale;
+  a.wd = (float)weight_decay;
+  a.mom = (float)momentum;
+  a.nlr = (float)-lr;
+  a.use_wd = weight_decay != 0;
+  a.first = step <= 1;
+  bool mom = momentum != 0;
+  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
+    if (mom)
+      k_opt_sgd<decltype(G)::value, decltype(L)::value, true>
+          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a);
+    else
+      k_opt_sgd<decltype(G)::value, decltype(L)::value, false>
+          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a);
+    return cuopt_launched(cx, "k_opt_sgd");
+  });
+}
+
+int mlp_cuda_sum_squares(mlp_cuda_ctx *cx, const void *x, int dt, int64_t n, double *host_result) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_sum_squares");
+  if (!host_result)
+    return mlp_cuda_ctx_fail(cx, (int)cudaErrorInvalidValue, "NULL result pointer");
+  *host_result = 0;
+  if (int rc = cuopt_check(cx, n, x != NULL, dt, NULL, 0))
+    return rc;
+  if (n == 0)
+    return 0;
+  void *s = NULL;
+  if (int rc = mlp_cuda_ctx_scratch(cx, sizeof(double) * (kOptSumBlocks + 1), &s))
+    return rc;
+  double *part = (double *)s, *out = part + kOptSumBlocks;
+  unsigned nb = cuopt_grid(n, kOptSumBlocks);
+  switch (dt) {
+  case MLP_BF16: k_opt_sumsq_part<MLP_BF16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  case MLP_F16: k_opt_sumsq_part<MLP_F16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  default: k_opt_sumsq_part<MLP_F32><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  }
+  if (int rc = cuopt_launched(cx, "k_opt_sumsq_part"))
+    return rc;
+  k_opt_sumsq_final<<<1, kOptThreads, 0, stream>>>(part, (int)nb, out);
+  if (int rc = cuopt_launched(cx, "k_opt_sumsq_final"))
+    return rc;
+  double r = 0;
+  cudaError_t e = cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess)
+    return mlp_cuda_ctx_fail(cx, (int)e, "reading the sum back failed: %s (%s)", cudaGetErrorString(e),
+                             cudaGetErrorName(e));
+  *host_result = r;
+  return 0;
+}
