@@ -285,8 +285,9 @@ typedef struct Plan {
   /* for the report */
   Remat remat;         /* the strategy asked for */
   int64_t budget;      /* the budget given (-1 none) */
-  int relax;           /* min-cut: 0 all bans; 1 without the reduction ban; 2 only dropout banned;
-                          3 fell back to recompute-all (to meet the budget) */
+  int relax;           /* min-cut: 0 all bans; 1 without the reduction ban; 2 also the largest saved
+                          banned ops recomputable, one at a time; 3 only dropout banned; 4 fell
+                          back to recompute-all (to meet the budget) */
   int64_t sym[MAXSYM]; /* the symbol values sizes were evaluated at */
 } Plan;
 /* Choose the saved set for strategy r (Remat from spec.h; budget in bytes, -1 = none) with sizes

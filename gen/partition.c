@@ -39,8 +39,9 @@
  *
  * Memory budget (min-cut only; the other strategies ignore it): when the
  * saved bytes exceed it the bans are relaxed step by step (1: no reduction
- * ban; 2: everything recomputable but dropout) and finally recompute-all is
- * used; if none fits, the smallest is kept and met_budget is 0. */
+ * ban; 2: the largest saved banned ops made recomputable one at a time; 3:
+ * everything recomputable but dropout) and finally recompute-all is used; if
+ * none fits, the smallest is kept and met_budget is 0. */
 #include "ir.h"
 
 #include <math.h>
@@ -68,6 +69,8 @@ typedef struct Part {
   int *stack, *stackk;      /* [n] DFS: node, next operand */
   int *bw;                  /* [n] the backward part being built */
   int *order;               /* [2n] the schedule */
+  char *unban;              /* [nf] budget search: banned ops allowed to be recomputed */
+  int nunban;
 } Part;
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -129,7 +132,7 @@ static int is_reduction(Op op) {
  * (0: all bans; 1: no reduction ban; 2: only random ops banned). */
 static int banned(const Part *P, int i, int level) {
   const Node *n = P->g->nodes[i];
-  if (level >= 2)
+  if (level >= 2 || (P->unban && P->unban[i]))
     return n->op == OP_DROPOUT;
   if (!recomputable(n->op))
     return 1;
@@ -480,32 +483,67 @@ static int choose_min_cut(const Part *P, int level, char *saved) {
 
 /* min-cut within `budget` (-1 none): the bans relaxed step by step, then
  * recompute-all; the first saved set that fits, else the smallest, into
- * saved with its step in *relax. 0, or -1 out of memory. */
+ * saved with its step in *relax:
+ *   0  all bans
+ *   1  without the reduction ban
+ *   2  also banned ops allowed to be recomputed one at a time, the largest
+ *      saved one first (a greedy stand-in for PyTorch's knapsack; the count
+ *      is P->nunban)
+ *   3  everything but dropout recomputable
+ *   4  recompute-all
+ * 0, or -1 out of memory. */
 static int choose_within_budget(Part *P, int64_t budget, char *saved, int *relax) {
   int nf = P->nf, nfwd, len;
   int64_t best_bytes = -1;
   char *best = malloc((size_t)nf + 1);
-  if (!best)
+  P->unban = calloc((size_t)nf + 1, 1);
+  P->nunban = 0;
+  if (!best || !P->unban) {
+    free(best);
+    free(P->unban);
+    P->unban = NULL;
     return -1;
-  for (int level = 0; level <= 3; level++) {
-    if (level == 3)
-      memset(saved, 0, (size_t)nf);
-    else if (choose_min_cut(P, level, saved)) {
-      free(best);
-      return -1;
-    }
-    int64_t bytes = schedule(P, saved, &nfwd, &len);
-    if (best_bytes < 0 || bytes < best_bytes) {
-      best_bytes = bytes;
-      *relax = level;
-      memcpy(best, saved, (size_t)nf);
-    }
-    if (budget < 0 || bytes <= budget)
-      break;
   }
+  int rc = 0, nunban_best = 0;
+  for (int level = 0; level <= 4; level++) {
+    for (int more = 1; more;) {
+      more = 0;
+      if (level == 4)
+        memset(saved, 0, (size_t)nf);
+      else if (choose_min_cut(P, level == 2 ? 1 : level, saved)) {
+        rc = -1;
+        goto done;
+      }
+      int64_t bytes = schedule(P, saved, &nfwd, &len);
+      if (best_bytes < 0 || bytes < best_bytes) {
+        best_bytes = bytes;
+        *relax = level;
+        nunban_best = P->nunban;
+        memcpy(best, saved, (size_t)nf);
+      }
+      if (budget < 0 || bytes <= budget)
+        goto done;
+      if (level == 2) { /* allow the largest saved banned op (not dropout) to be recomputed */
+        int pick = -1;
+        for (int i = 0; i < nf; i++)
+          if (saved[i] && !P->unban[i] && P->g->nodes[i]->op != OP_DROPOUT && banned(P, i, 1) &&
+              (pick < 0 || P->bytes[i] > P->bytes[pick]))
+            pick = i;
+        if (pick >= 0) {
+          P->unban[pick] = 1;
+          P->nunban++;
+          more = 1;
+        }
+      }
+    }
+  }
+done:
   memcpy(saved, best, (size_t)nf);
+  P->nunban = nunban_best;
   free(best);
-  return 0;
+  free(P->unban);
+  P->unban = NULL;
+  return rc;
 }
 
 int partition(const Graph *g, Remat r, int64_t budget, const int64_t *sym, Plan *p, char *err, size_t errlen) {
@@ -576,6 +614,7 @@ static void put_syms(const Graph *g, const Plan *p, Buf *b) {
 
 void print_plan_summary(const Graph *g, const Plan *p, Buf *b) {
   static const char *const relaxed[] = {"", " after dropping the reduction ban",
+                                        " after allowing recomputation of the largest saved matmul/attention results",
                                         " after allowing recomputation of everything but dropout",
                                         " by recomputing everything"};
   buf_printf(b, "saved activations (%s): %d tensors, ", remat_names[p->remat], p->nsaved);
@@ -590,7 +629,7 @@ void print_plan_summary(const Graph *g, const Plan *p, Buf *b) {
     if (p->remat != REMAT_MIN_CUT)
       buf_printf(b, " ignored (%s)", p->met_budget ? "met" : "exceeded");
     else if (p->met_budget)
-      buf_printf(b, " met%s", relaxed[p->relax < 4 ? p->relax : 0]);
+      buf_printf(b, " met%s", relaxed[p->relax <= 4 ? p->relax : 0]);
     else
       buf_printf(b, " NOT met (the smallest saved set found is used)");
   }

@@ -92,6 +92,35 @@ int main(int argc, char **argv) {
   check(mlp_get_params(m, b, nb) == MLP_OK && memcmp(a, b, nb) == 0, "failed loads leave the params untouched", "");
   check(mlp_save_params(m, "/nonexistent/dir/p.safetensors") == MLP_EIO, "save into a missing directory refused",
         mlp_error(m));
+
+  /* training calls */
+  float loss;
+  check(mlp_train_step_v(NULL, dyn, ins, &loss) == MLP_EINVAL, "train_step on NULL model refused", "");
+  if (!mlp_info.loss_name) {
+    check(mlp_train_step_v(m, dyn, ins, &loss) == MLP_EINVAL && contains(mlp_error(m), "train"),
+          "train_step on a model without train: refused", mlp_error(m));
+    check(mlp_save_checkpoint(m, path) == MLP_EINVAL, "save_checkpoint without train: refused", mlp_error(m));
+  } else {
+    for (int k = 0; k < mlp_info.ndyn; k++)
+      dyn[k] = 1;
+    check(mlp_forward_backward_v(m, mlp_info.ndyn ? NULL : dyn, ins, &loss) == MLP_EINVAL,
+          "forward_backward refuses NULL dims or inputs", mlp_error(m));
+    check(mlp_train_step_v(m, dyn, ins, NULL) == MLP_EINVAL, "train_step refuses NULL inputs or loss", mlp_error(m));
+    check(mlp_get_grads(m, a, nb + 1) == MLP_EINVAL, "get_grads with a wrong size refused", mlp_error(m));
+    check(mlp_set_step(m, -1) == MLP_EINVAL, "a negative step refused", mlp_error(m));
+    /* a params-only file is not a training checkpoint; nothing changes */
+    check(mlp_load_checkpoint(m, path) == MLP_ECORRUPT && contains(mlp_error(m), "optim."),
+          "a params file refused as a checkpoint, naming the missing tensor", mlp_error(m));
+    snprintf(tmp, sizeof tmp, "%s/api_ckpt.safetensors", dir);
+    check(mlp_set_step(m, 41) == MLP_OK && mlp_save_checkpoint(m, tmp) == MLP_OK, "save checkpoint", mlp_error(m));
+    check(mlp_load_params(m, tmp) == MLP_OK && mlp_get_step(m) == 0, "load_params reads a checkpoint, step 0",
+          mlp_error(m));
+    check(mlp_load_checkpoint(m, tmp) == MLP_OK && mlp_get_step(m) == 41, "load_checkpoint restores the step",
+          mlp_error(m));
+    check(mlp_load_checkpoint(m, bad) == MLP_ECORRUPT && mlp_get_step(m) == 41,
+          "junk checkpoint refused, state untouched", mlp_error(m));
+    check(mlp_get_params(m, b, nb) == MLP_OK && memcmp(a, b, nb) == 0, "checkpoint round-trips the params", "");
+  }
   free(a);
   free(b);
   mlp_destroy(m);

@@ -92,6 +92,35 @@ int main(int argc, char **argv) {
   check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "failed loads leave the params untouched", "");
   check(tgm_save_params(m, "/nonexistent/dir/p.safetensors") == TGM_EIO, "save into a missing directory refused",
         tgm_error(m));
+
+  /* training calls */
+  float loss;
+  check(tgm_train_step_v(NULL, dyn, ins, &loss) == TGM_EINVAL, "train_step on NULL model refused", "");
+  if (!tgm_info.loss_name) {
+    check(tgm_train_step_v(m, dyn, ins, &loss) == TGM_EINVAL && contains(tgm_error(m), "train"),
+          "train_step on a model without train: refused", tgm_error(m));
+    check(tgm_save_checkpoint(m, path) == TGM_EINVAL, "save_checkpoint without train: refused", tgm_error(m));
+  } else {
+    for (int k = 0; k < tgm_info.ndyn; k++)
+      dyn[k] = 1;
+    check(tgm_forward_backward_v(m, tgm_info.ndyn ? NULL : dyn, ins, &loss) == TGM_EINVAL,
+          "forward_backward refuses NULL dims or inputs", tgm_error(m));
+    check(tgm_train_step_v(m, dyn, ins, NULL) == TGM_EINVAL, "train_step refuses NULL inputs or loss", tgm_error(m));
+    check(tgm_get_grads(m, a, nb + 1) == TGM_EINVAL, "get_grads with a wrong size refused", tgm_error(m));
+    check(tgm_set_step(m, -1) == TGM_EINVAL, "a negative step refused", tgm_error(m));
+    /* a params-only file is not a training checkpoint; nothing changes */
+    check(tgm_load_checkpoint(m, path) == TGM_ECORRUPT && contains(tgm_error(m), "optim."),
+          "a params file refused as a checkpoint, naming the missing tensor", tgm_error(m));
+    snprintf(tmp, sizeof tmp, "%s/api_ckpt.safetensors", dir);
+    check(tgm_set_step(m, 41) == TGM_OK && tgm_save_checkpoint(m, tmp) == TGM_OK, "save checkpoint", tgm_error(m));
+    check(tgm_load_params(m, tmp) == TGM_OK && tgm_get_step(m) == 0, "load_params reads a checkpoint, step 0",
+          tgm_error(m));
+    check(tgm_load_checkpoint(m, tmp) == TGM_OK && tgm_get_step(m) == 41, "load_checkpoint restores the step",
+          tgm_error(m));
+    check(tgm_load_checkpoint(m, bad) == TGM_ECORRUPT && tgm_get_step(m) == 41,
+          "junk checkpoint refused, state untouched", tgm_error(m));
+    check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "checkpoint round-trips the params", "");
+  }
   free(a);
   free(b);
   tgm_destroy(m);

@@ -11,7 +11,9 @@
  * checked (all of them for the op cases, a random ~20 per param for the
  * example models); it must stay below 1e-6. Values are drawn away from the
  * ops' kinks (abs, relu, clamp bounds; no ties for maximum and amax), so
- * finite differences are valid.
+ * finite differences are valid. Besides the fixed cases, 48 cases with random
+ * shapes (run_random_cases: broadcasting binary ops, reductions over random
+ * dims, softmax and norms, batched matmuls) from a fixed seed.
  *
  * Prints the worst error of each case and "N passed, M failed"; exits
  * nonzero on any failure. */
@@ -457,6 +459,111 @@ static char *slurp(Arena *a, const char *path) {
   return s;
 }
 
+/* ---------------------------------------------------------------- random shapes */
+
+/* "[2, 3, 4]" */
+static const char *shape_text(Arena *a, int rank, const int *d) {
+  const char *s = "[";
+  for (int i = 0; i < rank; i++)
+    s = arena_printf(a, "%s%s%d", s, i ? ", " : "", d[i]);
+  return arena_printf(a, "%s]", s);
+}
+
+static int rdim(void) { return 1 + (int)(urand() * 4); } /* 1..4 */
+
+/* Random cases from a fixed seed: broadcasting binary ops (b's shape drops
+ * leading dims and sets others to 1), reductions over random dims with and
+ * without keepdim, softmax / log_softmax / norms along random dims, and
+ * batched matmuls with broadcast batch dims; shapes of rank 1 to 3, sizes
+ * 1 to 4. Each is loss = sum(y * c). */
+static void run_random_cases(int n, const char *only) {
+  static const char *const bin[] = {"a + b", "a - b", "a * b", "a / b", "where(gt(a, 0), a * b, b)"};
+  static const char *const red[] = {"sum", "mean", "amax", "var", "logsumexp"};
+  Arena a = {0};
+  a.fail_after = -1;
+  uint64_t saved = rng_state;
+  rng_state = 0x5eed0fa11ull; /* the same cases whichever others run */
+  for (int i = 0; i < n; i++) {
+    int kind = i % 4, ra = 1 + (int)(urand() * 3), da[3], db[3], dy[3], rb = ra, ry = ra;
+    for (int j = 0; j < ra; j++)
+      da[j] = rdim();
+    Case k = {.body = 1, .lo = -1, .hi = 1};
+    const char *expr, *bdecl = "";
+    if (kind == 0) { /* binary, broadcasting */
+      rb = 1 + (int)(urand() * ra);
+      for (int j = 0; j < rb; j++)
+        db[j] = urand() < 0.3 ? 1 : da[ra - rb + j];
+      for (int j = 0; j < ra; j++)
+        dy[j] = da[j];
+      int op = (int)(urand() * 5);
+      expr = bin[op];
+      if (op == 3)
+        k.lo = 0.5, k.hi = 2; /* b away from 0 */
+      if (op == 4)
+        k.avoid[0] = 0, k.navoid = 1;
+      bdecl = arena_printf(&a, "  b: {shape: %s}\n", shape_text(&a, rb, db));
+      k.name = arena_printf(&a, "random %s %s %s", expr, shape_text(&a, ra, da), shape_text(&a, rb, db));
+    } else if (kind == 1) { /* reduction */
+      uint32_t axes = 1u + (uint32_t)(urand() * ((1u << ra) - 1));
+      int keep = urand() < 0.5, op = (int)(urand() * 5);
+      const char *dims = "[";
+      ry = 0;
+      for (int j = 0; j < ra; j++) {
+        if (axes >> j & 1)
+          dims = arena_printf(&a, "%s%s%d", dims, dims[1] ? ", " : "", j);
+        if (!(axes >> j & 1))
+          dy[ry++] = da[j];
+        else if (keep)
+          dy[ry++] = 1;
+      }
+      expr = arena_printf(&a, "%s(x, dim=%s], keepdim=%s)", red[op], dims, keep ? "true" : "false");
+      if (op == 3) { /* var needs more than one element per group */
+        int64_t cnt = 1;
+        for (int j = 0; j < ra; j++)
+          cnt *= axes >> j & 1 ? da[j] : 1;
+        if (cnt < 2)
+          expr = arena_printf(&a, "sum(x, dim=%s], keepdim=%s)", dims, keep ? "true" : "false");
+      }
+      if (ry == 0)
+        expr = arena_printf(&a, "unsqueeze(%s, 0)", expr), dy[ry++] = 1;
+      k.name = arena_printf(&a, "random %s on %s", expr, shape_text(&a, ra, da));
+    } else if (kind == 2) { /* softmax family and norms */
+      int ax = (int)(urand() * ra), op = (int)(urand() * 4);
+      static const char *const f[] = {"softmax(x, dim=%d)", "log_softmax(x, dim=%d)", "layer_norm(x * 3, b, b)",
+                                      "rms_norm(x * 3, b)"};
+      expr = arena_printf(&a, f[op], ax);
+      if (op >= 2 && da[ra - 1] < 3)
+        da[ra - 1] = 3; /* over 1 or 2 elements a norm is x / |x|-like: a kink finite differences cannot follow */
+      if (op >= 2)
+        bdecl = arena_printf(&a, "  b: {shape: [%d]}\n", da[ra - 1]);
+      for (int j = 0; j < ra; j++)
+        dy[j] = da[j];
+      k.name = arena_printf(&a, "random %s on %s", expr, shape_text(&a, ra, da));
+    } else { /* batched matmul, batch dims broadcast */
+      int M = rdim(), K = rdim(), N = rdim(), batch = rdim();
+      int ab = urand() < 0.5, bb = !ab || urand() < 0.5;
+      ra = ab ? 3 : 2;
+      da[0] = batch, da[ra - 2] = M, da[ra - 1] = K;
+      if (!ab)
+        da[0] = M, da[1] = K;
+      rb = bb ? 3 : 2;
+      db[0] = batch, db[rb - 2] = K, db[rb - 1] = N;
+      ry = ab || bb ? 3 : 2;
+      dy[0] = batch, dy[ry - 2] = M, dy[ry - 1] = N;
+      expr = "a @ b";
+      bdecl = arena_printf(&a, "  b: {shape: %s}\n", shape_text(&a, rb, db));
+      k.name = arena_printf(&a, "random matmul %s @ %s", shape_text(&a, ra, da), shape_text(&a, rb, db));
+    }
+    const char *x = kind == 0 || kind == 3 ? "a" : "x";
+    k.src = arena_printf(&a, "inputs:\n  c: %s\nparams:\n  %s: {shape: %s}\n%sgraph:\n  - y: %s\n  - loss: sum(y * c)\n",
+                         shape_text(&a, ry, dy), x, shape_text(&a, ra, da), bdecl, expr);
+    if (!only || strstr(k.name, only))
+      run_case(&k);
+  }
+  rng_state = saved;
+  arena_free(&a);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
 #ifdef _OPENMP
@@ -467,6 +574,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     if (!only || strstr(cases[i].name, only))
       run_case(&cases[i]);
+  run_random_cases(48, only);
   Arena files = {0};
   files.fail_after = -1;
   for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
