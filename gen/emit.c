@@ -50,6 +50,7 @@ typedef struct E {
   int64_t test_sym[MAXSYM];
   Buf cuda_checks;   /* the CUDA pass's index-checking ops, for its message */
   int cur;           /* the step being printed */
+  const char *test_dims_arg; /* "--dims B=2,T=2" (the emitted tests' dims), or "" */
   struct Pass *pass[3]; /* forward, loss, train (NULL: the model has none) */
   struct { int64_t b0, b1, n, f; DType dt; } *runs; /* params of one dtype in a row */
   int nruns, need_master;
@@ -84,9 +85,15 @@ static const char *instantiate(E *e, const char *path) {
       continue;
     }
     if (*s == '@') {
-      static const char *const keys[] = {"@SPEC@", "@CUDA_ARCH@", "@WANT_CUDA@", "@WANT_CPU@", "@VERSION@"};
-      const char *vals[] = {e->o->spec_name, e->o->cuda_arch, (e->o->targets & TARGET_CUDA) ? "ON" : "OFF",
-                            (e->o->targets & TARGET_CPU) ? "ON" : "OFF", TGEN_VERSION};
+      static const char *const keys[] = {"@SPEC@",    "@CUDA_ARCH@", "@WANT_CUDA@",     "@WANT_CPU@",
+                                         "@VERSION@", "@HAS_TRAIN@", "@TEST_DIMS_ARG@"};
+      const char *vals[] = {e->o->spec_name,
+                            e->o->cuda_arch,
+                            (e->o->targets & TARGET_CUDA) ? "ON" : "OFF",
+                            (e->o->targets & TARGET_CPU) ? "ON" : "OFF",
+                            TGEN_VERSION,
+                            e->g->grads ? "ON" : "OFF",
+                            e->test_dims_arg ? e->test_dims_arg : ""};
       size_t k;
       for (k = 0; k < sizeof keys / sizeof *keys; k++)
         if ((size_t)(end - s) >= strlen(keys[k]) && !strncmp(s, keys[k], strlen(keys[k])))
@@ -1366,6 +1373,11 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   }
   for (int k = 0; k < g->nsyms; k++)
     e->test_sym[k] = g->syms[k].derived ? 0 : (g->syms[k].max < o->test_dim ? g->syms[k].max : o->test_dim);
+  e->test_dims_arg = "";
+  for (int k = 0; k < g->nsyms; k++)
+    if (!g->syms[k].derived)
+      e->test_dims_arg = arena_printf(e->a, "%s%s%s=%lld", e->test_dims_arg, *e->test_dims_arg ? "," : "--dims ",
+                                      g->syms[k].name, (long long)e->test_sym[k]);
 
   /* the passes: forward; with train:, the loss and the partitioned joint
    * forward/backward graph (its sizes judged at each dynamic dim's max) */
