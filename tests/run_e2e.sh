@@ -38,9 +38,10 @@ cmake --build "$out-build" -j "$(nproc 2>/dev/null || echo 2)" >"$work/$name.bui
 t3=$(date +%s.%N)
 echo "configured and built in $(echo "$t3 - $t1" | bc) s"
 grep -i "warning" "$work/$name.build.log" | head -10 || true
+
 # E2E_CTEST_EXCLUDE: emitted tests left out here (gpt2's CPU training tests
-# takes minutes on 2 cores; it runs on the GPU machine, and CI trains
-# gpt2_tiny and train_ops_bf16, which have the same kernels)
+# take minutes on 2 cores; they run on the GPU machine, and CI trains
+# gpt2_tiny and train_ops_bf16, which use the same kernels)
 if [ -n "${E2E_CTEST_EXCLUDE:-}" ]; then
   echo "leaving out emitted tests matching: $E2E_CTEST_EXCLUDE"
   ctest --test-dir "$out-build" --output-on-failure -E "$E2E_CTEST_EXCLUDE"
