@@ -79,6 +79,25 @@ static Graph *load(Arena *a, Diag *d, const char *path) {
   return g;
 }
 
+/* autodiff(g) with its size arithmetic's errors (an overflow) reported, not
+ * aborted on: 0, or -1 with the message printed. */
+static int differentiate(Graph *g, const char *path) {
+  Diag d = {0};
+  d.file = path;
+  d.arena = g->arena;
+  diag = &d;
+  if (setjmp(d.jmp)) {
+    diag = NULL;
+    fputs(d.msg, stderr);
+    return -1;
+  }
+  int rc = autodiff(g);
+  diag = NULL;
+  if (rc)
+    fprintf(stderr, "%s: error: the model has no train: loss to differentiate\n", path);
+  return rc;
+}
+
 /* --remat STRATEGY, --memory-budget BYTES (argv[*i] is the option): the
  * value into *remat or *budget (-1 for none), marked in *given (bit 0 remat,
  * bit 1 budget). 0, 1 if argv[*i] is neither option, 2 a usage error. */
@@ -154,9 +173,11 @@ static int cmd_check(int argc, char **argv) {
     char err[512];
     for (int k = 0; k < g->nsyms; k++)
       sym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
-    if (autodiff(g) || partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, sym, &plan, err, sizeof err)) {
+    if (differentiate(g, path) ||
+        partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, sym, &plan, err, sizeof err)) {
       fputs(b.p, stdout);
-      fprintf(stderr, "%s: error: %s\n", path, g->grads ? err : "autodiff failed");
+      if (g->grads)
+        fprintf(stderr, "%s: error: %s\n", path, err);
       arena_free(&a);
       return 1;
     }
@@ -557,8 +578,7 @@ static int cmd_eval(int argc, char **argv) {
       goto out;
     }
   /* the joint forward/backward graph: g->grads[k] = d loss / d params[k] */
-  if (grad && autodiff(g)) {
-    fprintf(stderr, "%s: error: eval --grad: autodiff failed\n", path);
+  if (grad && differentiate(g, path)) {
     rc = 1;
     goto out;
   }
