@@ -1075,6 +1075,28 @@ static void *tensor_bytes(E *e, const Tensor *t, DType dt) {
   return p;
 }
 
+/* The least precise floating dtype among the nodes `root` depends on (all
+ * nodes: root NULL): the golden tests' tolerance follows it, since an f32
+ * result computed from bf16 values carries bf16 errors. */
+static DType cone_dtype(E *e, const Node *root) {
+  Graph *g = e->g;
+  char *live = arena_alloc(e->a, (size_t)g->nnodes + 1);
+  DType worst = DT_F32;
+  if (root)
+    live[root->id] = 1;
+  for (int i = g->nnodes - 1; i >= 0; i--) {
+    const Node *n = g->nodes[i];
+    if (root && !live[i])
+      continue;
+    for (int k = 0; k < n->nin; k++)
+      if (n->in[k])
+        live[n->in[k]->id] = 1;
+    if (n->dtype == DT_BF16 || (n->dtype == DT_F16 && worst == DT_F32))
+      worst = n->dtype;
+  }
+  return worst;
+}
+
 /* tests/golden.safetensors: meta.dims, meta.seed, the inputs by name and
  * expected.NAME for every output, computed by the reference interpreter.
  * Returns 0 and sets *why when the model is too large to evaluate here. */
@@ -1108,7 +1130,7 @@ static int golden(E *e, const char **why) {
   if (ok && !ran)
     *why = arena_printf(e->a, "the reference interpreter failed: %s", err);
   if (ran) {
-    int n = 2 + g->ninputs + g->noutputs + (train ? 1 + g->nparams : 0), t = 0;
+    int n = 3 + g->ninputs + 2 * g->noutputs + (train ? 1 + g->nparams : 0), t = 0;
     tgm_tensor_desc *d = arena_alloc(e->a, sizeof(tgm_tensor_desc) * (size_t)n);
     int32_t *dims = arena_alloc(e->a, sizeof(int32_t) * (MAXSYM + 1)), *seed = arena_alloc(e->a, 8);
     int ndyn = 0;
@@ -1132,6 +1154,13 @@ static int golden(E *e, const char **why) {
       memcpy(x.shape, o->shape, sizeof x.shape);
       x.data = tensor_bytes(e, o, DT_F32); /* the exact values, rounded once to f32 */
       d[t++] = x;
+    }
+    /* the least precise dtype each output (and the training step) depends on */
+    for (int k = 0; k <= g->noutputs; k++) {
+      int32_t *v = arena_alloc(e->a, 8);
+      v[0] = (int32_t)cone_dtype(e, k < g->noutputs ? g->outputs[k] : NULL);
+      d[t++] = (tgm_tensor_desc){k < g->noutputs ? arena_printf(e->a, "meta.dtype.%s", g->output_names[k]) : "meta.dtype",
+                                 TGM_I32, 0, {0}, v};
     }
     for (int k = 0; train && k <= g->nparams; k++) {
       const Tensor *o = &tv[(k ? g->grads[k - 1] : g->loss)->id];

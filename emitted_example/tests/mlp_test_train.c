@@ -59,6 +59,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   int big = mlp_info.param_bytes > ((int64_t)64 << 20);
+  /* tolerances follow the least precise dtype of the model (meta.dtype) */
+  const mlp_tensor_desc *md = c.have ? mlp_st_find(&c.f, "meta.dtype") : NULL;
+  int mdt = md && md->dtype == MLP_I32 ? ((const int32_t *)md->data)[0] : -1;
 
   /* 1. gradients */
   size_t pb = mlp_param_bytes();
@@ -71,7 +74,7 @@ int main(int argc, char **argv) {
   const mlp_tensor_desc *wl = c.have ? mlp_st_find(&c.f, "expected.train_loss") : NULL;
   if (wl) {
     double want = ((const float *)wl->data)[0], err1 = fabs(loss - want) / (fabs(want) > 1e-6 ? fabs(want) : 1e-6);
-    check(err1 <= tolerance(mlp_info.loss_dtype), "%s: %.7g vs reference %.7g", mlp_info.loss_name, loss, want);
+    check(err1 <= tolerance(mdt >= 0 ? mdt : mlp_info.loss_dtype), "%s: %.7g vs reference %.7g", mlp_info.loss_name, loss, want);
   } else {
     check(isfinite(loss), "%s: %.7g is finite (no golden vectors)", mlp_info.loss_name, loss);
   }
@@ -88,7 +91,7 @@ int main(int argc, char **argv) {
     int finite;
     double e = mlp_rel_err(g + p->offset, p->dtype, w ? (const float *)w->data : NULL, p->numel, &maxref, &finite);
     if (w)
-      check(finite && e <= tolerance(p->dtype), "grad %s: relative error %.3g (max |ref| %.3g)", p->ckpt, e, maxref);
+      check(finite && e <= tolerance(mdt >= 0 ? mdt : p->dtype), "grad %s: relative error %.3g (max |ref| %.3g)", p->ckpt, e, maxref);
     else
       check(finite, "grad %s: finite (no golden vectors)", p->ckpt);
   }
