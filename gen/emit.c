@@ -258,8 +258,6 @@ typedef struct Pass {
   int *gradk;        /* step -> k when it writes params[k]'s gradient in place, else -1 */
   int nbuf;
   int *bstep, *blast;/* buffer -> defining step, last reading step (n = until the end) */
-  Node **finals;     /* values the pass hands out at the end (outputs, loss, gradients) */
-  int nfinals;
 } Pass;
 
 /* The buffer of step s's value when x is read (-1 for leaves). */
@@ -267,14 +265,13 @@ static int value_base(const Pass *p, const int *cur, const Node *x) {
   return x->op == OP_INPUT || x->op == OP_PARAM ? -1 : p->base[cur[x->id]];
 }
 
-/* Build a pass over `order` (node ids; leaves skipped). */
+/* Build a pass over `order` (node ids; leaves skipped); finals are the values
+ * it hands out at the end (outputs, loss, gradients), live until then. */
 static Pass *make_pass(E *e, int kind, int training, const int *order, int n, int nfwd, Node **finals, int nfinals) {
   Graph *g = e->g;
   Pass *p = arena_alloc(e->a, sizeof(Pass));
   p->kind = kind;
   p->training = training;
-  p->finals = finals;
-  p->nfinals = nfinals;
   p->node = arena_alloc(e->a, sizeof(Node *) * (size_t)(n + 1));
   p->var = arena_alloc(e->a, sizeof(char *) * (size_t)(n + 1));
   p->buf = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
@@ -293,9 +290,8 @@ static Pass *make_pass(E *e, int kind, int training, const int *order, int n, in
         gk[g->grads[k]->id] = k;
   for (int i = 0; i < n; i++) {
     Node *x = g->nodes[order[i]];
-    if (x->op == OP_INPUT || x->op == OP_PARAM) {
+    if (x->op == OP_INPUT || x->op == OP_PARAM)
       continue;
-    }
     if (i < nfwd)
       p->nfwd++;
     int s = p->n++;
