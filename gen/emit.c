@@ -1205,13 +1205,28 @@ static const char *readme(E *e, const char *golden_note) {
   const char *t = instantiate(e, "project/README.md");
   Buf k;
   buf_init(&k, e->a);
-  buf_printf(&k, "| node | op | result | spec |\n| --- | --- | --- | --- |\n");
+  if (g->grads) { /* the partitioner's choice, in its own words */
+    Buf sum;
+    buf_init(&sum, e->a);
+    print_plan_summary(g, &e->plan, &sum);
+    buf_printf(&k, "Training step: %s\n", sum.p);
+  }
+  char *recomputed = arena_alloc(e->a, (size_t)g->nnodes + 1);
+  for (int i = e->plan.nfwd; g->grads && i < e->plan.n; i++)
+    if (e->plan.order[i] < g->nforward)
+      recomputed[e->plan.order[i]] = 1;
+  buf_printf(&k, "| node | op | result | spec | part |\n| --- | --- | --- | --- | --- |\n");
   for (int i = 0; i < g->nnodes; i++) {
     Node *n = g->nodes[i];
     if (n->op == OP_INPUT || n->op == OP_PARAM)
       continue;
-    buf_printf(&k, "| %%%d | %s%s | %s | %s |\n", n->id, op_info[n->op].name, is_alias_op(n) ? " (view)" : "",
-               shape_comment(e, n), origin(e, n));
+    const char *part = !g->grads ? "forward"
+                       : i >= g->nforward ? "backward"
+                       : e->plan.saved[i] ? "forward, saved for the backward"
+                       : recomputed[i]    ? "forward, recomputed in the backward"
+                                          : "forward";
+    buf_printf(&k, "| %%%d | %s%s | %s | %s | %s |\n", n->id, op_info[n->op].name, is_alias_op(n) ? " (view)" : "",
+               shape_comment(e, n), origin(e, n), part);
   }
   Buf p;
   buf_init(&p, e->a);

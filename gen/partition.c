@@ -617,12 +617,12 @@ void print_plan_summary(const Graph *g, const Plan *p, Buf *b) {
                                         " after allowing recomputation of the largest saved matmul/attention results",
                                         " after allowing recomputation of everything but dropout",
                                         " by recomputing everything"};
-  buf_printf(b, "saved activations (%s): %d tensors, ", remat_names[p->remat], p->nsaved);
+  buf_printf(b, "saved activations (%s): %d tensor%s, ", remat_names[p->remat], p->nsaved, p->nsaved == 1 ? "" : "s");
   put_bytes(b, p->saved_bytes);
   put_syms(g, p, b);
   buf_printf(b, " (save-all: ");
   put_bytes(b, p->saveall_bytes);
-  buf_printf(b, "; recompute-all: 0 B); %d nodes recomputed", p->nrecomputed);
+  buf_printf(b, "; recompute-all: 0 B); %d node%s recomputed", p->nrecomputed, p->nrecomputed == 1 ? "" : "s");
   if (p->budget >= 0) {
     buf_printf(b, "; memory_budget ");
     put_bytes(b, p->budget);
