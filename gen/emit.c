@@ -238,7 +238,6 @@ static int is_view(const Node *n, int training) {
   return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE || (n->op == OP_DROPOUT && !training) ||
          (n->op == OP_CAST && n->dtype == n->in[0]->dtype);
 }
-static int is_alias_op(const Node *n) { return is_view(n, 0); }
 
 enum { PASS_FORWARD, PASS_LOSS, PASS_TRAIN, NPASS };
 static const char *const pass_fn[NPASS] = {"forward", "loss", "train"};
@@ -249,7 +248,6 @@ static const char *const pass_fn[NPASS] = {"forward", "loss", "train"};
  * lifetimes do not overlap into the same bytes). */
 typedef struct Pass {
   int kind;          /* PASS_* */
-  int training;      /* dropout active */
   int n, nfwd;       /* steps; steps [0, nfwd) are the forward part */
   Node **node;       /* step -> node */
   const char **var;  /* step -> C variable */
@@ -267,11 +265,11 @@ static int value_base(const Pass *p, const int *cur, const Node *x) {
 
 /* Build a pass over `order` (node ids; leaves skipped); finals are the values
  * it hands out at the end (outputs, loss, gradients), live until then. */
-static Pass *make_pass(E *e, int kind, int training, const int *order, int n, int nfwd, Node **finals, int nfinals) {
+static Pass *make_pass(E *e, int kind, const int *order, int n, int nfwd, Node **finals, int nfinals) {
   Graph *g = e->g;
   Pass *p = arena_alloc(e->a, sizeof(Pass));
   p->kind = kind;
-  p->training = training;
+  int training = kind == PASS_TRAIN; /* dropout active */
   p->node = arena_alloc(e->a, sizeof(Node *) * (size_t)(n + 1));
   p->var = arena_alloc(e->a, sizeof(char *) * (size_t)(n + 1));
   p->buf = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
@@ -348,7 +346,7 @@ static Pass *forward_pass(E *e, int kind) {
   Node **roots = kind == PASS_LOSS ? &g->loss : g->outputs;
   int nroots = kind == PASS_LOSS ? 1 : g->noutputs;
   int n = needed(e, roots, nroots, order);
-  return make_pass(e, kind, 0, order, n, n, roots, nroots);
+  return make_pass(e, kind, order, n, n, roots, nroots);
 }
 
 /* The training pass: the partitioner's schedule (forward part, then the
@@ -359,7 +357,7 @@ static Pass *train_pass(E *e, const Plan *pl) {
   finals[0] = g->loss;
   for (int k = 0; k < g->nparams; k++)
     finals[1 + k] = g->grads[k];
-  return make_pass(e, PASS_TRAIN, 1, pl->order, pl->n, pl->nfwd, finals, g->nparams + 1);
+  return make_pass(e, PASS_TRAIN, pl->order, pl->n, pl->nfwd, finals, g->nparams + 1);
 }
 
 static const char *shape_comment(E *e, const Node *n) {
@@ -686,14 +684,19 @@ static const char *bytes_c(E *e, const Node *n) {
   return arena_printf(e->a, "(size_t)(%s) * %d", prod_c(e->g, &n->shape, 0, n->shape.rank), dtype_size(n->dtype));
 }
 
+/* The first line of pass function NAME_<pass>_<cpu|cuda>. */
+static void pass_head(E *e, Buf *b, const Dialect *d, int kind) {
+  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
+    e->name, pass_fn[kind], d->cuda ? "cuda" : "cpu", e->name);
+}
+
 /* One pass as a C function: NAME_<pass>_<cpu|cuda>(m, sym, off, in, out).
  * forward: out[k] = output k; loss, train: out[0] is a host float for the
  * loss; train also writes every gradient into m->grads (the params' layout). */
 static void emit_pass(E *e, Buf *b, const Dialect *d, const Pass *p) {
   Graph *g = e->g;
   Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)(g->nnodes + 1));
-  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
-    e->name, pass_fn[p->kind], d->cuda ? "cuda" : "cpu", e->name);
+  pass_head(e, b, d, p->kind);
   emit_sym_locals(e, b);
   P("  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n", e->NAME, e->NAME);
   if (p->kind == PASS_TRAIN)
@@ -765,8 +768,7 @@ static void emit_pass(E *e, Buf *b, const Dialect *d, const Pass *p) {
 
 /* A pass the model does not have (no train: section). */
 static void emit_missing_pass(E *e, Buf *b, const Dialect *d, int kind) {
-  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
-    e->name, pass_fn[kind], d->cuda ? "cuda" : "cpu", e->name);
+  pass_head(e, b, d, kind);
   P("  (void)sym; (void)off; (void)in; (void)out;\n");
   P("  return %s_fail(m, %s_EINVAL, \"model %s has no train: section, so no loss or training step\");\n}\n", e->name,
     e->NAME, e->name);
@@ -807,7 +809,6 @@ static const char *passes_file(E *e, const Dialect *d) {
 /* The workspace tables: for each pass, each buffer's size (for the dims) and
  * lifetime [first step, last step]. */
 static void emit_ws_tables(E *e, Buf *b) {
-  Graph *g = e->g;
   for (int k = 0; k < NPASS; k++) {
     const Pass *p = e->pass[k];
     if (!p || !p->nbuf)
@@ -835,7 +836,6 @@ static void emit_ws_tables(E *e, Buf *b) {
     P("    }\n    return %d;\n", p->nbuf);
   }
   P("  }\n  (void)bytes;\n  if (life)\n    *life = NULL;\n  return 0;\n}\n");
-  (void)g;
 }
 
 /* ---------------------------------------------------------------- common: tables, guards */
@@ -1225,7 +1225,7 @@ static const char *readme(E *e, const char *golden_note) {
                        : e->plan.saved[i] ? "forward, saved for the backward"
                        : recomputed[i]    ? "forward, recomputed in the backward"
                                           : "forward";
-    buf_printf(&k, "| %%%d | %s%s | %s | %s | %s |\n", n->id, op_info[n->op].name, is_alias_op(n) ? " (view)" : "",
+    buf_printf(&k, "| %%%d | %s%s | %s | %s | %s |\n", n->id, op_info[n->op].name, is_view(n, 0) ? " (view)" : "",
                shape_comment(e, n), origin(e, n), part);
   }
   Buf p;

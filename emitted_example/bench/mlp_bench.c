@@ -36,18 +36,9 @@ int main(int argc, char **argv) {
   int64_t dyn[16] = {0}, sym[16] = {0};
   for (int k = 0; k < mlp_info.ndyn; k++)
     dyn[k] = mlp_info.dyn_max[k];
-  for (const char *s = dims; s && *s;) {
-    const char *eq = strchr(s, '=');
-    if (!eq)
-      break;
-    for (int k = 0; k < mlp_info.ndyn; k++)
-      if (strlen(mlp_info.sym_names[k]) == (size_t)(eq - s) && !strncmp(mlp_info.sym_names[k], s, (size_t)(eq - s)))
-        dyn[k] = atoll(eq + 1);
-    s = strchr(eq, ',');
-    s = s ? s + 1 : NULL;
-  }
   char err[512];
-  if (mlp_compute_syms(dyn, sym, err, sizeof err))
+  int given[16] = {0};
+  if (mlp_parse_dims(dims, dyn, given, err, sizeof err) || mlp_compute_syms(dyn, sym, err, sizeof err))
     return fprintf(stderr, "mlp_bench: %s\n", err), 1;
   mlp_model *m;
   if (mlp_create(device, &m, err, sizeof err))

@@ -589,10 +589,14 @@ static int optimizer_step(mlp_model *m) {
                                                o->beta2, o->eps, o->weight_decay, t, scale)
                               : mlp_cuda_sgd(m->cx, w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum,
                                              o->weight_decay, t, scale);
-    if (e || mlp_cuda_sync(m->cx))
+    if (e)
       return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
 #endif
   }
+#ifdef MLP_HAVE_CUDA
+  if (m->device == 1 && mlp_cuda_sync(m->cx)) /* once, after every run's kernel */
+    return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
+#endif
   m->step = t;
   return MLP_OK;
 }

@@ -36,18 +36,9 @@ int main(int argc, char **argv) {
   int64_t dyn[16] = {0}, sym[16] = {0};
   for (int k = 0; k < tgm_info.ndyn; k++)
     dyn[k] = tgm_info.dyn_max[k];
-  for (const char *s = dims; s && *s;) {
-    const char *eq = strchr(s, '=');
-    if (!eq)
-      break;
-    for (int k = 0; k < tgm_info.ndyn; k++)
-      if (strlen(tgm_info.sym_names[k]) == (size_t)(eq - s) && !strncmp(tgm_info.sym_names[k], s, (size_t)(eq - s)))
-        dyn[k] = atoll(eq + 1);
-    s = strchr(eq, ',');
-    s = s ? s + 1 : NULL;
-  }
   char err[512];
-  if (tgm_compute_syms(dyn, sym, err, sizeof err))
+  int given[16] = {0};
+  if (tgm_parse_dims(dims, dyn, given, err, sizeof err) || tgm_compute_syms(dyn, sym, err, sizeof err))
     return fprintf(stderr, "tgm_bench: %s\n", err), 1;
   tgm_model *m;
   if (tgm_create(device, &m, err, sizeof err))

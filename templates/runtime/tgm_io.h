@@ -84,6 +84,29 @@ static inline void tgm_device_free(tgm_model *m, void *dev) {
 #endif
 }
 
+/* "B=4,T=64" (--dims) into dyn[], given[k] = 1 for each dim named; 0, or -1
+ * with err naming the bad part. */
+static inline int tgm_parse_dims(const char *s, int64_t *dyn, int *given, char *err, size_t errlen) {
+  while (s && *s) {
+    const char *eq = strchr(s, '=');
+    int k;
+    if (!eq)
+      return snprintf(err, errlen, "--dims: expected NAME=VALUE in '%s'", s), -1;
+    for (k = 0; k < tgm_info.ndyn; k++)
+      if (strlen(tgm_info.sym_names[k]) == (size_t)(eq - s) && !strncmp(tgm_info.sym_names[k], s, (size_t)(eq - s)))
+        break;
+    if (k == tgm_info.ndyn)
+      return snprintf(err, errlen, "--dims: '%.*s' is not a dynamic dim of the model", (int)(eq - s), s), -1;
+    char *end;
+    dyn[k] = strtoll(eq + 1, &end, 10);
+    if (end == eq + 1 || (*end && *end != ','))
+      return snprintf(err, errlen, "--dims: bad value in '%s'", s), -1;
+    given[k] = 1;
+    s = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
 /* A test case: the golden file's dims, seed and inputs (or, without the
  * file, dims of 2 (capped by max), the spec's seed and the fixed fill), with
  * the params initialised from the seed and the inputs on the device. */

@@ -589,10 +589,14 @@ static int optimizer_step(tgm_model *m) {
                                                o->beta2, o->eps, o->weight_decay, t, scale)
                               : tgm_cuda_sgd(m->cx, w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum,
                                              o->weight_decay, t, scale);
-    if (e || tgm_cuda_sync(m->cx))
+    if (e)
       return tgm_fail(m, TGM_EDEVICE, "optimizer: %s", tgm_cuda_ctx_error(m->cx));
 #endif
   }
+#ifdef TGM_HAVE_CUDA
+  if (m->device == 1 && tgm_cuda_sync(m->cx)) /* once, after every run's kernel */
+    return tgm_fail(m, TGM_EDEVICE, "optimizer: %s", tgm_cuda_ctx_error(m->cx));
+#endif
   m->step = t;
   return TGM_OK;
 }

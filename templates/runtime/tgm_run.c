@@ -58,26 +58,8 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
   int given[16] = {0};
   char err[512];
   memset(b, 0, sizeof *b);
-  if (dims) { /* --dims B=4,T=64 */
-    const char *s = dims;
-    while (*s) {
-      const char *eq = strchr(s, '=');
-      int k;
-      if (!eq)
-        return die_("--dims: expected NAME=VALUE in '%s'%s", s, "");
-      for (k = 0; k < tgm_info.ndyn; k++)
-        if (strlen(tgm_info.sym_names[k]) == (size_t)(eq - s) && !strncmp(tgm_info.sym_names[k], s, (size_t)(eq - s)))
-          break;
-      if (k == tgm_info.ndyn)
-        return die_("--dims: '%.*s' is not a dynamic dim of the model", s, "");
-      char *end;
-      b->dyn[k] = strtoll(eq + 1, &end, 10);
-      if (end == eq + 1 || (*end && *end != ','))
-        return die_("--dims: bad value in '%s'%s", s, "");
-      given[k] = 1;
-      s = *end ? end + 1 : end;
-    }
-  }
+  if (tgm_parse_dims(dims, b->dyn, given, err, sizeof err))
+    return die_("%s%s", err, "");
   if (path) {
     if (tgm_st_read(path, &b->f, err, sizeof err))
       return die_("%s%s", err, "");
