@@ -62,7 +62,7 @@ static int dev_copy(tgm_model *m, void *host, void *dev, size_t n, int to_host) 
   }
 #ifdef TGM_HAVE_CUDA
   if (tgm_cuda_memcpy(m->cx, to_host ? host : dev, to_host ? dev : host, n, to_host ? 1 : 0))
-    return tgm_fail(m, TGM_EDEVICE, "copying to/from the device: %s", tgm_cuda_ctx_error(m->cx));
+    return tgm_fail(m, TGM_EDEVICE, "copying %s the device: %s", to_host ? "from" : "to", tgm_cuda_ctx_error(m->cx));
   return TGM_OK;
 #else
   return tgm_fail(m, TGM_EDEVICE, "no CUDA path in this build");
@@ -84,38 +84,14 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
     set_err(err, errlen, "tgm_create: out of memory%s", "");
     return TGM_ENOMEM;
   }
-  size_t pb = (size_t)tgm_info.param_bytes;
-  if (!strcmp(device, "cpu")) {
-    m->device = 0;
-    m->master_stale = 1;
-    m->params = calloc(1, pb ? pb : 1);
-    if (!m->params) {
-      free(m);
-      set_err(err, errlen, "tgm_create: out of memory for the params%s", "");
-      return TGM_ENOMEM;
-    }
-  } else {
+  m->master_stale = 1;
+  if (!strcmp(device, "cuda")) {
 #ifdef TGM_HAVE_CUDA
     m->device = 1;
-    m->master_stale = 1;
     char cerr[256];
     if (tgm_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
       set_err(err, errlen, "tgm_create: %s", cerr);
       free(m);
-      return TGM_EDEVICE;
-    }
-    if (tgm_cuda_malloc(m->cx, (void **)&m->params, pb ? pb : 1)) {
-      set_err(err, errlen, "tgm_create: %s", tgm_cuda_ctx_error(m->cx));
-      tgm_cuda_ctx_destroy(m->cx);
-      free(m);
-      return TGM_ENOMEM;
-    }
-    unsigned char *zero = calloc(1, pb ? pb : 1);
-    int rc = !zero || tgm_cuda_memcpy(m->cx, m->params, zero, pb, 0);
-    free(zero);
-    if (rc) {
-      set_err(err, errlen, "tgm_create: could not clear the params on the device%s", "");
-      tgm_destroy(m);
       return TGM_EDEVICE;
     }
 #else
@@ -123,6 +99,11 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
     set_err(err, errlen, "tgm_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
     return TGM_EDEVICE;
 #endif
+  }
+  if (!(m->params = dev_zalloc(m, (size_t)tgm_info.param_bytes))) {
+    set_err(err, errlen, "tgm_create: out of %s memory for the params", m->device ? "device" : "host");
+    tgm_destroy(m);
+    return TGM_ENOMEM;
   }
   *out = m;
   return TGM_OK;
@@ -149,23 +130,9 @@ size_t tgm_param_bytes(void) { return (size_t)tgm_info.param_bytes; }
 
 /* Copy between a host buffer and the params (either direction). */
 static int params_copy(tgm_model *m, void *host, int to_host) {
-  size_t n = (size_t)tgm_info.param_bytes;
   if (!to_host)
     m->master_stale = 1; /* the optimizer's f32 copy must follow */
-  if (m->device == 0) {
-    if (to_host)
-      memcpy(host, m->params, n);
-    else
-      memcpy(m->params, host, n);
-    return TGM_OK;
-  }
-#ifdef TGM_HAVE_CUDA
-  if (tgm_cuda_memcpy(m->cx, to_host ? host : m->params, to_host ? m->params : host, n, to_host ? 1 : 0))
-    return tgm_fail(m, TGM_EDEVICE, "copying the params: %s", tgm_cuda_ctx_error(m->cx));
-  return TGM_OK;
-#else
-  return tgm_fail(m, TGM_EDEVICE, "no CUDA path in this build");
-#endif
+  return dev_copy(m, host, m->params, (size_t)tgm_info.param_bytes, to_host);
 }
 
 tgm_status tgm_get_params(tgm_model *m, void *host, size_t bytes) {
