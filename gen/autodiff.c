@@ -721,7 +721,7 @@ static void grad_mse_loss(AD *a, Node *n, Node *dy) {
 
 typedef void (*GradRule)(AD *, Node *, Node *);
 static const GradRule grad_rules[NUM_OPS] = {
-#define OP(e, name, sig, rule, flags, grad) grad_##grad,
+#define OP(e, name, sig, rule, flags, grad, cls, ...) grad_##grad,
 #include "ops.def"
 #undef OP
 };

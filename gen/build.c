@@ -10,7 +10,7 @@
 #include <string.h>
 
 const OpInfo op_info[NUM_OPS] = {
-#define OP(e, name, sig, rule, flags, grad) {name, sig, flags},
+#define OP(e, name, sig, rule, flags, grad, cls, ...) {name, sig, flags, cls, #__VA_ARGS__},
 #include "ops.def"
 #undef OP
 };

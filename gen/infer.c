@@ -593,11 +593,14 @@ static void infer_cast(R *r) {
   r->n->dtype = r->a[1].dt;
 }
 
+/* take, inf0: made by gen/decompose.c with their shapes set; never inferred. */
+static void infer_none(R *r) { die("%s: no shape rule (made by decompose only)", r->op); }
+
 /* ---------------------------------------------------------------- dispatch */
 
 typedef void (*Rule)(R *);
 static const Rule rules[NUM_OPS] = {
-#define OP(e, name, sig, rule, flags, grad) infer_##rule,
+#define OP(e, name, sig, rule, flags, grad, cls, ...) infer_##rule,
 #include "ops.def"
 #undef OP
 };

@@ -36,7 +36,7 @@
 #endif
 
 static const char *const op_names[] = {
-#define OP(e, name, sig, rule, flags, grad) name,
+#define OP(e, name, sig, rule, flags, grad, cls, ...) name,
 #include "ops.def"
 #undef OP
 };
@@ -249,79 +249,62 @@ static double gvar(const double *x, const int64_t *off, int64_t len, double corr
 
 /* ---------------------------------------------------------------- pointwise */
 
-/* PyTorch's unary pointwise functions in double. */
-static double unary(Op op, int flag, double x) {
-  static const double sqrt_2_over_pi = 0.79788456080286535587989211986876;
-  static const double sqrt_half = 0.70710678118654752440084436210485;
-  switch (op) {
-  case OP_NEG: return -x;
-  case OP_ABS: return fabs(x);
-  case OP_EXP: return exp(x);
-  case OP_LOG: return log(x);
-  case OP_SQRT: return sqrt(x);
-  case OP_RSQRT: return 1.0 / sqrt(x);
-  case OP_SIN: return sin(x);
-  case OP_COS: return cos(x);
-  case OP_TANH: return tanh(x);
-  case OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
-  case OP_RELU: return x < 0 ? 0.0 : x; /* NaN stays NaN */
-  case OP_SILU: return x / (1.0 + exp(-x));
-  case OP_ERF: return erf(x);
-  case OP_SQUARE: return x * x;
-  case OP_RECIPROCAL: return 1.0 / x;
-  case OP_GELU:
-    if (flag) /* approximate='tanh' */
-      return 0.5 * x * (1.0 + tanh(sqrt_2_over_pi * (x + 0.044715 * x * x * x)));
-    return 0.5 * x * (1.0 + erf(x * sqrt_half));
-  default: return NAN;
-  }
+/* The math functions of ops.def's expressions, in double (the emitted code
+ * defines the same names in f32: templates/runtime/tgm_math.h). PyTorch's
+ * semantics: maximum/minimum and clamp propagate NaN; gelu in its erf form,
+ * or its tanh form when tanh_form. */
+static double f_abs(double x) { return fabs(x); }
+static double f_exp(double x) { return exp(x); }
+static double f_log(double x) { return log(x); }
+static double f_sqrt(double x) { return sqrt(x); }
+static double f_sin(double x) { return sin(x); }
+static double f_cos(double x) { return cos(x); }
+static double f_tanh(double x) { return tanh(x); }
+static double f_erf(double x) { return erf(x); }
+static double f_pow(double x, double p) { return pow(x, p); }
+static double f_inf0(double x) { return isinf(x) ? 0.0 : x; }
+static double f_max(double a, double b) { return isnan(a) || isnan(b) ? a + b : a > b ? a : b; }
+static double f_min(double a, double b) { return isnan(a) || isnan(b) ? a + b : a < b ? a : b; }
+static double f_clamp(double x, double lo, double hi) { /* min(max(x, lo), hi); NaN stays */
+  double t = x < lo ? lo : x;
+  return t > hi ? hi : t;
+}
+static double f_gelu(double x, int tanh_form) {
+  if (tanh_form)
+    return 0.5 * x * (1.0 + tanh(0.79788456080286535587989211986876 * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440084436210485));
 }
 
-/* PyTorch's binary pointwise functions in double; comparisons give 0/1. */
-static double binary(Op op, double a, double b) {
-  switch (op) {
-  case OP_ADD: return a + b;
-  case OP_SUB: return a - b;
-  case OP_MUL: return a * b;
-  case OP_DIV: return a / b;
-  case OP_MAXIMUM: return isnan(a) || isnan(b) ? a + b : a > b ? a : b;
-  case OP_MINIMUM: return isnan(a) || isnan(b) ? a + b : a < b ? a : b;
-  case OP_GT: return a > b;
-  case OP_GE: return a >= b;
-  case OP_LT: return a < b;
-  case OP_LE: return a <= b;
-  case OP_EQ: return a == b;
-  case OP_NE: return a != b;
-  default: return NAN;
+/* One element of a pointwise op (class C_PW but for leaves, creation and
+ * cast, which eval_leaf and eval_pointwise handle): ops.def's expression. */
+#define PW_C_PW(...) return (double)(__VA_ARGS__);
+#define PW_C_LEAF(...) break;
+#define PW_C_REDUCE(...) break;
+#define PW_C_COMPOSITE(...) break;
+#define PW_C_VIEW(...) break;
+#define PW_C_GEMM(...) break;
+#define PW_C_EXTERN(...) break;
+#define PW_C_TAKE(...) break;
+static double pointwise(const Node *n, double a, double b, double c) {
+  const double P0 = n->op == OP_CLAMP && !n->has_f[0] ? -INFINITY : n->f[0];
+  const double P1 = n->op == OP_CLAMP && !n->has_f[1] ? INFINITY : n->f[1];
+  const int FLAG = n->flag;
+  const double I0 = 0;
+  (void)P0, (void)P1, (void)FLAG, (void)I0, (void)a, (void)b, (void)c;
+  switch (n->op) {
+#define OP(e, name, sig, rule, flags, grad, cls, ...) case OP_##e: PW_##cls(__VA_ARGS__)
+#include "ops.def"
+#undef OP
+  default: break;
   }
-}
-
-/* The ops that binary() computes. */
-static int is_binary(Op op) {
-  switch (op) {
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
-  case OP_GT: case OP_GE: case OP_LT: case OP_LE: case OP_EQ: case OP_NE:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* torch.clamp(x, min, max) = min(max(x, lo), hi), each bound optional; NaN
- * stays NaN. */
-static double clamp(const Node *n, double x) {
-  if (n->has_f[0] && x < n->f[0])
-    x = n->f[0];
-  if (n->has_f[1] && x > n->f[1])
-    x = n->f[1];
-  return x;
+  return NAN;
 }
 
 /* Every op that maps operand elements to one result element, the operands
  * broadcast to the result's shape: unary, binary, pow, clamp, where, cast. */
 static int eval_pointwise(Ctx *c, const Node *n, Tensor *out) {
   const Tensor *x[3];
-  int nop = n->op == OP_WHERE ? 3 : is_binary(n->op) ? 2 : 1;
+  int nop = n->nin;
   Walk w;
   walk_init(&w, out->rank, out->shape, nop);
   for (int p = 0; p < nop; p++) {
@@ -330,20 +313,9 @@ static int eval_pointwise(Ctx *c, const Node *n, Tensor *out) {
       return -1;
   }
   for (int64_t j = 0; j < out->numel; j++, walk_next(&w)) {
-    double a = x[0]->data[w.off[0]], v;
-    if (n->op == OP_WHERE)
-      v = a != 0 ? x[1]->data[w.off[1]] : x[2]->data[w.off[2]];
-    else if (nop == 2)
-      v = binary(n->op, a, x[1]->data[w.off[1]]);
-    else if (n->op == OP_POW)
-      v = pow(a, n->f[0]);
-    else if (n->op == OP_CLAMP)
-      v = clamp(n, a);
-    else if (n->op == OP_CAST)
-      v = round_to_dtype(a, n->dtype);
-    else
-      v = unary(n->op, n->flag, a);
-    out->data[j] = v;
+    double a = x[0]->data[w.off[0]];
+    double b = nop > 1 ? x[1]->data[w.off[1]] : 0, cc = nop > 2 ? x[2]->data[w.off[2]] : 0;
+    out->data[j] = n->op == OP_CAST ? round_to_dtype(a, n->dtype) : pointwise(n, a, b, cc);
   }
   return 0;
 }
@@ -926,54 +898,59 @@ static int check_syms(Ctx *c) {
   return 0;
 }
 
-/* One node's value into out (shape already set, data allocated). */
+/* take (gen/decompose.c): x with dim n->axis removed, each element x at the
+ * index read from idx (same shape as the result); an index outside the dim
+ * that is not n->ignore_index is an error, an ignored one reads index 0. */
+static int eval_take(Ctx *c, const Node *n, Tensor *out) {
+  const Tensor *x = &c->vals[n->in[0]->id], *ix = &c->vals[n->in[1]->id];
+  int64_t inner = 1, size = x->shape[n->axis];
+  for (int k = n->axis + 1; k < x->rank; k++)
+    inner *= x->shape[k];
+  if (ix->numel != out->numel || out->numel * size != x->numel)
+    return fail(c, "internal error: take '%s': shapes do not match", nname(n));
+  for (int64_t j = 0; j < out->numel; j++) {
+    double t = ix->data[j];
+    if (t == (double)n->ignore_index)
+      t = 0;
+    else if (!(t >= 0 && t < (double)size))
+      return fail(c, "take '%s': index %.17g at position %lld is outside [0, %lld)", nname(n), t, (long long)j,
+                  (long long)size);
+    int64_t o = j / inner, i = j % inner;
+    out->data[j] = x->data[(o * size + (int64_t)t) * inner + i];
+  }
+  return 0;
+}
+
+/* One node's value into out (shape already set, data allocated): by the op's
+ * class, then by op within the classes that have several evaluators. */
 static int eval_node(Ctx *c, const Node *n, const Tensor *inputs, const Tensor *params, Tensor *out) {
+  switch (n->op) { /* leaves and creation (class C_LEAF, or C_PW without operands) */
+  case OP_INPUT: return eval_leaf(c, n, &inputs[n->index], out);
+  case OP_PARAM: return eval_leaf(c, n, &params[n->index], out);
+  case OP_CONST: case OP_ARANGE: case OP_ZEROS: case OP_ONES: case OP_FULL: return eval_leaf(c, n, NULL, out);
+  default: break;
+  }
+  switch (op_info[n->op].cls) {
+  case C_PW: return eval_pointwise(c, n, out);
+  case C_REDUCE: return eval_reduce(c, n, out);
+  case C_TAKE: return eval_take(c, n, out);
+  default: break;
+  }
   switch (n->op) {
-  case OP_INPUT:
-    return eval_leaf(c, n, &inputs[n->index], out);
-  case OP_PARAM:
-    return eval_leaf(c, n, &params[n->index], out);
-  case OP_CONST:
-  case OP_ARANGE:
-  case OP_ZEROS:
-  case OP_ONES:
-  case OP_FULL:
-    return eval_leaf(c, n, NULL, out);
-  case OP_NEG: case OP_ABS: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT:
-  case OP_SIN: case OP_COS: case OP_TANH: case OP_SIGMOID: case OP_RELU: case OP_SILU:
-  case OP_ERF: case OP_SQUARE: case OP_RECIPROCAL: case OP_GELU:
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_POW: case OP_MAXIMUM: case OP_MINIMUM:
-  case OP_GT: case OP_GE: case OP_LT: case OP_LE: case OP_EQ: case OP_NE:
-  case OP_WHERE: case OP_CLAMP: case OP_CAST:
-    return eval_pointwise(c, n, out);
-  case OP_SUM: case OP_MEAN: case OP_AMAX: case OP_VAR: case OP_LOGSUMEXP:
-    return eval_reduce(c, n, out);
-  case OP_SOFTMAX: case OP_LOG_SOFTMAX:
-    return eval_softmax(c, n, out);
-  case OP_LAYER_NORM: case OP_RMS_NORM:
-    return eval_norm(c, n, out);
-  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
-    return eval_copy(c, n, out);
-  case OP_BROADCAST_TO: case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE:
-    return eval_view(c, n, out);
-  case OP_CONCAT:
-    return eval_concat(c, n, out);
-  case OP_MATMUL:
-    return eval_matmul(c, n, out);
-  case OP_LINEAR:
-    return eval_linear(c, n, out);
-  case OP_EMBEDDING:
-    return eval_embedding(c, n, out);
-  case OP_EMBEDDING_BACKWARD:
-    return eval_embedding_backward(c, n, out);
-  case OP_ATTENTION:
-    return eval_attention(c, n, out);
-  case OP_DROPOUT:
-    return eval_dropout(c, n, out);
-  case OP_CROSS_ENTROPY:
-    return eval_cross_entropy(c, n, out);
-  case OP_MSE_LOSS:
-    return eval_mse(c, n, out);
+  case OP_MEAN: case OP_VAR: case OP_LOGSUMEXP: return eval_reduce(c, n, out);
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: return eval_softmax(c, n, out);
+  case OP_LAYER_NORM: case OP_RMS_NORM: return eval_norm(c, n, out);
+  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE: return eval_copy(c, n, out);
+  case OP_BROADCAST_TO: case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: return eval_view(c, n, out);
+  case OP_CONCAT: return eval_concat(c, n, out);
+  case OP_MATMUL: return eval_matmul(c, n, out);
+  case OP_LINEAR: return eval_linear(c, n, out);
+  case OP_EMBEDDING: return eval_embedding(c, n, out);
+  case OP_EMBEDDING_BACKWARD: return eval_embedding_backward(c, n, out);
+  case OP_ATTENTION: return eval_attention(c, n, out);
+  case OP_DROPOUT: return eval_dropout(c, n, out);
+  case OP_CROSS_ENTROPY: return eval_cross_entropy(c, n, out);
+  case OP_MSE_LOSS: return eval_mse(c, n, out);
   default: /* split becomes slices in the builder */
     return fail(c, "internal error: the interpreter has no rule for op %s",
                 (unsigned)n->op < NUM_OPS ? op_names[n->op] : "?");

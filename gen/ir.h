@@ -69,7 +69,7 @@ int dim_bounds(const Graph *g, const Dim *a, int64_t *lo, int64_t *hi);
 /* ---------------------------------------------------------------- nodes */
 
 typedef enum {
-#define OP(e, name, sig, rule, flags, grad) OP_##e,
+#define OP(e, name, sig, rule, flags, grad, cls, ...) OP_##e,
 #include "ops.def"
 #undef OP
   NUM_OPS
@@ -77,10 +77,15 @@ typedef enum {
 
 enum { F_FLOAT = 1, F_NUMERIC = 2, F_BOOL_OUT = 4, F_NO_GRAD = 8, F_INTERNAL = 16 };
 
+/* The op classes of the back end (ops.def's cls column). */
+typedef enum { C_LEAF, C_PW, C_REDUCE, C_COMPOSITE, C_VIEW, C_GEMM, C_EXTERN, C_TAKE } OpClass;
+
 typedef struct OpInfo {
   const char *name;
   const char *sig;
   int flags;
+  OpClass cls;
+  const char *expr;  /* C_PW: the scalar expression (ops.def) */
 } OpInfo;
 extern const OpInfo op_info[NUM_OPS];
 int op_lookup(const char *name); /* -1 if none (or internal: F_INTERNAL) */
