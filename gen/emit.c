@@ -51,7 +51,7 @@ typedef struct E {
   Buf cuda_checks;   /* the CUDA pass's index-checking ops, for its message */
   int cur;           /* the step being printed */
   const char *test_dims_arg; /* "--dims B=2,T=2" (the emitted tests' dims), or "" */
-  struct Pass *pass[3]; /* forward, loss, train (NULL: the model has none) */
+  BPass *pass[NPASS]; /* forward, loss, train (NULL: the model has none) */
   struct { int64_t b0, b1, n, f; DType dt; } *runs; /* params of one dtype in a row */
   int nruns, need_master;
   int64_t *state, state_elems; /* param k's f32 element in the optimizer state; the total */
@@ -177,15 +177,6 @@ static const char *dim_c(const Graph *g, const Dim *d) {
   return b.p;
 }
 
-/* numel of a shape (or a range of its dims) as C */
-static const char *prod_c(const Graph *g, const Shape *s, int from, int to) {
-  Dim p = dim_const(1);
-  Loc none = {0, 0};
-  for (int i = from; i < to; i++)
-    p = dim_mul(p, s->d[i], none);
-  return dim_c(g, &p);
-}
-
 static const char *ctype(DType t) {
   return t == DT_F32 ? "float" : t == DT_I32 ? "int32_t" : t == DT_BOOL ? "uint8_t" : "uint16_t";
 }
@@ -225,102 +216,22 @@ static const char *fnum(E *e, double v) {
 
 /* ---------------------------------------------------------------- passes */
 
-/* How a pass refers to a node's value while it is printed: the C variable of
- * its latest computation (a recomputed node gets a second one). */
-typedef struct Val {
-  const char *var;   /* C variable name */
-  int is_const;      /* points into inputs or params */
-} Val;
-
-/* A view: the result is the operand's buffer (dropout is the identity
- * outside training). */
-static int is_view(const Node *n, int training) {
-  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE || (n->op == OP_DROPOUT && !training) ||
-         (n->op == OP_CAST && n->dtype == n->in[0]->dtype);
+static void emit_sym_locals(E *e, Buf *b) {
+  for (int k = 0; k < e->g->nsyms; k++)
+    P("  %s_UNUSED const int64_t %s = sym[%d];%s\n", e->NAME, sym_var(e->g, k), k,
+      e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
 }
 
-enum { PASS_FORWARD, PASS_LOSS, PASS_TRAIN, NPASS };
-static const char *const pass_fn[NPASS] = {"forward", "loss", "train"};
-
-/* One emitted function: steps (node computations) in order, and the
- * workspace buffers they write, each with the step that defines it and the
- * last step that reads it (the runtime's planner packs buffers whose
- * lifetimes do not overlap into the same bytes). */
-typedef struct Pass {
-  int kind;          /* PASS_* */
-  int n, nfwd;       /* steps; steps [0, nfwd) are the forward part */
-  Node **node;       /* step -> node */
-  const char **var;  /* step -> C variable */
-  int *buf;          /* step -> its buffer, or -1 (a view, or written into the gradient buffer) */
-  int *base;         /* step -> the buffer holding its value, -1 for inputs, params, direct gradients */
-  int *gradk;        /* step -> k when it writes params[k]'s gradient in place, else -1 */
-  int nbuf;
-  int *bstep, *blast;/* buffer -> defining step, last reading step (n = until the end) */
-} Pass;
-
-/* The buffer of step s's value when x is read (-1 for leaves). */
-static int value_base(const Pass *p, const int *cur, const Node *x) {
-  return x->op == OP_INPUT || x->op == OP_PARAM ? -1 : p->base[cur[x->id]];
+static const char *shape_comment(E *e, const Node *n) {
+  return arena_printf(e->a, "%s%s", dtype_names[n->dtype], shape_str(e->g, &n->shape));
 }
 
-/* Build a pass over `order` (node ids; leaves skipped); finals are the values
- * it hands out at the end (outputs, loss, gradients), live until then. */
-static Pass *make_pass(E *e, int kind, const int *order, int n, int nfwd, Node **finals, int nfinals) {
-  Graph *g = e->g;
-  Pass *p = arena_alloc(e->a, sizeof(Pass));
-  p->kind = kind;
-  int training = kind == PASS_TRAIN; /* dropout active */
-  p->node = arena_alloc(e->a, sizeof(Node *) * (size_t)(n + 1));
-  p->var = arena_alloc(e->a, sizeof(char *) * (size_t)(n + 1));
-  p->buf = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
-  p->base = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
-  p->gradk = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
-  p->bstep = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
-  p->blast = arena_alloc(e->a, sizeof(int) * (size_t)(n + 1));
-  int *cur = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-  int *seen = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-  int *gk = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-  for (int i = 0; i < g->nnodes; i++)
-    gk[i] = -1;
-  if (kind == PASS_TRAIN)
-    for (int k = 0; k < g->nparams; k++)
-      if (gk[g->grads[k]->id] < 0)
-        gk[g->grads[k]->id] = k;
-  for (int i = 0; i < n; i++) {
-    Node *x = g->nodes[order[i]];
-    if (x->op == OP_INPUT || x->op == OP_PARAM)
-      continue;
-    if (i < nfwd)
-      p->nfwd++;
-    int s = p->n++;
-    p->node[s] = x;
-    p->var[s] = seen[x->id]++ ? arena_printf(e->a, "r%d_%d", x->id, seen[x->id] - 1) : arena_printf(e->a, "t%d", x->id);
-    p->gradk[s] = -1;
-    for (int k = 0; k < x->nin; k++)
-      if (x->in[k] && x->in[k]->op != OP_INPUT && x->in[k]->op != OP_PARAM) {
-        int b = value_base(p, cur, x->in[k]);
-        if (b >= 0)
-          p->blast[b] = s;
-      }
-    if (is_view(x, training)) {
-      p->buf[s] = -1;
-      p->base[s] = value_base(p, cur, x->in[0]);
-    } else if (gk[x->id] >= 0 && x->id >= g->nforward) {
-      p->buf[s] = p->base[s] = -1;
-      p->gradk[s] = gk[x->id];
-      gk[x->id] = -1; /* one param per node; another param with the same node copies */
-    } else {
-      p->buf[s] = p->base[s] = p->nbuf;
-      p->bstep[p->nbuf] = s;
-      p->blast[p->nbuf] = s;
-      p->nbuf++;
-    }
-    cur[x->id] = s;
-  }
-  for (int k = 0; k < nfinals; k++)
-    if (finals[k]->op != OP_INPUT && finals[k]->op != OP_PARAM && value_base(p, cur, finals[k]) >= 0)
-      p->blast[value_base(p, cur, finals[k])] = p->n;
-  return p;
+/* The first line of the spec text a node came from, for comments. */
+static const char *origin(E *e, const Node *n) {
+  const char *who = n->name ? n->name : "";
+  if (n->scope && n->scope[0])
+    return arena_printf(e->a, "%s:%d '%s' (%s)", e->o->spec_name, n->loc.line, who, n->scope);
+  return arena_printf(e->a, "%s:%d '%s'", e->o->spec_name, n->loc.line, who);
 }
 
 /* The ids of the forward nodes `roots` need, in graph order. */
@@ -340,502 +251,14 @@ static int needed(E *e, Node **roots, int nroots, int *order) {
   return n;
 }
 
-static Pass *forward_pass(E *e, int kind) {
-  Graph *g = e->g;
-  int *order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-  Node **roots = kind == PASS_LOSS ? &g->loss : g->outputs;
-  int nroots = kind == PASS_LOSS ? 1 : g->noutputs;
-  int n = needed(e, roots, nroots, order);
-  return make_pass(e, kind, order, n, n, roots, nroots);
-}
-
-/* The training pass: the partitioner's schedule (forward part, then the
- * backward with recomputed nodes); hands out the loss and the gradients. */
-static Pass *train_pass(E *e, const Plan *pl) {
-  Graph *g = e->g;
-  Node **finals = arena_alloc(e->a, sizeof(Node *) * (size_t)(g->nparams + 2));
-  finals[0] = g->loss;
-  for (int k = 0; k < g->nparams; k++)
-    finals[1 + k] = g->grads[k];
-  return make_pass(e, PASS_TRAIN, pl->order, pl->n, pl->nfwd, finals, g->nparams + 1);
-}
-
-static const char *shape_comment(E *e, const Node *n) {
-  return arena_printf(e->a, "%s%s", dtype_names[n->dtype], shape_str(e->g, &n->shape));
-}
-
-/* The first line of the spec text a node came from, for comments. */
-static const char *origin(E *e, const Node *n) {
-  const char *who = n->name ? n->name : "";
-  if (n->scope && n->scope[0])
-    return arena_printf(e->a, "%s:%d '%s' (%s)", e->o->spec_name, n->loc.line, who, n->scope);
-  return arena_printf(e->a, "%s:%d '%s'", e->o->spec_name, n->loc.line, who);
-}
-
-/* ---------------------------------------------------------------- forward pass */
-
-typedef struct Dialect {
-  int cuda;
-  const char *k;    /* kernel prefix: "NAME_cpu_" / "NAME_cuda_" */
-  const char *cx;   /* first argument */
-} Dialect;
-
-/* A shape array declaration for a kernel call; returns its name. */
-static const char *shape_arr(E *e, Buf *b, const Node *n, const char *tag) {
-  const char *nm = arena_printf(e->a, "s%d%s", e->cur, tag); /* named after the consuming node */
-  P("  const int64_t %s[%d] = {", nm, n->shape.rank ? n->shape.rank : 1);
-  if (n->shape.rank == 0)
-    P("1");
-  for (int i = 0; i < n->shape.rank; i++)
-    P("%s%s", i ? ", " : "", dim_c(e->g, &n->shape.d[i]));
-  P("};\n");
-  return nm;
-}
-
-static const char *call_open(E *e, const Dialect *d, const char *kern) {
-  return arena_printf(e->a, "%s%s%s(%s", d->cuda ? "CK(" : "", d->k, kern, d->cx);
-}
-static const char *call_close(const Dialect *d) { return d->cuda ? "));" : ");"; }
-
-static int unary_code(const Node *n, const char **code) {
-  static const struct { Op op; const char *c; } m[] = {
-      {OP_NEG, "NEG"}, {OP_ABS, "ABS"}, {OP_EXP, "EXP"}, {OP_LOG, "LOG"}, {OP_SQRT, "SQRT"}, {OP_RSQRT, "RSQRT"},
-      {OP_SIN, "SIN"}, {OP_COS, "COS"}, {OP_TANH, "TANH"}, {OP_SIGMOID, "SIGMOID"}, {OP_RELU, "RELU"},
-      {OP_SILU, "SILU"}, {OP_ERF, "ERF"}, {OP_SQUARE, "SQUARE"}, {OP_RECIPROCAL, "RECIPROCAL"},
-      {OP_POW, "POW"}, {OP_CLAMP, "CLAMP"}};
-  if (n->op == OP_GELU) {
-    *code = n->flag ? "GELU_TANH" : "GELU";
-    return 1;
-  }
-  for (size_t i = 0; i < sizeof m / sizeof *m; i++)
-    if (m[i].op == n->op) {
-      *code = m[i].c;
-      return 1;
-    }
-  return 0;
-}
-
-static const char *binary_code(Op op) {
-  switch (op) {
-  case OP_ADD: return "ADD";
-  case OP_SUB: return "SUB";
-  case OP_MUL: return "MUL";
-  case OP_DIV: return "DIV";
-  case OP_MAXIMUM: return "MAX";
-  case OP_MINIMUM: return "MIN";
-  case OP_GT: return "GT";
-  case OP_GE: return "GE";
-  case OP_LT: return "LT";
-  case OP_LE: return "LE";
-  case OP_EQ: return "EQ";
-  case OP_NE: return "NE";
-  default: return NULL;
-  }
-}
-
-static const char *reduce_code(Op op) {
-  switch (op) {
-  case OP_SUM: return "SUM";
-  case OP_MEAN: return "MEAN";
-  case OP_AMAX: return "AMAX";
-  case OP_VAR: return "VAR";
-  default: return "LOGSUMEXP";
-  }
-}
-
-/* Print the data-error check after an embedding / cross-entropy call. On
- * CUDA the kernels record bad positions on the device and the pass checks
- * once, at its end (a check here would stall the stream). */
-static void data_check(E *e, Buf *b, const Dialect *d, const Node *n, const char *what, const char *range) {
-  if (d->cuda) {
-    Buf *c = &e->cuda_checks;
-    if (!c->p)
-      buf_init(c, e->a);
-    buf_printf(c, "%s%s '%s' (%s:%d)", c->len ? ", " : "", op_info[n->op].name, n->name ? n->name : "?",
-               e->o->spec_name, n->loc.line);
-    return;
-  }
-  P("  if (bad >= 0)\n");
-  P("    return %s_fail(m, %s_EDATA, \"%s in '%s' (%s:%d): %s at position %%lld is outside %s\", (long long)bad);\n",
-    e->name, e->NAME, op_info[n->op].name, n->name ? n->name : "?", e->o->spec_name, n->loc.line, what, range);
-}
-
-/* The C variable of step s's value. */
-static const char *step_decl(E *e, const Pass *p, int s, const Val *v) {
-  const Node *n = p->node[s];
-  const char *ct = ctype(n->dtype);
-  if (p->buf[s] >= 0)
-    return arena_printf(e->a, "  %s *%s = (%s *)(ws + off[%d]);\n", ct, p->var[s], ct, p->buf[s]);
-  if (p->gradk[s] >= 0)
-    return arena_printf(e->a, "  %s *%s = (%s *)(G + %lld);  /* the gradient of %s, in place */\n", ct, p->var[s], ct,
-                        (long long)e->pbyte[p->gradk[s]], e->g->params[p->gradk[s]].ckpt);
-  const Val *x = &v[n->in[0]->id];
-  return arena_printf(e->a, "  %s%s *%s = (%s%s *)%s;  /* a view: same buffer */\n", x->is_const ? "const " : "", ct,
-                      p->var[s], x->is_const ? "const " : "", ct, x->var);
-}
-
-/* One kernel call (or view) per step, in order. */
-static void emit_steps(E *e, Buf *b, const Dialect *d, const Pass *p, Val *v) {
-  Graph *g = e->g;
-  for (int st = 0; st < p->n; st++) {
-    Node *n = p->node[st];
-    const char *dt = dtc(e, n->dtype);
-    e->cur = st;
-    if (st == p->nfwd && p->kind == PASS_TRAIN)
-      P("\n  /* ---- backward (recomputed forward values are marked) ---- */\n");
-    P("\n  /* %%%d = %s : %s   %s%s */\n", n->id, op_info[n->op].name, shape_comment(e, n), origin(e, n),
-      st >= p->nfwd && n->id < g->nforward ? "  [recomputed]" : "");
-    P("%s", step_decl(e, p, st, v));
-    Val *x = &v[n->id];
-    int view = p->buf[st] < 0 && p->gradk[st] < 0;
-    x->is_const = view ? v[n->in[0]->id].is_const : 0;
-    x->var = p->var[st];
-    if (view)
-      continue;
-    const char *a0 = n->nin > 0 && n->in[0] ? v[n->in[0]->id].var : "NULL";
-    const char *a1 = n->nin > 1 && n->in[1] ? v[n->in[1]->id].var : "NULL";
-    const char *a2 = n->nin > 2 && n->in[2] ? v[n->in[2]->id].var : "NULL";
-    const char *numel = prod_c(g, &n->shape, 0, n->shape.rank);
-    const char *code;
-    switch (n->op) {
-    case OP_CONST:
-      P("  %s%s, %s, 1, %s%s\n", call_open(e, d, "fill"), dt, x->var,
-        n->is_dimval ? arena_printf(e->a, "(double)(%s)", dim_c(g, &n->lo)) : fnum(e, n->f[0]), call_close(d));
-      break;
-    case OP_FULL:
-      P("  %s%s, %s, %s, %s%s\n", call_open(e, d, "fill"), dt, x->var, numel, fnum(e, n->f[0]), call_close(d));
-      break;
-    case OP_ARANGE:
-      P("  %s%s, %s%s\n", call_open(e, d, "arange"), x->var, dim_c(g, &n->lo), call_close(d));
-      break;
-    case OP_CAST:
-      P("  %s%s, %s, %s, %s, %s%s\n", call_open(e, d, "cast"), dtc(e, n->in[0]->dtype), dt, a0, x->var, numel,
-        call_close(d));
-      break;
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
-    case OP_GT: case OP_GE: case OP_LT: case OP_LE: case OP_EQ: case OP_NE: {
-      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b"), *sy = shape_arr(e, b, n, "");
-      P("  %s%s_%s, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "binary"), e->NAME,
-        binary_code(n->op), dtc(e, n->in[0]->dtype), a0, n->in[0]->shape.rank, sa, a1, n->in[1]->shape.rank, sb,
-        x->var, n->shape.rank, sy, call_close(d));
-      break;
-    }
-    case OP_WHERE: {
-      const char *sc = shape_arr(e, b, n->in[0], "c"), *sa = shape_arr(e, b, n->in[1], "a"),
-                 *sb = shape_arr(e, b, n->in[2], "b"), *sy = shape_arr(e, b, n, "");
-      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "where"), dt, a0,
-        n->in[0]->shape.rank, sc, a1, n->in[1]->shape.rank, sa, a2, n->in[2]->shape.rank, sb, x->var, n->shape.rank,
-        sy, call_close(d));
-      break;
-    }
-    case OP_SUM: case OP_MEAN: case OP_AMAX: case OP_VAR: case OP_LOGSUMEXP: {
-      const char *sx = shape_arr(e, b, n->in[0], "x");
-      P("  %s%s_%s, %s, %s, %d, %s, 0x%xu, %s, %s%s\n", call_open(e, d, "reduce"), e->NAME, reduce_code(n->op), dt,
-        a0, n->in[0]->shape.rank, sx, n->axes, x->var, fnum(e, n->op == OP_VAR ? n->f[0] : 0), call_close(d));
-      break;
-    }
-    case OP_SOFTMAX: case OP_LOG_SOFTMAX: {
-      const Shape *s = &n->shape;
-      P("  %s%d, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "softmax"), n->op == OP_LOG_SOFTMAX, dt, a0, x->var,
-        prod_c(g, s, 0, n->axis), dim_c(g, &s->d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), call_close(d));
-      break;
-    }
-    case OP_LAYER_NORM: case OP_RMS_NORM: {
-      const Shape *s = &n->shape;
-      const char *rows = prod_c(g, s, 0, s->rank - 1), *D = dim_c(g, &s->d[s->rank - 1]);
-      if (n->op == OP_LAYER_NORM)
-        P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "layer_norm"), dt, a0, a1, a2, x->var, rows, D,
-          fnum(e, n->f[0]), call_close(d));
-      else
-        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "rms_norm"), dt, a0, a1, x->var, rows, D,
-          fnum(e, n->f[0]), call_close(d));
-      break;
-    }
-    case OP_TRANSPOSE: case OP_PERMUTE: {
-      const Node *in = n->in[0];
-      int perm[MAXRANK];
-      for (int k = 0; k < in->shape.rank; k++)
-        perm[k] = n->op == OP_PERMUTE ? n->perm[k] : k == n->axis ? n->axis2 : k == n->axis2 ? n->axis : k;
-      const char *sx = shape_arr(e, b, in, "x");
-      P("  const int perm%d[%d] = {", e->cur, in->shape.rank ? in->shape.rank : 1);
-      for (int k = 0; k < in->shape.rank; k++)
-        P("%s%d", k ? ", " : "", perm[k]);
-      P("%s};\n", in->shape.rank ? "" : "0");
-      P("  %s%s, %s, %d, %s, perm%d, %s%s\n", call_open(e, d, "permute"), dt, a0, in->shape.rank, sx, e->cur, x->var,
-        call_close(d));
-      break;
-    }
-    case OP_SLICE: {
-      const Shape *s = &n->in[0]->shape;
-      P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "slice"), dt, a0, prod_c(g, s, 0, n->axis),
-        dim_c(g, &s->d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), dim_c(g, &n->lo), dim_c(g, &n->hi), x->var,
-        call_close(d));
-      break;
-    }
-    case OP_CONCAT: {
-      const Shape *s = &n->shape;
-      Dim at = dim_const(0);
-      Loc none = {0, 0};
-      for (int k = 0; k < n->nin; k++) {
-        const Node *in = n->in[k];
-        P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "copy_into"), dt, v[in->id].var,
-          prod_c(g, s, 0, n->axis), dim_c(g, &in->shape.d[n->axis]), prod_c(g, s, n->axis + 1, s->rank), x->var,
-          dim_c(g, &s->d[n->axis]), dim_c(g, &at), call_close(d));
-        at = dim_add(at, in->shape.d[n->axis], none);
-      }
-      break;
-    }
-    case OP_BROADCAST_TO: {
-      const char *sx = shape_arr(e, b, n->in[0], "x"), *sy = shape_arr(e, b, n, "");
-      P("  %s%s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "broadcast"), dt, a0, n->in[0]->shape.rank, sx, x->var,
-        n->shape.rank, sy, call_close(d));
-      break;
-    }
-    case OP_MATMUL: {
-      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b"), *sy = shape_arr(e, b, n, "");
-      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s%s\n", call_open(e, d, "matmul"), dt, a0, n->in[0]->shape.rank, sa,
-        a1, n->in[1]->shape.rank, sb, x->var, n->shape.rank, sy, call_close(d));
-      break;
-    }
-    case OP_LINEAR: {
-      const Shape *s = &n->in[0]->shape, *w = &n->in[1]->shape;
-      P("  %s%s, %s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "linear"), dt, a0, a1, a2, x->var,
-        prod_c(g, s, 0, s->rank - 1), dim_c(g, &w->d[1]), dim_c(g, &w->d[0]), call_close(d));
-      break;
-    }
-    case OP_EMBEDDING: {
-      const Shape *t = &n->in[1]->shape;
-      const char *nidx = prod_c(g, &n->in[0]->shape, 0, n->in[0]->shape.rank);
-      if (d->cuda)
-        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "embedding"), dt, a0, nidx, a1, dim_c(g, &t->d[0]),
-          dim_c(g, &t->d[1]), x->var, call_close(d));
-      else
-        P("  bad = %s_cpu_embedding(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1, dim_c(g, &t->d[0]),
-          dim_c(g, &t->d[1]), x->var);
-      data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &t->d[0])));
-      break;
-    }
-    case OP_EMBEDDING_BACKWARD: {
-      const char *nidx = prod_c(g, &n->in[0]->shape, 0, n->in[0]->shape.rank);
-      const Shape *o = &n->shape;
-      if (d->cuda)
-        P("  %s%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "embedding_backward"), dt, a0, nidx, a1,
-          dim_c(g, &o->d[0]), dim_c(g, &o->d[1]), x->var, call_close(d));
-      else
-        P("  bad = %s_cpu_embedding_backward(%s, %s, %s, %s, %s, %s, %s);\n", e->name, dt, a0, nidx, a1,
-          dim_c(g, &o->d[0]), dim_c(g, &o->d[1]), x->var);
-      data_check(e, b, d, n, "an index", arena_printf(e->a, "[0, %s)", dim_str(g, &o->d[0])));
-      break;
-    }
-    case OP_DROPOUT: /* training only (elsewhere a view) */
-      P("  %s%s, %s, %s, %s, %s, %s_info.seed, %du, (uint64_t)m->step%s\n", call_open(e, d, "dropout"), dt, a0, x->var,
-        numel, fnum(e, n->f[0]), e->name, n->index, call_close(d));
-      break;
-    case OP_ATTENTION: {
-      const Node *q = n->in[0];
-      const char *sq = shape_arr(e, b, q, "q"), *sk = shape_arr(e, b, n->in[1], "k"),
-                 *sv = shape_arr(e, b, n->in[2], "v"), *sy = shape_arr(e, b, n, "");
-      const char *scale = n->has_f[0] ? fnum(e, n->f[0])
-                                       : arena_printf(e->a, "1.0 / sqrt((double)(%s))", dim_c(g, &q->shape.d[q->shape.rank - 1]));
-      P("  %s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %d, %s%s\n", call_open(e, d, "attention"), dt, a0,
-        q->shape.rank, sq, a1, n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv, x->var, n->shape.rank, sy,
-        n->flag, scale, call_close(d));
-      break;
-    }
-    case OP_CROSS_ENTROPY: {
-      const Shape *s = &n->in[0]->shape;
-      const char *N = s->rank == 2 ? dim_c(g, &s->d[0]) : "1", *C = dim_c(g, &s->d[s->rank - 1]);
-      if (d->cuda)
-        P("  %s%s, %s, %s, %s, %s, %lld, %s%s\n", call_open(e, d, "cross_entropy"), dtc(e, n->in[0]->dtype), a0, a1, N,
-          C, (long long)n->ignore_index, x->var, call_close(d));
-      else
-        P("  bad = %s_cpu_cross_entropy(%s, %s, %s, %s, %s, %lld, %s);\n", e->name, dtc(e, n->in[0]->dtype), a0, a1, N,
-          C, (long long)n->ignore_index, x->var);
-      data_check(e, b, d, n, "a target", arena_printf(e->a, "[0, %s) (ignore_index %lld)", dim_str(g, &s->d[s->rank - 1]),
-                                                       (long long)n->ignore_index));
-      break;
-    }
-    case OP_MSE_LOSS: {
-      const char *sa = shape_arr(e, b, n->in[0], "a"), *sb = shape_arr(e, b, n->in[1], "b");
-      P("  %s%s, %s, %d, %s, %s, %d, %s, %s%s\n", call_open(e, d, "mse_loss"), dt, a0, n->in[0]->shape.rank, sa, a1,
-        n->in[1]->shape.rank, sb, x->var, call_close(d));
-      break;
-    }
-    default:
-      if (unary_code(n, &code)) {
-        double ua = n->op == OP_POW ? n->f[0] : n->op == OP_CLAMP ? (n->has_f[0] ? n->f[0] : -INFINITY) : 0;
-        double ub = n->op == OP_CLAMP ? (n->has_f[1] ? n->f[1] : INFINITY) : 0;
-        P("  %s%s_%s, %s, %s, %s, %s, %s, %s%s\n", call_open(e, d, "unary"), e->NAME, code, dt, a0, x->var, numel,
-          fnum(e, ua), fnum(e, ub), call_close(d));
-        break;
-      }
-      die("no kernel for op %s", op_info[n->op].name);
-    }
-  }
-}
-
-static void emit_sym_locals(E *e, Buf *b) {
-  for (int k = 0; k < e->g->nsyms; k++)
-    P("  %s_UNUSED const int64_t %s = sym[%d];%s\n", e->NAME, sym_var(e->g, k), k,
-      e->g->syms[k].derived ? arena_printf(e->a, "  /* %s */", e->g->syms[k].name) : "");
-}
-
-static const char *bytes_c(E *e, const Node *n) {
-  return arena_printf(e->a, "(size_t)(%s) * %d", prod_c(e->g, &n->shape, 0, n->shape.rank), dtype_size(n->dtype));
-}
-
-/* The first line of pass function NAME_<pass>_<cpu|cuda>. */
-static void pass_head(E *e, Buf *b, const Dialect *d, int kind) {
-  P("\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out) {\n",
-    e->name, pass_fn[kind], d->cuda ? "cuda" : "cpu", e->name);
-}
-
-/* One pass as a C function: NAME_<pass>_<cpu|cuda>(m, sym, off, in, out).
- * forward: out[k] = output k; loss, train: out[0] is a host float for the
- * loss; train also writes every gradient into m->grads (the params' layout). */
-static void emit_pass(E *e, Buf *b, const Dialect *d, const Pass *p) {
-  Graph *g = e->g;
-  Val *v = arena_alloc(e->a, sizeof(Val) * (size_t)(g->nnodes + 1));
-  pass_head(e, b, d, p->kind);
-  emit_sym_locals(e, b);
-  P("  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n", e->NAME, e->NAME);
-  if (p->kind == PASS_TRAIN)
-    P("  %s_UNUSED unsigned char *G = m->grads;\n", e->NAME);
-  P("  %s_UNUSED int64_t bad = -1;\n", e->NAME);
-  for (int k = 0; k < g->ninputs; k++) {
-    Node *n = g->inputs[k].node;
-    v[n->id] = (Val){arena_printf(e->a, "in_%s", n->name), 1};
-    P("  %s_UNUSED const %s *%s = (const %s *)in[%d];  /* %s */\n", e->NAME, ctype(n->dtype), v[n->id].var, ctype(n->dtype),
-      k, shape_comment(e, n));
-  }
-  for (int k = 0; k < g->nparams; k++) {
-    Param *q = &g->params[k];
-    v[q->node->id] = (Val){arena_printf(e->a, "p%d", k), 1};
-    P("  %s_UNUSED const %s *%s = (const %s *)(P + %lld);  /* %s %s */\n", e->NAME, ctype(q->dtype), v[q->node->id].var,
-      ctype(q->dtype), (long long)e->pbyte[k], q->name, shape_comment(e, q->node));
-  }
-  e->cuda_checks = (Buf){0};
-  emit_steps(e, b, d, p, v);
-  if (d->cuda && e->cuda_checks.len) {
-    P("\n  /* indices and targets, checked once (the kernels record the first bad one) */\n");
-    P("  CK(%s_cuda_bad_index(m->cx, &bad));\n  if (bad >= 0)\n", e->name);
-    P("    return %s_fail(m, %s_EDATA, \"an index or target at position %%lld is out of range in one of: %s\", (long long)bad);\n",
-      e->name, e->NAME, e->cuda_checks.p);
-  }
-  if (p->kind == PASS_FORWARD) {
-    P("\n  /* outputs */\n");
-    for (int k = 0; k < g->noutputs; k++) {
-      Node *n = g->outputs[k];
-      if (d->cuda)
-        P("  CK(%s_cuda_memcpy(m->cx, out[%d], %s, %s, 2));  /* %s */\n", e->name, k, v[n->id].var, bytes_c(e, n),
-          g->output_names[k]);
-      else
-        P("  memcpy(out[%d], %s, %s);  /* %s */\n", k, v[n->id].var, bytes_c(e, n), g->output_names[k]);
-    }
-  } else {
-    if (p->kind == PASS_TRAIN) {
-      int copies = 0;
-      for (int k = 0; k < g->nparams; k++) {
-        int direct = 0;
-        for (int s = 0; s < p->n && !direct; s++)
-          direct = p->gradk[s] == k;
-        if (direct)
-          continue;
-        if (!copies++)
-          P("\n  /* gradients that are views or shared: copied into place */\n");
-        Node *n = g->grads[k];
-        if (d->cuda)
-          P("  CK(%s_cuda_memcpy(m->cx, G + %lld, %s, %s, 2));  /* %s */\n", e->name, (long long)e->pbyte[k],
-            v[n->id].var, bytes_c(e, n), g->params[k].ckpt);
-        else
-          P("  memcpy(G + %lld, %s, %s);  /* %s */\n", (long long)e->pbyte[k], v[n->id].var, bytes_c(e, n),
-            g->params[k].ckpt);
-      }
-    }
-    P("\n  /* the loss, to the host as f32 */\n");
-    if (d->cuda) {
-      P("  unsigned char lb[8];\n  CK(%s_cuda_memcpy(m->cx, lb, %s, %d, 1));\n", e->name, v[g->loss->id].var,
-        dtype_size(g->loss->dtype));
-      P("  *(float *)out[0] = (float)%s_get(lb, %s, 0);\n", e->name, dtc(e, g->loss->dtype));
-    } else {
-      P("  *(float *)out[0] = (float)%s_get(%s, %s, 0);\n", e->name, v[g->loss->id].var, dtc(e, g->loss->dtype));
-    }
-  }
-  if (d->cuda)
-    P("  CK(%s_cuda_sync(m->cx));\n", e->name);
-  P("  return %s_OK;\n}\n", e->NAME);
-}
-
-/* A pass the model does not have (no train: section). */
-static void emit_missing_pass(E *e, Buf *b, const Dialect *d, int kind) {
-  pass_head(e, b, d, kind);
-  P("  (void)sym; (void)off; (void)in; (void)out;\n");
-  P("  return %s_fail(m, %s_EINVAL, \"model %s has no train: section, so no loss or training step\");\n}\n", e->name,
-    e->NAME, e->name);
-}
-
-static const char *passes_file(E *e, const Dialect *d) {
-  Buf bb, *b = &bb;
-  buf_init(b, e->a);
-  P("/* %s_%s: the passes of model %s on %s, generated by tgen %s from %s.\n", e->name,
-    d->cuda ? "cuda.cu" : "cpu.c", e->name,
-    d->cuda ? arena_printf(e->a, "CUDA (kernels in %s_kernels_cuda.cu, GEMMs in cuBLAS)", e->name)
-            : arena_printf(e->a, "the CPU (OpenMP kernels in %s_kernels_cpu.c)", e->name),
-    TGEN_VERSION, e->o->spec_name);
-  P(" *\n"
-    " *   %s_forward_*  the outputs (dropout off)\n"
-    " *   %s_loss_*     the training loss only (dropout off)\n"
-    " *   %s_train_*    loss and gradients: the forward part, then the backward,\n"
-    " *                 which recomputes the forward values the partitioner did\n"
-    " *                 not save (marked [recomputed])\n"
-    " *\n"
-    " * One kernel call per op; each names the spec line it came from. Values\n"
-    " * live in the workspace at off[k], the offset of buffer k that the\n"
-    " * runtime's planner computes for the dims from each buffer's size and\n"
-    " * lifetime (%s_common.c), so buffers whose lifetimes do not overlap\n"
-    " * share bytes. */\n", e->name, e->name, e->name, e->name);
-  P("#include \"%s_rt.h\"\n\n#include <math.h>\n#include <string.h>\n\n", e->name);
-  if (d->cuda)
-    P("#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
-      e->name, e->NAME, e->name);
+/* The arena each pass needs (tgen planned it for the dims' maxima). */
+static void emit_arena_table(E *e, Buf *b) {
+  P("/* The arena of each pass (forward, loss, train) in bytes, planned by tgen\n"
+    " * for each dynamic dim's max; the passes place every intermediate in it. */\n");
+  P("const int64_t %s_pass_arena[%s_NPASS] = {", e->name, e->NAME);
   for (int k = 0; k < NPASS; k++)
-    if (e->pass[k])
-      emit_pass(e, b, d, e->pass[k]);
-    else
-      emit_missing_pass(e, b, d, k);
-  return b->p;
-}
-
-/* The workspace tables: for each pass, each buffer's size (for the dims) and
- * lifetime [first step, last step]. */
-static void emit_ws_tables(E *e, Buf *b) {
-  for (int k = 0; k < NPASS; k++) {
-    const Pass *p = e->pass[k];
-    if (!p || !p->nbuf)
-      continue;
-    P("static const int32_t life_%s[][2] = {\n", pass_fn[k]);
-    for (int i = 0; i < p->nbuf; i++)
-      P("  {%d, %d},%s", p->bstep[i], p->blast[i], i % 6 == 5 || i == p->nbuf - 1 ? "\n" : "");
-    P("};\n\n");
-  }
-  P("/* Buffer sizes of pass `pass` for these dims, and their lifetimes; returns\n * the number of buffers. */\n");
-  P("int %s_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]) {\n", e->name);
-  emit_sym_locals(e, b);
-  P("  switch (pass) {\n");
-  for (int k = 0; k < NPASS; k++) {
-    const Pass *p = e->pass[k];
-    if (!p || !p->nbuf)
-      continue;
-    P("  case %d:  /* %s */\n", k, pass_fn[k]);
-    P("    if (life)\n      *life = life_%s;\n", pass_fn[k]);
-    P("    if (bytes) {\n");
-    for (int i = 0; i < p->nbuf; i++) {
-      const Node *n = p->node[p->bstep[i]];
-      P("      bytes[%d] = %s;  /* %s */\n", i, bytes_c(e, n), p->var[p->bstep[i]]);
-    }
-    P("    }\n    return %d;\n", p->nbuf);
-  }
-  P("  }\n  (void)bytes;\n  if (life)\n    *life = NULL;\n  return 0;\n}\n");
+    P("%s%lld", k ? ", " : "", e->pass[k] ? (long long)e->pass[k]->arena : 0LL);
+  P("};\n");
 }
 
 /* ---------------------------------------------------------------- common: tables, guards */
@@ -971,7 +394,7 @@ static const char *common_file(E *e) {
     P("  {NULL},\n");
   P("};\n\n");
 
-  emit_ws_tables(e, b);
+  emit_arena_table(e, b);
   P("\n");
 
   /* typed entry points */
@@ -1225,7 +648,7 @@ static const char *readme(E *e, const char *golden_note) {
                        : e->plan.saved[i] ? "forward, saved for the backward"
                        : recomputed[i]    ? "forward, recomputed in the backward"
                                           : "forward";
-    buf_printf(&k, "| %%%d | %s%s | %s | %s | %s |\n", n->id, op_info[n->op].name, is_view(n, 0) ? " (view)" : "",
+    buf_printf(&k, "| %%%d | %s%s | %s | %s | %s |\n", n->id, op_info[n->op].name, op_info[n->op].cls == C_VIEW ? " (view)" : "",
                shape_comment(e, n), origin(e, n), part);
   }
   Buf p;
@@ -1421,7 +844,9 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
 
   /* the passes: forward; with train:, the loss and the partitioned joint
    * forward/backward graph (its sizes judged at each dynamic dim's max) */
-  e->pass[PASS_FORWARD] = forward_pass(e, PASS_FORWARD);
+  int *order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+  int n = needed(e, g->outputs, g->noutputs, order);
+  e->pass[PASS_FORWARD] = build_pass(g, PASS_FORWARD, order, n, n);
   if (g->spec->train.present && g->loss) {
     if (!g->grads && autodiff(g)) {
       snprintf(err, errlen, "%s: the model has no loss to differentiate", o->spec_name);
@@ -1432,10 +857,17 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
       maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
     if (partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, maxsym, &e->plan, err, errlen))
       return -1;
-    e->pass[PASS_LOSS] = forward_pass(e, PASS_LOSS);
-    e->pass[PASS_TRAIN] = train_pass(e, &e->plan);
+    order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
+    n = needed(e, &g->loss, 1, order);
+    e->pass[PASS_LOSS] = build_pass(g, PASS_LOSS, order, n, n);
+    e->pass[PASS_TRAIN] = build_pass(g, PASS_TRAIN, e->plan.order, e->plan.n, e->plan.nfwd);
   }
 
+  for (int k = 0; k < NPASS; k++)
+    if (e->pass[k]) {
+      schedule(e->pass[k], o->fuse);
+      plan(e->pass[k]);
+    }
   const char *why = NULL;
   int have_golden = o->golden && golden(e, &why);
   const char *note = have_golden
@@ -1453,6 +885,7 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   static const char *const runtime[][2] = {{"runtime/tgm_rt.h", "src/%s_rt.h"},
                                            {"runtime/tgm_model.c", "src/%s_model.c"},
                                            {"runtime/tgm_init.c", "src/%s_init.c"},
+                                           {"runtime/tgm_math.h", "src/%s_math.h"},
                                            {"runtime/tgm_safetensors.c", "src/%s_safetensors.c"},
                                            {"runtime/tgm_cpu.c", "src/%s_kernels_cpu.c"},
                                            {"runtime/tgm_cuda.cu", "src/%s_kernels_cuda.cu"},
@@ -1467,9 +900,7 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
     add_file(e, arena_printf(e->a, runtime[i][1], e->name), instantiate(e, runtime[i][0]));
   add_file(e, arena_printf(e->a, "src/%s_common.c", e->name), common_file(e));
-  Dialect cpu = {0, arena_printf(e->a, "%s_cpu_", e->name), ""};
-  Dialect cuda = {1, arena_printf(e->a, "%s_cuda_", e->name), "m->cx, "};
-  add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), passes_file(e, &cpu));
-  add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), passes_file(e, &cuda));
+  add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), render_file(g, e->pass, 0, o->spec_name));
+  add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), render_file(g, e->pass, 1, o->spec_name));
   return write_tree(e, out, err, errlen);
 }

@@ -217,6 +217,100 @@ double param_init_value(const Param *p, uint64_t seed, int64_t i);
  * f32); i32 truncates toward zero (NaN, out of range: INT32_MIN); bool is v != 0. */
 double round_to_dtype(double v, DType t);
 
+/* ---------------------------------------------------------------- the back end */
+
+/* A pass of the emitted code (decompose.c builds it, schedule.c groups it
+ * into kernels, plan.c places its buffers, render.c prints it). Its nodes are
+ * pass-local copies of the graph's (id = index in nodes[]), composite ops
+ * rewritten into pointwise ops and primitive reductions; a forward node that
+ * the training schedule recomputes in the backward is a second copy. */
+enum { PASS_FORWARD, PASS_LOSS, PASS_TRAIN, NPASS };
+extern const char *const pass_names[NPASS]; /* "forward", "loss", "train" */
+
+typedef enum { HOME_ARENA, HOME_INPUT, HOME_PARAM, HOME_GRAD, HOME_OUTPUT, HOME_ALIAS } Home;
+
+typedef struct Buffer {
+  Node *node;        /* the value it holds */
+  const char *name;  /* its C name: "h", "d_h", "logits" */
+  Home home;
+  int index;         /* input, param, gradient (param) or output index; HOME_ALIAS: the buffer it views */
+  int64_t bytes;     /* at each dynamic dim's max */
+  int64_t offset;    /* HOME_ARENA: bytes from the arena's start (plan.c) */
+  int first, last;   /* the kernels that write it and read it last (nk: read at the pass's end) */
+} Buffer;
+
+typedef enum { K_LOOP, K_GEMM, K_EXTERN, K_CONCAT } KernelKind;
+
+typedef struct Kernel {
+  KernelKind kind;
+  const char *name;  /* "k3_layer_norm" (render.c) */
+  Node **outs;       /* the values it stores, in order */
+  int nouts;
+  Node **reds;       /* K_LOOP: the reductions it computes (stored or not) */
+  int nreds;
+  Node *anchor;      /* K_GEMM, K_EXTERN, K_CONCAT: the node */
+  /* K_LOOP's iteration space: with reductions, each output element o of
+   * `outer` elements reduces `rnum` elements of `full` over the dims in
+   * `axes`; without, `numel` elements */
+  Shape full;
+  uint32_t axes;
+  Dim outer, rnum, numel;
+  const char *stop;  /* why it was not fused with the next kernel (tgen explain) */
+} Kernel;
+
+typedef struct BPass {
+  Graph *g;
+  int kind;          /* PASS_* */
+  int training;      /* dropout active */
+  Node **nodes;      /* pass-local nodes, topological */
+  int n, nfwd;       /* nodes [0, nfwd) are the forward part */
+  const Node **orig; /* orig[id]: the graph node it came from */
+  Node **finals;     /* forward: the outputs; loss, train: the loss, then (train) each param's gradient */
+  int nfinals;
+  /* schedule.c */
+  int fuse;
+  char *realized;    /* per node: stored in a buffer (else recomputed where it is read) */
+  int *nuse;         /* per node: consumers in the pass */
+  Kernel **k;
+  int nk;
+  int *kern;         /* per node: the kernel that stores it, or -1 */
+  /* plan.c */
+  Buffer *b;
+  int nb;
+  int *buf;          /* per node: its buffer, or -1 */
+  int64_t arena;     /* the arena's peak bytes */
+  int64_t sym[MAXSYM]; /* the symbol values sizes are planned at (each dynamic dim's max) */
+} BPass;
+
+/* decompose.c: the pass over the graph nodes `order` (ids; the training
+ * schedule for PASS_TRAIN, with nfwd its forward part). */
+BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd);
+/* schedule.c: realize values and group the nodes into kernels (fuse = 0: one
+ * kernel per computed node). */
+void schedule(BPass *p, int fuse);
+/* mark[id] = 1 for each value kernel k reads from memory (leaves and values
+ * stored by other kernels), else 0. */
+void kernel_loads(const BPass *p, const Kernel *k, char *mark);
+/* plan.c: buffers, their lifetimes and arena offsets at p->sym. */
+void plan(BPass *p);
+/* 0 when no two arena buffers with overlapping lifetimes overlap in bytes;
+ * else -1 and a message. */
+int plan_check(const BPass *p, char *err, size_t errlen);
+/* render.c: 0 when loop kernel k (its values as the schedule stands) can be
+ * printed: every read of a reduction it computes is at its own element. */
+int render_check(BPass *p, const Kernel *k);
+/* The pass in words (tgen check --dump-after). */
+void dump_pass(const BPass *p, int after, Buf *b); /* after: 0 decompose, 1 schedule, 2 plan */
+/* The C file of one target (cuda 0: the CPU) with every pass (NULL: the
+ * model has none): the generated kernels, then the pass functions. */
+const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_name);
+/* Byte offset of param k in the flat params buffer (each param 256-aligned). */
+int64_t param_offset(const Graph *g, int k);
+/* The C text of a size over the dims' locals (dim_B, ...). */
+const char *c_dim(const Graph *g, const Dim *d);
+/* Bytes read and written, FLOPs of kernel k at p->sym (tgen explain). */
+void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops);
+
 /* ---------------------------------------------------------------- emit.c */
 
 typedef struct EmitOptions {
@@ -226,6 +320,7 @@ typedef struct EmitOptions {
   int golden;              /* compute golden vectors */
   double golden_budget;    /* flops the interpreter may spend on them */
   int64_t test_dim;        /* value of each dynamic dim in the emitted tests (capped by its max) */
+  int fuse;                /* 0: one kernel per node (compile.fuse: false, --no-fuse) */
 } EmitOptions;
 
 /* Print the project for g into directory `out` (atomically). 0, or -1 with err. */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--test-dim N]\n"
+    "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--no-fuse] [--test-dim N]\n"
     "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES]\n"
     "       tgen check MODEL.yaml [--dump | --json] [--remat STRATEGY] [--memory-budget BYTES]\n"
     "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N | --params P.safetensors] [--inputs I.safetensors]\n"
@@ -24,6 +24,7 @@ static const char usage[] =
     "          --targets and --cuda-arch override the spec's compile: section;\n"
     "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
     "          --no-golden skips the golden vectors of the emitted tests;\n"
+    "          --no-fuse prints one kernel per op (the baseline fusion is measured against);\n"
     "          --remat and --memory-budget override compile.remat and\n"
     "          compile.memory_budget (BYTES: 1000000, 512MB, 2GiB or none)\n"
     "  check   validate a model spec and print a summary (dims, inputs, params,\n"
@@ -666,7 +667,7 @@ static const char *spec_display_name(const char *p) {
 /* tgen MODEL.yaml -o OUT ...: the whole pipeline, then the emitted project. */
 static int cmd_generate(int argc, char **argv) {
   const char *path = NULL, *out = NULL, *targets = NULL, *arch = NULL;
-  int golden = 1, given = 0, r;
+  int golden = 1, nofuse = 0, given = 0, r;
   long long test_dim = 2;
   Remat remat = REMAT_MIN_CUT;
   int64_t budget = -1;
@@ -693,6 +694,8 @@ static int cmd_generate(int argc, char **argv) {
       }
     } else if (!strcmp(a, "--no-golden")) {
       golden = 0;
+    } else if (!strcmp(a, "--no-fuse")) {
+      nofuse = 1;
     } else if (a[0] == '-' && a[1]) {
       return usage_error("unknown option '%s'", a);
     } else if (path) {
@@ -734,7 +737,8 @@ static int cmd_generate(int argc, char **argv) {
   if (given & 2)
     g->spec->compile.memory_budget = budget;
   EmitOptions o = {spec_display_name(path), tmask ? tmask : g->spec->compile.targets,
-                   arch ? arch : g->spec->compile.cuda_arch, golden, 2e9, test_dim};
+                   arch ? arch : g->spec->compile.cuda_arch, golden, 2e9, test_dim,
+                   nofuse ? 0 : g->spec->compile.fuse};
   char err[1024];
   int rc = 0;
   if (emit_project(g, &o, out, err, sizeof err)) {

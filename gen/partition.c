@@ -287,7 +287,7 @@ static void place(Part *P, const char *saved, int v, int *bw, int *len) {
 /* The schedule for the saved set `saved` into P->order: the forward part
  * [0, *nfwd), the backward part [*nfwd, *len). Saved values the backward
  * never reads are dropped from `saved`. Returns the saved bytes. */
-static int64_t schedule(Part *P, char *saved, int *nfwd, int *len) {
+static int64_t train_order(Part *P, char *saved, int *nfwd, int *len) {
   const Graph *g = P->g;
   int nf = P->nf, n = P->n, nb = 0, nw = 0;
   memset(P->inbw, 0, (size_t)n);
@@ -514,7 +514,7 @@ static int choose_within_budget(Part *P, int64_t budget, char *saved, int *relax
         rc = -1;
         goto done;
       }
-      int64_t bytes = schedule(P, saved, &nfwd, &len);
+      int64_t bytes = train_order(P, saved, &nfwd, &len);
       if (best_bytes < 0 || bytes < best_bytes) {
         best_bytes = bytes;
         *relax = level;
@@ -559,7 +559,7 @@ int partition(const Graph *g, Remat r, int64_t budget, const int64_t *sym, Plan 
     fail(err, errlen, "partition: out of memory");
   else if (part_init(&P, g, sym, err, errlen) == 0) {
     choose_save_all(&P, saved); /* the report's reference, whatever the strategy */
-    p->saveall_bytes = schedule(&P, saved, &nfwd, &len);
+    p->saveall_bytes = train_order(&P, saved, &nfwd, &len);
     if (r == REMAT_RECOMPUTE_ALL)
       memset(saved, 0, (size_t)nf);
     rc = r == REMAT_MIN_CUT ? choose_within_budget(&P, budget, saved, &p->relax) : 0;
@@ -567,7 +567,7 @@ int partition(const Graph *g, Remat r, int64_t budget, const int64_t *sym, Plan 
       fail(err, errlen, "partition: out of memory");
   }
   if (rc == 0) {
-    p->saved_bytes = schedule(&P, saved, &nfwd, &len);
+    p->saved_bytes = train_order(&P, saved, &nfwd, &len);
     p->order = arena_alloc(g->arena, sizeof(int) * (size_t)(len + 1));
     memcpy(p->order, P.order, sizeof(int) * (size_t)len);
     p->n = len;

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   for (int k = 0; k < tgm_info.ndyn; k++)
     printf(" %s=%lld", tgm_info.sym_names[k], (long long)dyn[k]);
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)  workspace %.1f MiB\n", t[iters / 2], t[0],
-         t[iters - 1], iters, (double)m->layout[train ? TGM_PASS_TRAIN : TGM_PASS_FORWARD].total / 1048576.0);
+         t[iters - 1], iters, (double)tgm_pass_arena[train ? TGM_PASS_TRAIN : TGM_PASS_FORWARD] / 1048576.0);
   free(t);
   tgm_destroy(m);
   return 0;

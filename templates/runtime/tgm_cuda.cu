@@ -1648,6 +1648,8 @@ int tgm_cuda_sync(tgm_cuda_ctx *cx) {
 }
 
 /* Reads d_bad after the work so far; resets it when it was set. */
+unsigned long long *tgm_cuda_bad_ptr(tgm_cuda_ctx *cx) { return cx->d_bad; }
+
 int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos) {
   cx->op = "tgm_cuda_bad_index";
   unsigned long long v = 0;

@@ -299,6 +299,7 @@ void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx);
 const char *tgm_cuda_ctx_error(const tgm_cuda_ctx *cx);
 int tgm_cuda_sync(tgm_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
 int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
+unsigned long long *tgm_cuda_bad_ptr(tgm_cuda_ctx *cx); /* d_bad, for generated kernels' atomicMin */
 int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n);
 void tgm_cuda_free(tgm_cuda_ctx *cx, void *p);
 int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
@@ -430,34 +431,19 @@ typedef struct tgm_model_info {
 extern const tgm_model_info tgm_info;
 
 /* Generated: derived sizes and the guards on dims (0, or TGM_EINVAL with a
- * message); shapes of inputs and outputs; the passes' workspace buffers. */
+ * message); shapes of inputs and outputs; each pass's arena. */
 int tgm_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
 void tgm_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
 enum { TGM_PASS_FORWARD, TGM_PASS_LOSS, TGM_PASS_TRAIN, TGM_NPASS };
-/* Pass `pass`'s workspace buffers: their number; bytes[k] (may be NULL) for
- * these dims; *life (may be NULL) = {defining step, last reading step} each. */
-int tgm_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]);
-
-/* The memory planner (tgm_model.c): offsets for n buffers so that buffers
- * whose lifetimes [life[k][0], life[k][1]] overlap never share bytes; greedy,
- * largest first, each at the lowest 256-aligned offset that fits. Returns the
- * total bytes, or -1 when out of memory. */
-int64_t tgm_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off);
-
-/* A pass's workspace layout for the dims it was planned for. */
-typedef struct tgm_layout {
-  int valid, nbuf;
-  int64_t sym[16];
-  int64_t *off;
-  int64_t total;
-} tgm_layout;
+/* The bytes of each pass's arena, planned by tgen for the dims' maxima (the
+ * passes place their intermediates at offsets fixed at generation time). */
+extern const int64_t tgm_pass_arena[TGM_NPASS];
 
 struct tgm_model {
   int device;              /* 0 cpu, 1 cuda */
   unsigned char *params;   /* host (cpu) or device (cuda) */
-  unsigned char *ws;       /* workspace: activations, sized for the current dims */
+  unsigned char *ws;       /* the arena: every intermediate of a pass (the largest pass's size) */
   int64_t ws_bytes;
-  tgm_layout layout[TGM_NPASS];
   /* training state (allocated by the first forward_backward / train_step) */
   unsigned char *grads;    /* gradients, the params' layout (device memory on cuda) */
   float *master;           /* f32 copy of the params the optimizer updates (NULL: the params are f32) */
@@ -472,17 +458,16 @@ int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* The generated passes (NAME_cpu.c, NAME_cuda.cu): off = the layout's
- * offsets; forward: out[k] = output k; loss, train: out[0] = a host float
- * (the loss); train writes m->grads. */
-typedef int (*tgm_pass_fn)(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in,
-                           void *const *out);
-int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int tgm_loss_cpu(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int tgm_train_cpu(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int tgm_forward_cuda(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int tgm_loss_cuda(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int tgm_train_cuda(struct tgm_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+/* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
+ * output k; loss, train: out[0] = a host float (the loss); train writes
+ * m->grads. */
+typedef int (*tgm_pass_fn)(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_loss_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_train_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_forward_cuda(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_loss_cuda(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int tgm_train_cuda(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,261 @@
+/* decompose.c: a pass of the emitted code as a DAG of pass-local nodes, with
+ * the composite ops rewritten into what the back end knows how to fuse:
+ * pointwise ops (ops.def expressions), the primitive reductions sum and amax,
+ * views, and the ops that stay library calls (GEMMs, attention, embedding,
+ * dropout).
+ *
+ *   mean(x)         sum(x) / n
+ *   var(x)          sum((x - mean(x))^2) / max(n - correction, 0)
+ *   logsumexp(x)    log(sum(exp(x - s))) + s,  s = inf0(amax(x))
+ *   softmax(x)      e / sum(e),  e = exp(x - amax(x))
+ *   log_softmax(x)  z - log(sum(exp(z))),  z = x - amax(x)
+ *   layer_norm(x)   d * rsqrt(sum(d^2) / D + eps) * w + b,  d = x - sum(x) / D
+ *   rms_norm(x)     x * rsqrt(sum(x^2) / D + eps) * w
+ *   cross_entropy   sum(where(t != ignore, lse - take(x, t), 0)) / sum(t != ignore)
+ *   mse_loss(a, b)  sum((a - b)^2) / n
+ *
+ * Statistics are computed in f32 whatever the model's dtype (as PyTorch's
+ * decompositions upcast); the composite's result is cast back to its dtype.
+ * Each copy keeps the graph node's binding name, scope and spec location, so
+ * the kernels that compute it can name where they came from. */
+#include "ir.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct D {
+  BPass *p;
+  Arena *a;
+  Vec nodes, orig;   /* Node *, const Node * */
+  const Node *src;   /* the graph node being copied */
+} D;
+
+static Node *nn(D *d, Op op, int nin, DType dt, const Shape *sh) {
+  Node *n = arena_alloc(d->a, sizeof(Node));
+  *n = *d->src;
+  n->op = op;
+  n->nin = nin;
+  n->in = arena_alloc(d->a, sizeof(Node *) * (size_t)(nin ? nin : 1));
+  n->dtype = dt;
+  n->shape = *sh;
+  n->id = d->nodes.n;
+  vec_push(d->a, &d->nodes, n);
+  vec_push(d->a, &d->orig, (void *)d->src);
+  return n;
+}
+
+static Node *op1(D *d, Op op, Node *x) {
+  Node *n = nn(d, op, 1, x->dtype, &x->shape);
+  n->in[0] = x;
+  return n;
+}
+
+static Node *op2(D *d, Op op, Node *x, Node *y) {
+  Shape s;
+  if (!broadcast_shapes(&x->shape, &y->shape, &s))
+    die("decompose: %s of shapes that do not broadcast", op_info[op].name);
+  Node *n = nn(d, op, 2, op_info[op].flags & F_BOOL_OUT ? DT_BOOL : x->dtype, &s);
+  n->in[0] = x;
+  n->in[1] = y;
+  return n;
+}
+
+static Node *scalar(D *d, double v, DType dt) {
+  Shape s = {0};
+  Node *n = nn(d, OP_CONST, 0, dt, &s);
+  n->f[0] = v;
+  n->is_dimval = 0;
+  return n;
+}
+
+/* The product of x's dims in `axes`, as an f32 scalar (a size known at run
+ * time when it involves a dynamic dim). */
+static Node *count(D *d, const Shape *x, uint32_t axes) {
+  Dim c = dim_const(1);
+  for (int k = 0; k < x->rank; k++)
+    if (axes >> k & 1)
+      c = dim_mul(c, x->d[k], d->src->loc);
+  Shape s = {0};
+  Node *n = nn(d, OP_CONST, 0, DT_F32, &s);
+  n->is_dimval = 1;
+  n->lo = c;
+  return n;
+}
+
+static Node *cast(D *d, Node *x, DType dt) {
+  if (x->dtype == dt)
+    return x;
+  Node *n = op1(d, OP_CAST, x);
+  n->dtype = dt;
+  return n;
+}
+
+/* A reduction (sum, amax) over `axes`; keepdim keeps them as size 1. */
+static Node *reduce(D *d, Op op, Node *x, uint32_t axes, int keep) {
+  Shape s = {0};
+  for (int k = 0; k < x->shape.rank; k++)
+    if (!(axes >> k & 1))
+      s.d[s.rank++] = x->shape.d[k];
+    else if (keep)
+      s.d[s.rank++] = dim_const(1);
+  Node *n = nn(d, op, 1, x->dtype, &s);
+  n->in[0] = x;
+  n->axes = axes;
+  n->keepdim = keep;
+  return n;
+}
+
+static Node *reshape(D *d, Node *x, const Shape *s) {
+  if (shape_eq(&x->shape, s))
+    return x;
+  Node *n = nn(d, OP_RESHAPE, 1, x->dtype, s);
+  n->in[0] = x;
+  return n;
+}
+
+static uint32_t all_axes(const Node *x) { return x->shape.rank ? (1u << x->shape.rank) - 1 : 0; }
+
+/* ---------------------------------------------------------------- rules */
+
+/* The decomposition of a composite node n whose operands (pass-local) are
+ * in[]; returns the node holding its value. */
+static Node *decompose(D *d, const Node *n, Node **in) {
+  DType dt = n->dtype;
+  Node *x = in[0];
+  switch (n->op) {
+  case OP_MEAN: {
+    Node *xf = cast(d, x, DT_F32);
+    return cast(d, op2(d, OP_DIV, reduce(d, OP_SUM, xf, n->axes, n->keepdim), count(d, &x->shape, n->axes)), dt);
+  }
+  case OP_VAR: {
+    Node *xf = cast(d, x, DT_F32);
+    Node *mu = op2(d, OP_DIV, reduce(d, OP_SUM, xf, n->axes, 1), count(d, &x->shape, n->axes));
+    Node *dx = op2(d, OP_SUB, xf, mu);
+    Node *div = op2(d, OP_SUB, count(d, &x->shape, n->axes), scalar(d, n->f[0], DT_F32));
+    div = op2(d, OP_MAXIMUM, div, scalar(d, 0, DT_F32));
+    return cast(d, op2(d, OP_DIV, reduce(d, OP_SUM, op1(d, OP_SQUARE, dx), n->axes, n->keepdim), div), dt);
+  }
+  case OP_LOGSUMEXP: {
+    Node *xf = cast(d, x, DT_F32);
+    Node *s = op1(d, OP_INF0, reduce(d, OP_AMAX, xf, n->axes, 1));
+    Node *sum = reduce(d, OP_SUM, op1(d, OP_EXP, op2(d, OP_SUB, xf, s)), n->axes, n->keepdim);
+    return cast(d, op2(d, OP_ADD, op1(d, OP_LOG, sum), reshape(d, s, &sum->shape)), dt);
+  }
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: {
+    uint32_t ax = 1u << n->axis;
+    Node *xf = cast(d, x, DT_F32);
+    Node *z = op2(d, OP_SUB, xf, reduce(d, OP_AMAX, xf, ax, 1));
+    if (n->op == OP_SOFTMAX) {
+      Node *e = op1(d, OP_EXP, z);
+      return cast(d, op2(d, OP_DIV, e, reduce(d, OP_SUM, e, ax, 1)), dt);
+    }
+    return cast(d, op2(d, OP_SUB, z, op1(d, OP_LOG, reduce(d, OP_SUM, op1(d, OP_EXP, z), ax, 1))), dt);
+  }
+  case OP_LAYER_NORM: case OP_RMS_NORM: {
+    uint32_t ax = 1u << (x->shape.rank - 1);
+    Node *xf = cast(d, x, DT_F32), *dx = xf;
+    if (n->op == OP_LAYER_NORM)
+      dx = op2(d, OP_SUB, xf, op2(d, OP_DIV, reduce(d, OP_SUM, xf, ax, 1), count(d, &x->shape, ax)));
+    Node *var = op2(d, OP_DIV, reduce(d, OP_SUM, op1(d, OP_SQUARE, dx), ax, 1), count(d, &x->shape, ax));
+    Node *y = op2(d, OP_MUL, dx, op1(d, OP_RSQRT, op2(d, OP_ADD, var, scalar(d, n->f[0], DT_F32))));
+    if (n->nin > 1 && in[1])
+      y = op2(d, OP_MUL, y, cast(d, in[1], DT_F32));
+    if (n->op == OP_LAYER_NORM && n->nin > 2 && in[2])
+      y = op2(d, OP_ADD, y, cast(d, in[2], DT_F32));
+    return cast(d, y, dt);
+  }
+  case OP_CROSS_ENTROPY: {
+    int ax = x->shape.rank == 1 ? 0 : 1;
+    Node *xf = cast(d, x, DT_F32), *t = in[1];
+    Node *m = reduce(d, OP_AMAX, xf, 1u << ax, 1);
+    Node *s = reduce(d, OP_SUM, op1(d, OP_EXP, op2(d, OP_SUB, xf, m)), 1u << ax, 0);
+    Node *lse = op2(d, OP_ADD, op1(d, OP_LOG, s), reshape(d, m, &s->shape));
+    Node *picked = nn(d, OP_TAKE, 2, DT_F32, &s->shape);
+    picked->in[0] = xf;
+    picked->in[1] = reshape(d, t, &s->shape);
+    picked->axis = ax;
+    picked->ignore_index = n->ignore_index;
+    Node *valid = op2(d, OP_NE, picked->in[1], scalar(d, (double)n->ignore_index, t->dtype));
+    Node *row = nn(d, OP_WHERE, 3, DT_F32, &s->shape);
+    row->in[0] = valid;
+    row->in[1] = op2(d, OP_SUB, lse, picked);
+    row->in[2] = scalar(d, 0, DT_F32);
+    Node *total = reduce(d, OP_SUM, row, all_axes(row), 0);
+    Node *cnt = reduce(d, OP_SUM, cast(d, valid, DT_F32), all_axes(valid), 0);
+    return cast(d, op2(d, OP_DIV, total, cnt), dt);
+  }
+  case OP_MSE_LOSS: {
+    Node *df = op2(d, OP_SUB, cast(d, x, DT_F32), cast(d, in[1], DT_F32));
+    Node *s = reduce(d, OP_SUM, op1(d, OP_SQUARE, df), all_axes(df), 0);
+    return cast(d, op2(d, OP_DIV, s, count(d, &df->shape, all_axes(df))), dt);
+  }
+  default:
+    die("decompose: no rule for %s", op_info[n->op].name);
+  }
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+const char *const pass_names[NPASS] = {"forward", "loss", "train"};
+
+BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd) {
+  D dd = {0}, *d = &dd;
+  d->a = g->arena;
+  BPass *p = arena_alloc(d->a, sizeof(BPass));
+  p->g = g;
+  p->kind = kind;
+  p->training = kind == PASS_TRAIN;
+  Node **map = arena_alloc(d->a, sizeof(Node *) * (size_t)(g->nnodes + 1));
+  Node **in = arena_alloc(d->a, sizeof(Node *) * (size_t)(g->nnodes + 4));
+  /* leaves first, so every pass names its inputs and params alike */
+  for (int k = 0; k < g->ninputs; k++) {
+    d->src = g->inputs[k].node;
+    map[d->src->id] = nn(d, OP_INPUT, 0, d->src->dtype, &d->src->shape);
+  }
+  for (int k = 0; k < g->nparams; k++) {
+    d->src = g->params[k].node;
+    map[d->src->id] = nn(d, OP_PARAM, 0, d->src->dtype, &d->src->shape);
+  }
+  for (int i = 0; i < n; i++) {
+    const Node *x = g->nodes[order[i]];
+    if (i == nfwd)
+      p->nfwd = d->nodes.n;
+    if (x->op == OP_INPUT || x->op == OP_PARAM)
+      continue;
+    d->src = x;
+    for (int k = 0; k < x->nin; k++)
+      in[k] = x->in[k] ? map[x->in[k]->id] : NULL;
+    Node *y;
+    if ((x->op == OP_DROPOUT && !p->training) || (x->op == OP_CAST && x->dtype == x->in[0]->dtype))
+      y = in[0]; /* the identity */
+    else if (op_info[x->op].cls == C_COMPOSITE)
+      y = decompose(d, x, in);
+    else {
+      y = nn(d, x->op, x->nin, x->dtype, &x->shape);
+      for (int k = 0; k < x->nin; k++)
+        y->in[k] = in[k];
+    }
+    map[x->id] = y; /* a recomputed node's later copy replaces its forward one */
+  }
+  if (nfwd >= n)
+    p->nfwd = d->nodes.n;
+  p->nodes = (Node **)d->nodes.p;
+  p->n = d->nodes.n;
+  p->orig = (const Node **)d->orig.p;
+  if (kind == PASS_FORWARD) {
+    p->nfinals = g->noutputs;
+    p->finals = arena_alloc(d->a, sizeof(Node *) * (size_t)(g->noutputs + 1));
+    for (int k = 0; k < g->noutputs; k++)
+      p->finals[k] = map[g->outputs[k]->id];
+  } else {
+    int ng = kind == PASS_TRAIN ? g->nparams : 0;
+    p->nfinals = 1 + ng;
+    p->finals = arena_alloc(d->a, sizeof(Node *) * (size_t)(ng + 1));
+    p->finals[0] = map[g->loss->id];
+    for (int k = 0; k < ng; k++)
+      p->finals[1 + k] = map[g->grads[k]->id];
+  }
+  for (int k = 0; k < g->nsyms; k++)
+    p->sym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  return p;
+}

@@ -1,0 +1,228 @@
+/* plan.c: the buffers of a scheduled pass and where they live.
+ *
+ * Inputs and params are the caller's and the model's memory; a gradient is
+ * written straight into the gradient buffer and an output into the caller's
+ * output buffer when a kernel computes it (else it is copied there at the
+ * end); a stored reshape of a stored value is an alias of its bytes. Every
+ * other stored value gets a slot in the pass's one arena, sized for each
+ * dynamic dim's max, live from the kernel that writes it to the last kernel
+ * that reads it. Slots are placed largest first, each at the lowest
+ * 256-aligned offset that no live slot occupies, so values whose lifetimes do
+ * not overlap share bytes; the arena's size is the peak, known here, at
+ * generation time. */
+#include "ir.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN(n) (((n) + 255) & ~(int64_t)255)
+
+static int64_t bytes_at(const BPass *p, const Node *n) {
+  int64_t v = n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype);
+  for (int k = 0; k < n->shape.rank; k++) {
+    int64_t d;
+    const char *err;
+    if (!dim_eval(p->g, &n->shape.d[k], p->sym, &d, &err))
+      die("plan: %s", err);
+    v *= d;
+  }
+  return v;
+}
+
+static int is_keyword(const char *s) {
+  static const char *const kw[] = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double",
+                                   "else", "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long",
+                                   "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct",
+                                   "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
+                                   "true", "false", "NULL", "main", "ws", "P", "G", "m", "sym", "in", "out", "bad",
+                                   "st", "i", "o", "r", "n", "n_o", "n_r", NULL};
+  for (int i = 0; kw[i]; i++)
+    if (!strcmp(s, kw[i]))
+      return 1;
+  return !strncmp(s, "dim_", 4) || (s[0] == 'k' && isdigit((unsigned char)s[1])) || (s[0] == 'v' && isdigit((unsigned char)s[1]));
+}
+
+/* A C identifier from a binding or param name ("h.0.ln_w" -> "h_0_ln_w"),
+ * unique among the names taken so far. */
+static const char *c_name(Arena *a, Vec *taken, const char *base) {
+  char *s = arena_printf(a, "%s%s", base && *base && isdigit((unsigned char)*base) ? "v" : "", base && *base ? base : "t");
+  for (char *c = s; *c; c++)
+    if (!isalnum((unsigned char)*c) && *c != '_')
+      *c = '_';
+  const char *name = is_keyword(s) ? arena_printf(a, "%s_", s) : s;
+  for (int k = 2;; k++) {
+    int dup = 0;
+    for (int i = 0; i < taken->n && !dup; i++)
+      dup = !strcmp(taken->p[i], name);
+    if (!dup)
+      break;
+    name = arena_printf(a, "%s_%d", s, k);
+  }
+  vec_push(a, taken, (void *)name);
+  return name;
+}
+
+static const Buffer *sort_b;
+static int by_size(const void *x, const void *y) {
+  const Buffer *b = sort_b;
+  int i = *(const int *)x, j = *(const int *)y;
+  if (b[i].bytes != b[j].bytes)
+    return b[i].bytes > b[j].bytes ? -1 : 1;
+  return i - j;
+}
+
+static int64_t place(Buffer *b, int nb) {
+  int *ord = malloc(sizeof(int) * (size_t)(nb + 1));
+  int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(nb + 1));
+  if (!ord || !busy)
+    die("out of memory");
+  int n = 0;
+  for (int i = 0; i < nb; i++)
+    if (b[i].home == HOME_ARENA)
+      ord[n++] = i;
+  sort_b = b;
+  qsort(ord, (size_t)n, sizeof(int), by_size);
+  int64_t peak = 0;
+  for (int i = 0; i < n; i++) {
+    Buffer *x = &b[ord[i]];
+    int nbusy = 0;
+    for (int j = 0; j < i; j++) {
+      Buffer *y = &b[ord[j]];
+      if (y->first <= x->last && x->first <= y->last && y->bytes)
+        busy[nbusy][0] = y->offset, busy[nbusy][1] = y->offset + ALIGN(y->bytes), nbusy++;
+    }
+    /* the lowest gap: sort the busy ranges by offset, walk them */
+    for (int u = 1; u < nbusy; u++)
+      for (int v = u; v > 0 && busy[v][0] < busy[v - 1][0]; v--) {
+        int64_t t0 = busy[v][0], t1 = busy[v][1];
+        busy[v][0] = busy[v - 1][0], busy[v][1] = busy[v - 1][1];
+        busy[v - 1][0] = t0, busy[v - 1][1] = t1;
+      }
+    int64_t at = 0;
+    for (int j = 0; j < nbusy && busy[j][0] < at + ALIGN(x->bytes); j++)
+      if (busy[j][1] > at)
+        at = busy[j][1];
+    x->offset = at;
+    if (at + ALIGN(x->bytes) > peak)
+      peak = at + ALIGN(x->bytes);
+  }
+  free(ord);
+  free(busy);
+  return peak;
+}
+
+void plan(BPass *p) {
+  Graph *g = p->g;
+  Arena *a = g->arena;
+  p->b = arena_alloc(a, sizeof(Buffer) * (size_t)(p->n + p->nfinals + 1));
+  p->buf = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
+  Vec taken = {0};
+  for (int i = 0; i < p->n; i++)
+    p->buf[i] = -1;
+  /* the kernels' reads */
+  char *mark = arena_alloc(a, (size_t)p->n + 1);
+  int *last = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
+  for (int i = 0; i < p->n; i++)
+    last[i] = -1;
+  for (int c = 0; c < p->nk; c++) {
+    kernel_loads(p, p->k[c], mark);
+    for (int i = 0; i < p->n; i++)
+      if (mark[i]) {
+        const Node *x = p->nodes[i];
+        last[i] = c;
+        while ((x->op == OP_RESHAPE || x->op == OP_SQUEEZE || x->op == OP_UNSQUEEZE) && p->kern[x->id] < 0 &&
+               x->in[0] && (p->realized[x->in[0]->id] || x->in[0]->op == OP_INPUT || x->in[0]->op == OP_PARAM)) {
+          x = x->in[0]; /* an alias: its bytes live while it is read */
+          last[x->id] = c > last[x->id] ? c : last[x->id];
+        }
+      }
+  }
+  for (int k = 0; k < p->nfinals; k++)
+    last[p->finals[k]->id] = p->nk;
+  /* homes of the finals */
+  int *home = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1)), *hidx = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
+  for (int i = 0; i < p->n; i++)
+    home[i] = -1;
+  for (int k = p->kind == PASS_FORWARD ? 0 : 1; k < p->nfinals; k++) {
+    Node *n = p->finals[k];
+    if (p->kern[n->id] < 0 || home[n->id] >= 0 || p->k[p->kern[n->id]]->kind == K_EXTERN)
+      continue; /* not computed here, already placed: copied at the end */
+    home[n->id] = p->kind == PASS_FORWARD ? HOME_OUTPUT : HOME_GRAD;
+    hidx[n->id] = p->kind == PASS_FORWARD ? k : k - 1;
+  }
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    int leaf = n->op == OP_INPUT || n->op == OP_PARAM;
+    if (!leaf && !p->realized[i])
+      continue;
+    if (leaf && last[i] < 0)
+      continue;
+    Buffer *b = &p->b[p->nb];
+    b->node = n;
+    b->bytes = bytes_at(p, n);
+    b->first = p->kern[i] >= 0 ? p->kern[i] : 0;
+    b->last = last[i] < b->first ? b->first : last[i];
+    if (n->op == OP_INPUT) {
+      b->home = HOME_INPUT, b->index = n->index;
+      b->name = c_name(a, &taken, g->inputs[n->index].name);
+    } else if (n->op == OP_PARAM) {
+      b->home = HOME_PARAM, b->index = n->index;
+      b->name = c_name(a, &taken, g->params[n->index].name);
+    } else if (p->kern[i] < 0) {
+      b->home = HOME_ALIAS, b->index = p->buf[n->in[0]->id];
+      if (b->index < 0)
+        die("plan: an alias (%s) of an unplaced value (%s, realized %d, last %d)", op_info[n->op].name, op_info[n->in[0]->op].name, p->realized[n->in[0]->id], last[n->in[0]->id]);
+      b->name = c_name(a, &taken, n->name);
+    } else {
+      b->home = home[i] >= 0 ? (Home)home[i] : HOME_ARENA;
+      b->index = home[i] >= 0 ? hidx[i] : -1;
+      const char *base = n->name ? n->name : "t";
+      if (n->scope && n->scope[0])
+        base = arena_printf(a, "%s_%s", n->scope, base);
+      if (home[i] == HOME_GRAD)
+        base = arena_printf(a, "d_%s", g->params[hidx[i]].name);
+      else if (home[i] == HOME_OUTPUT)
+        base = g->output_names[hidx[i]];
+      else {
+        int named = 0; /* the binding's own value keeps its name; others add the op */
+        for (int j = i + 1; j < p->n && !named; j++)
+          named = p->nodes[j]->name == n->name && p->nodes[j]->scope == n->scope;
+        if (named || !n->name)
+          base = arena_printf(a, "%s_%s", base, op_info[n->op].name);
+      }
+      b->name = c_name(a, &taken, base);
+    }
+    p->buf[i] = p->nb++;
+  }
+  /* aliases keep their target alive */
+  for (int i = p->nb - 1; i >= 0; i--)
+    if (p->b[i].home == HOME_ALIAS) {
+      Buffer *t = &p->b[p->b[i].index];
+      if (p->b[i].last > t->last)
+        t->last = p->b[i].last;
+    }
+  p->arena = place(p->b, p->nb);
+}
+
+int plan_check(const BPass *p, char *err, size_t errlen) {
+  for (int i = 0; i < p->nb; i++)
+    for (int j = i + 1; j < p->nb; j++) {
+      const Buffer *x = &p->b[i], *y = &p->b[j];
+      if (x->home != HOME_ARENA || y->home != HOME_ARENA || !x->bytes || !y->bytes)
+        continue;
+      int live = x->first <= y->last && y->first <= x->last;
+      int over = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
+      if (live && over) {
+        snprintf(err, errlen, "buffers %s [%d, %d] and %s [%d, %d] are live together and overlap", x->name, x->first,
+                 x->last, y->name, y->first, y->last);
+        return -1;
+      }
+      if (x->offset + x->bytes > p->arena || y->offset + y->bytes > p->arena) {
+        snprintf(err, errlen, "a buffer ends past the arena (%lld bytes)", (long long)p->arena);
+        return -1;
+      }
+    }
+  return 0;
+}

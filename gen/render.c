@@ -1,0 +1,1234 @@
+/* render.c: a scheduled, planned pass printed as C (OpenMP) or CUDA.
+ *
+ * One walker prints every kernel for both targets; the two differ only by
+ * the Dialect table (loop headers, how the lanes of a reduction combine, the
+ * launch). A loop kernel is printed from its values, not from a template:
+ *
+ *   val(node, index)  the C expression of node's element at `index`: a load
+ *                     of a stored value, the accumulator of a reduction the
+ *                     kernel computes, or (pointwise ops) ops.def's
+ *                     expression of the operands' values, printed once per
+ *                     loop and index (a local), hoisted to the outermost loop
+ *                     its indices allow; views only transform the index.
+ *
+ * An index is a row-major flat position or per-dim positions, converted
+ * lazily (div/mod by the dims' C sizes) and broadcast by dropping or zeroing
+ * dims. A reduction kernel runs, for each output element o, one loop over
+ * the reduced elements r per phase (a phase's reductions read only earlier
+ * phases' results), then stores its values over the input's space in the
+ * loop after the last reduction they read (with the first phase when they
+ * read none), and its values over the output's space after the loops. */
+#include "ir.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- C text */
+
+const char *c_dim(const Graph *g, const Dim *d) {
+  Buf b;
+  buf_init(&b, g->arena);
+  if (d->n == 0)
+    buf_printf(&b, "0");
+  for (int i = 0; i < d->n; i++) {
+    const Term *t = &d->t[i];
+    int nsym = 0;
+    for (int k = 0; k < MAXSYM; k++)
+      nsym += t->e[k];
+    int64_t c = t->c;
+    if (i)
+      buf_printf(&b, c < 0 ? " - " : " + ");
+    else if (c < 0)
+      buf_printf(&b, "-");
+    uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
+    int first = 1;
+    if (mag != 1 || nsym == 0) {
+      buf_printf(&b, mag > 2147483647u ? "%lluLL" : "%llu", (unsigned long long)mag);
+      first = 0;
+    }
+    for (int k = 0; k < MAXSYM; k++)
+      for (int x = 0; x < t->e[k]; x++) {
+        buf_printf(&b, "%sdim_%s", first ? "" : " * ",
+                   g->syms[k].derived ? arena_printf(g->arena, "q%d", k) : g->syms[k].name);
+        first = 0;
+      }
+  }
+  return b.p;
+}
+
+static int idc(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+/* A float literal of the emitted code. */
+static const char *flit(Arena *a, double v) {
+  if (isinf(v))
+    return v > 0 ? "INFINITY" : "-INFINITY";
+  if (isnan(v))
+    return "NAN";
+  char t[64];
+  snprintf(t, sizeof t, "%.9g", v);
+  if (!strpbrk(t, ".eEn"))
+    strcat(t, ".0");
+  return arena_printf(a, "%sf", t);
+}
+
+/* ---------------------------------------------------------------- the dialects */
+
+typedef struct R R;
+enum { M_PW, M_SERIAL, M_WARP, M_BLOCK }; /* how a kernel's elements map to threads */
+
+typedef struct Dialect {
+  const char *name;       /* "cpu", "cuda" */
+  const char *qual;       /* before a kernel's return type */
+  const char *restr;      /* the restrict qualifier */
+  const char *acc;        /* a float accumulator's type */
+  void (*pw_loop)(R *r);  /* open the loop over the elements i < n */
+  void (*o_loop)(R *r);   /* open the loop over the output elements o < n_o */
+  void (*r_loop)(R *r);   /* open a loop over the reduced elements r < n_r */
+  void (*combine)(R *r, Op op, const char *acc); /* after an r loop: combine the lanes' accumulators */
+  const char *(*one_lane)(R *r); /* the condition for the stores of reduction results ("" = always) */
+  void (*bad)(R *r, const char *pos); /* record a bad index at flat position pos */
+  void (*close_kernel)(R *r);
+} Dialect;
+
+/* ---------------------------------------------------------------- a kernel's context */
+
+#define LEVELS 4
+
+typedef struct Memo {
+  const char *key, *var;
+  int level;
+} Memo;
+
+struct R {
+  BPass *p;
+  Graph *g;
+  Arena *a;
+  const Dialect *d;
+  const Kernel *k;
+  int mode;
+  Buf lv[LEVELS];     /* text of each loop level: 0 kernel top, 1 per element o (or i), 2 an r loop */
+  int level;          /* the innermost open level */
+  Memo *memo;
+  int nmemo, cap;
+  const char **vlev;  /* index variables and their levels */
+  int *vlevel;
+  int nv;
+  int nvars;
+  const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
+  char *own;          /* per node: the kernel computes it */
+  int fail;           /* a reduction read at another element (render_check) */
+  Vec params;         /* Buffer indices the kernel reads or writes, in first-use order */
+  char *written;      /* per buffer: the kernel stores it */
+  int has_bad;        /* the kernel reports bad indices (a take) */
+  int saw_take;
+  const Shape *outer_sh; /* the output space of a reduction kernel */
+  Shape outer_shape;
+  const char *name;   /* the model's name, for the math functions */
+  const char *NAME;
+};
+
+static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void emit(R *r, int level, const char *fmt, ...) {
+  char tmp[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  for (int i = 0; i < level + 1; i++)
+    buf_printf(&r->lv[level], "  ");
+  buf_printf(&r->lv[level], "%s\n", tmp);
+}
+
+static void open_level(R *r) {
+  r->level++;
+  buf_init(&r->lv[r->level], r->a);
+}
+
+/* Close the innermost level: its text goes into the enclosing one, inside a
+ * block; its locals are forgotten. */
+static void close_level(R *r) {
+  int l = r->level--;
+  buf_printf(&r->lv[r->level], "%s", r->lv[l].p ? r->lv[l].p : "");
+  for (int i = 0; i < r->level + 1; i++)
+    buf_printf(&r->lv[r->level], "  ");
+  buf_printf(&r->lv[r->level], "}\n");
+  int w = 0;
+  for (int i = 0; i < r->nmemo; i++)
+    if (r->memo[i].level <= r->level)
+      r->memo[w++] = r->memo[i];
+  r->nmemo = w;
+  w = 0;
+  for (int i = 0; i < r->nv; i++)
+    if (r->vlevel[i] <= r->level)
+      r->vlev[w] = r->vlev[i], r->vlevel[w++] = r->vlevel[i];
+  r->nv = w;
+}
+
+static void set_var_level(R *r, const char *v, int level) {
+  r->vlev[r->nv] = v;
+  r->vlevel[r->nv++] = level;
+}
+
+/* The innermost level whose variables the expression uses (0: dims only). */
+static int expr_level(R *r, const char *e) {
+  int lv = 0;
+  for (const char *s = e; *s;) {
+    if (idc(*s) && (s == e || !idc(s[-1]))) {
+      const char *t = s;
+      while (idc(*t))
+        t++;
+      for (int i = 0; i < r->nv; i++)
+        if ((size_t)(t - s) == strlen(r->vlev[i]) && !strncmp(s, r->vlev[i], (size_t)(t - s)) && r->vlevel[i] > lv)
+          lv = r->vlevel[i];
+      s = t;
+    } else {
+      s++;
+    }
+  }
+  return lv;
+}
+
+static const char *memo_get(R *r, const char *key) {
+  for (int i = r->nmemo - 1; i >= 0; i--)
+    if (!strcmp(r->memo[i].key, key))
+      return r->memo[i].var;
+  return NULL;
+}
+
+static void memo_put(R *r, const char *key, const char *var, int level) {
+  if (r->nmemo == r->cap) {
+    r->cap = r->cap ? 2 * r->cap : 256;
+    Memo *m = arena_alloc(r->a, sizeof(Memo) * (size_t)r->cap);
+    memcpy(m, r->memo, sizeof(Memo) * (size_t)r->nmemo);
+    r->memo = m;
+  }
+  r->memo[r->nmemo++] = (Memo){key, var, level};
+}
+
+/* A local holding expression e (of C type t), at the innermost level e needs;
+ * the same expression at a visible level is reused. */
+static const char *bind(R *r, const char *t, const char *e) {
+  int plain = 1; /* an identifier or a number needs no local */
+  for (const char *c = e; *c && plain; c++)
+    plain = idc(*c) || *c == '.';
+  if (plain)
+    return e;
+  const char *key = arena_printf(r->a, "%s|%s", t, e);
+  const char *v = memo_get(r, key);
+  if (v)
+    return v;
+  int lv = expr_level(r, e);
+  if (lv < 1 && r->level >= 1)
+    lv = 1; /* values are per element; dims-only ones too (cheap) */
+  v = arena_printf(r->a, "%s%d", !strcmp(t, "int64_t") ? "j" : "v", r->nvars++);
+  emit(r, lv, "const %s %s = %s;", t, v, e);
+  memo_put(r, key, v, lv);
+  set_var_level(r, v, lv);
+  return v;
+}
+
+/* ---------------------------------------------------------------- indices */
+
+typedef struct Ix {
+  const Shape *sh;
+  const char *flat;          /* row-major position, or NULL */
+  const char *d[MAXRANK];    /* per-dim positions (NULL: derived from flat) */
+} Ix;
+
+static int is_one(const Dim *d) {
+  int64_t v;
+  return dim_is_const(d, &v) && v == 1;
+}
+
+static const char *stride_c(R *r, const Shape *s, int k) {
+  Dim st = dim_const(1);
+  Loc none = {0, 0};
+  for (int j = k + 1; j < s->rank; j++)
+    st = dim_mul(st, s->d[j], none);
+  return c_dim(r->g, &st);
+}
+
+static const char *ix_dim(R *r, Ix *ix, int k) {
+  if (ix->d[k])
+    return ix->d[k];
+  if (is_one(&ix->sh->d[k]))
+    return ix->d[k] = "0";
+  if (!ix->flat)
+    die("render: an index with neither form");
+  const char *st = stride_c(r, ix->sh, k);
+  const char *e = strcmp(st, "1") ? arena_printf(r->a, "%s / (%s)", ix->flat, st) : ix->flat;
+  int all_before_one = 1;
+  for (int j = 0; j < k; j++)
+    all_before_one &= is_one(&ix->sh->d[j]);
+  if (!all_before_one)
+    e = arena_printf(r->a, "(%s) %% (%s)", e, c_dim(r->g, &ix->sh->d[k]));
+  return ix->d[k] = bind(r, "int64_t", e);
+}
+
+static const char *ix_flat(R *r, Ix *ix) {
+  if (ix->flat)
+    return ix->flat;
+  Buf b;
+  buf_init(&b, r->a);
+  int any = 0;
+  for (int k = 0; k < ix->sh->rank; k++) {
+    if (is_one(&ix->sh->d[k]))
+      continue;
+    const char *st = stride_c(r, ix->sh, k), *dk = ix_dim(r, ix, k);
+    if (!strcmp(dk, "0"))
+      continue;
+    buf_printf(&b, "%s%s%s%s", any ? " + " : "", dk, strcmp(st, "1") ? " * " : "",
+               strcmp(st, "1") ? arena_printf(r->a, "(%s)", st) : "");
+    any = 1;
+  }
+  return ix->flat = any ? bind(r, "int64_t", b.p) : "0";
+}
+
+static Ix ix_make(const Shape *sh, const char *flat) {
+  Ix ix = {sh, flat, {0}};
+  return ix;
+}
+
+/* The index into an operand of shape `to` broadcast to `from`'s index ix. */
+static Ix ix_bcast(R *r, Ix *ix, const Shape *to) {
+  const Shape *from = ix->sh;
+  if (shape_eq(from, to))
+    return *ix;
+  Ix o = ix_make(to, NULL);
+  int off = from->rank - to->rank;
+  int suffix = 1; /* to = from's trailing dims, the leading ones broadcast */
+  for (int k = 0; k < to->rank; k++)
+    if (!dim_eq(&to->d[k], &from->d[k + off]))
+      suffix = 0;
+  if (suffix && ix->flat) {
+    Dim n = dim_const(1);
+    Loc none = {0, 0};
+    for (int k = 0; k < to->rank; k++)
+      n = dim_mul(n, to->d[k], none);
+    o.flat = to->rank ? arena_printf(r->a, "%s %% (%s)", ix->flat, c_dim(r->g, &n)) : "0";
+    if (to->rank)
+      o.flat = bind(r, "int64_t", o.flat);
+    return o;
+  }
+  for (int k = 0; k < to->rank; k++)
+    o.d[k] = is_one(&to->d[k]) ? "0" : ix_dim(r, ix, k + off);
+  return o;
+}
+
+/* The index into a view's operand. */
+static Ix ix_view(R *r, const Node *n, Ix *ix) {
+  const Node *x = n->in[0];
+  Ix o = ix_make(&x->shape, NULL);
+  switch (n->op) {
+  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
+    o.flat = ix_flat(r, ix);
+    return o;
+  case OP_BROADCAST_TO:
+    return ix_bcast(r, ix, &x->shape);
+  case OP_TRANSPOSE: case OP_PERMUTE:
+    for (int k = 0; k < x->shape.rank; k++) {
+      int src = n->op == OP_PERMUTE ? n->perm[k] : k == n->axis ? n->axis2 : k == n->axis2 ? n->axis : k;
+      o.d[src] = ix_dim(r, ix, k);
+    }
+    return o;
+  case OP_SLICE:
+    for (int k = 0; k < x->shape.rank; k++)
+      o.d[k] = ix_dim(r, ix, k);
+    if (n->lo.n)
+      o.d[n->axis] = bind(r, "int64_t", arena_printf(r->a, "%s + (%s)", o.d[n->axis], c_dim(r->g, &n->lo)));
+    return o;
+  default:
+    die("render: %s is not a view", op_info[n->op].name);
+  }
+}
+
+/* ---------------------------------------------------------------- values */
+
+static const char *ctype(DType t) {
+  return t == DT_F32 ? "float" : t == DT_I32 ? "int32_t" : t == DT_BOOL ? "uint8_t" : "uint16_t";
+}
+static const char *vtype(DType t) { return dtype_is_float(t) ? "float" : t == DT_I32 ? "int64_t" : "int"; }
+
+static int param_of(R *r, int bi) {
+  for (int i = 0; i < r->params.n; i++)
+    if ((intptr_t)r->params.p[i] == bi + 1)
+      return i;
+  vec_push(r->a, &r->params, (void *)(intptr_t)(bi + 1));
+  return r->params.n - 1;
+}
+
+static const char *bufname(R *r, const Node *n) {
+  if (!r->p->buf) /* render_check, before plan: names do not matter */
+    return arena_printf(r->a, "b%d", n->id);
+  int bi = r->p->buf[n->id];
+  if (bi < 0)
+    die("render: node %d (%s) has no buffer", n->id, op_info[n->op].name);
+  param_of(r, bi);
+  return r->p->b[bi].name;
+}
+
+static const char *load(R *r, const Node *n, Ix *ix) {
+  const char *p = bufname(r, n), *i = ix_flat(r, ix);
+  const char *e;
+  switch (n->dtype) {
+  case DT_BF16: e = arena_printf(r->a, "%s_load_bf16(%s[%s])", r->name, p, i); break;
+  case DT_F16: e = arena_printf(r->a, "%s_load_f16(%s[%s])", r->name, p, i); break;
+  default: e = arena_printf(r->a, "%s[%s]", p, i); break;
+  }
+  return bind(r, vtype(n->dtype), e);
+}
+
+static const char *conv(R *r, const char *v, DType from, DType to) {
+  if (dtype_is_float(from) == dtype_is_float(to) && (from == DT_BOOL) == (to == DT_BOOL))
+    return v;
+  if (to == DT_BOOL)
+    return arena_printf(r->a, "(%s != 0)", v);
+  if (dtype_is_float(to))
+    return arena_printf(r->a, "(float)%s", v);
+  return arena_printf(r->a, "%s_to_i32(%s)", r->name, v); /* float -> i32 */
+}
+
+/* ops.def's expression with the operands and attributes filled in. */
+static const char *expr_text(R *r, const Node *n, const char **ops) {
+  const char *x = op_info[n->op].expr;
+  Buf b;
+  buf_init(&b, r->a);
+  double p0 = n->op == OP_CLAMP && !n->has_f[0] ? -INFINITY : n->f[0];
+  double p1 = n->op == OP_CLAMP && !n->has_f[1] ? INFINITY : n->f[1];
+  for (const char *s = x; *s;) {
+    if (idc(*s) && (s == x || !idc(s[-1]))) {
+      const char *t = s;
+      while (idc(*t))
+        t++;
+      size_t len = (size_t)(t - s);
+      if (isdigit((unsigned char)*s)) { /* a decimal literal: an f32 constant */
+        while (*t == '.' || isdigit((unsigned char)*t))
+          t++;
+        buf_putn(&b, s, (size_t)(t - s));
+        if (memchr(s, '.', (size_t)(t - s)))
+          buf_printf(&b, "f");
+      } else if (len == 1 && *s >= 'a' && *s <= 'c') {
+        buf_printf(&b, "%s", ops[*s - 'a']);
+      } else if (len == 2 && !strncmp(s, "P0", 2)) {
+        buf_printf(&b, "%s", flit(r->a, p0));
+      } else if (len == 2 && !strncmp(s, "P1", 2)) {
+        buf_printf(&b, "%s", flit(r->a, p1));
+      } else if (len == 4 && !strncmp(s, "FLAG", 4)) {
+        buf_printf(&b, "%d", n->flag);
+      } else if (len > 2 && !strncmp(s, "f_", 2)) {
+        buf_printf(&b, "%s_%.*s", r->name, (int)len - 2, s + 2);
+      } else {
+        buf_putn(&b, s, len);
+      }
+      s = t;
+    } else {
+      buf_putn(&b, s, 1);
+      s++;
+    }
+  }
+  return b.p;
+}
+
+static const char *val(R *r, const Node *n, Ix *ix);
+
+/* The result of a reduction this kernel computes, read at ix: only at the
+ * kernel's own output element. */
+static const char *red_val(R *r, const Node *n, Ix *ix) {
+  Ix o = ix_make(r->outer_sh, "o");
+  int j = 0;
+  for (int k = 0; k < n->shape.rank; k++) {
+    if (is_one(&n->shape.d[k]))
+      continue;
+    while (j < o.sh->rank && is_one(&o.sh->d[j]))
+      j++;
+    if (j >= o.sh->rank || strcmp(ix_dim(r, ix, k), ix_dim(r, &o, j)))
+      r->fail = 1;
+    j++;
+  }
+  while (j < o.sh->rank && is_one(&o.sh->d[j]))
+    j++;
+  if (j != o.sh->rank || !r->acc[n->id])
+    r->fail = 1;
+  return r->acc[n->id] ? r->acc[n->id] : "0";
+}
+
+static const char *val(R *r, const Node *n, Ix *ix) {
+  BPass *p = r->p;
+  int leaf = n->op == OP_INPUT || n->op == OP_PARAM;
+  if (leaf || (p->realized[n->id] && !r->own[n->id]))
+    return load(r, n, ix);
+  if (op_info[n->op].cls == C_REDUCE)
+    return red_val(r, n, ix);
+  const char *key = arena_printf(r->a, "%d@%s", n->id, ix_flat(r, ix));
+  const char *m = memo_get(r, key);
+  if (m)
+    return m;
+  const char *v;
+  switch (op_info[n->op].cls) {
+  case C_VIEW: {
+    if (n->op == OP_CONCAT) { /* stored operands; only the chosen one is read */
+      Buf b;
+      buf_init(&b, r->a);
+      const char *pos = ix_dim(r, ix, n->axis);
+      Dim at = dim_const(0);
+      Loc none = {0, 0};
+      for (int k = 0; k < n->nin; k++) {
+        const Node *x = n->in[k];
+        Ix xi = ix_make(&x->shape, NULL);
+        for (int j = 0; j < x->shape.rank; j++)
+          xi.d[j] = j == n->axis ? bind(r, "int64_t", arena_printf(r->a, "%s - (%s)", pos, c_dim(r->g, &at))) : ix_dim(r, ix, j);
+        at = dim_add(at, x->shape.d[n->axis], none);
+        const char *pn = bufname(r, x), *fi = ix_flat(r, &xi);
+        const char *ld = x->dtype == DT_BF16 ? arena_printf(r->a, "%s_load_bf16(%s[%s])", r->name, pn, fi)
+                         : x->dtype == DT_F16 ? arena_printf(r->a, "%s_load_f16(%s[%s])", r->name, pn, fi)
+                                              : arena_printf(r->a, "%s[%s]", pn, fi);
+        if (k + 1 < n->nin)
+          buf_printf(&b, "%s < %s ? %s : ", pos, c_dim(r->g, &at), ld);
+        else
+          buf_printf(&b, "%s", ld);
+      }
+      v = bind(r, vtype(n->dtype), b.p);
+      break;
+    }
+    Ix o = ix_view(r, n, ix);
+    v = val(r, n->in[0], &o);
+    break;
+  }
+  case C_TAKE: {
+    r->saw_take = 1;
+    Ix ti = ix_bcast(r, ix, &n->in[1]->shape);
+    const char *t = val(r, n->in[1], &ti);
+    const Shape *xs = &n->in[0]->shape;
+    const char *size = c_dim(r->g, &xs->d[n->axis]);
+    const char *ok = bind(r, "int", arena_printf(r->a, "%s >= 0 && %s < %s", t, t, size));
+    const char *ign = arena_printf(r->a, "%s == %lld", t, (long long)n->ignore_index);
+    emit(r, expr_level(r, ok), "if (!%s && !(%s))", ok, ign);
+    r->d->bad(r, ix_flat(r, ix));
+    const char *tc = bind(r, "int64_t", arena_printf(r->a, "%s ? %s : 0", ok, t));
+    Ix xi = ix_make(xs, NULL);
+    for (int k = 0, j = 0; k < xs->rank; k++)
+      xi.d[k] = k == n->axis ? tc : ix_dim(r, ix, j++);
+    v = val(r, n->in[0], &xi);
+    break;
+  }
+  case C_PW: {
+    const char *ops[3] = {"0", "0", "0"};
+    if (n->op == OP_CONST) {
+      v = n->is_dimval ? arena_printf(r->a, "(%s)%s", vtype(n->dtype), c_dim(r->g, &n->lo))
+                       : dtype_is_float(n->dtype) ? flit(r->a, n->f[0]) : arena_printf(r->a, "%lld", (long long)n->f[0]);
+      break;
+    }
+    if (n->op == OP_FULL || n->op == OP_ZEROS || n->op == OP_ONES) {
+      v = dtype_is_float(n->dtype) ? flit(r->a, n->f[0]) : arena_printf(r->a, "%lld", (long long)n->f[0]);
+      break;
+    }
+    if (n->op == OP_ARANGE) {
+      v = ix_dim(r, ix, 0);
+      break;
+    }
+    for (int k = 0; k < n->nin; k++) {
+      Ix oi = ix_bcast(r, ix, &n->in[k]->shape);
+      ops[k] = val(r, n->in[k], &oi);
+    }
+    if (n->op == OP_CAST) {
+      const char *c = conv(r, ops[0], n->in[0]->dtype, n->dtype);
+      if (n->dtype == DT_BF16 || n->dtype == DT_F16) /* the cast rounds */
+        c = arena_printf(r->a, "%s_round_%s(%s)", r->name, n->dtype == DT_BF16 ? "bf16" : "f16", c);
+      v = bind(r, vtype(n->dtype), c);
+      break;
+    }
+    if (n->op == OP_WHERE) {
+      ops[1] = conv(r, ops[1], n->in[1]->dtype, n->dtype);
+      ops[2] = conv(r, ops[2], n->in[2]->dtype, n->dtype);
+    }
+    v = bind(r, vtype(n->dtype), expr_text(r, n, ops));
+    break;
+  }
+  default:
+    die("render: %s read but neither stored nor computable here", op_info[n->op].name);
+  }
+  memo_put(r, key, v, expr_level(r, v));
+  return v;
+}
+
+/* Store node n's value at ix into its buffer. */
+static void store(R *r, const Node *n, Ix *ix, int guard) {
+  const char *v = val(r, n, ix);
+  const char *pn = bufname(r, n), *i = ix_flat(r, ix);
+  if (r->p->buf)
+    r->written[r->p->buf[n->id]] = 1;
+  const char *e;
+  switch (n->dtype) {
+  case DT_BF16: e = arena_printf(r->a, "%s_store_bf16(%s)", r->name, v); break;
+  case DT_F16: e = arena_printf(r->a, "%s_store_f16(%s)", r->name, v); break;
+  default: e = arena_printf(r->a, "(%s)%s", ctype(n->dtype), v); break;
+  }
+  if (guard && *r->d->one_lane(r))
+    emit(r, r->level, "if (%s) %s[%s] = %s;", r->d->one_lane(r), pn, i, e);
+  else
+    emit(r, r->level, "%s[%s] = %s;", pn, i, e);
+}
+
+/* ---------------------------------------------------------------- CPU */
+
+static void cpu_pw_loop(R *r) {
+  emit(r, 0, "%s_OMP(parallel for simd if (n > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+  emit(r, 0, "for (int64_t i = 0; i < n; i++) {");
+}
+static void cpu_o_loop(R *r) {
+  emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+  emit(r, 0, "for (int64_t o = 0; o < n_o; o++) {");
+}
+static void cpu_r_loop(R *r) { emit(r, r->level, "for (int64_t r = 0; r < n_r; r++) {"); }
+static void cpu_combine(R *r, Op op, const char *acc) { (void)r, (void)op, (void)acc; }
+static void cpu_bad(R *r, const char *pos) { emit(r, r->level, "  bad = bad < %s ? bad : %s;", pos, pos); }
+static void cpu_close(R *r) {
+  if (r->has_bad)
+    emit(r, 0, "return bad == INT64_MAX ? -1 : bad;");
+}
+
+static const char *cpu_one_lane(R *r) { (void)r; return ""; }
+
+static const Dialect dl_cpu = {"cpu", "static", "restrict", "double", cpu_pw_loop, cpu_o_loop, cpu_r_loop, cpu_combine,
+                               cpu_one_lane, cpu_bad, cpu_close};
+
+/* ---------------------------------------------------------------- CUDA */
+
+static void cuda_pw_loop(R *r) {
+  emit(r, 0, "for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {");
+}
+static void cuda_o_loop(R *r) {
+  if (r->mode == M_WARP)
+    emit(r, 0, "for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {");
+  else if (r->mode == M_BLOCK)
+    emit(r, 0, "for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {");
+  else
+    emit(r, 0, "for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {");
+}
+static void cuda_r_loop(R *r) {
+  if (r->mode == M_WARP)
+    emit(r, r->level, "for (int64_t r = threadIdx.x %% 32; r < n_r; r += 32) {");
+  else if (r->mode == M_BLOCK)
+    emit(r, r->level, "for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {");
+  else
+    emit(r, r->level, "for (int64_t r = 0; r < n_r; r++) {");
+}
+static void cuda_combine(R *r, Op op, const char *acc) {
+  const char *f = op == OP_AMAX ? "max" : "sum";
+  if (r->mode == M_WARP)
+    emit(r, r->level, "%s = %s_warp_%s(%s);", acc, r->name, f, acc);
+  else if (r->mode == M_BLOCK)
+    emit(r, r->level, "%s = %s_block_%s(%s);", acc, r->name, f, acc);
+}
+static void cuda_bad(R *r, const char *pos) { emit(r, r->level, "  atomicMin(bad, (unsigned long long)(%s));", pos); }
+static void cuda_close(R *r) { (void)r; }
+static const char *cuda_one_lane(R *r) {
+  return r->mode == M_WARP ? "threadIdx.x % 32 == 0" : r->mode == M_BLOCK ? "threadIdx.x == 0" : "";
+}
+
+static const Dialect dl_cuda = {"cuda", "static __global__", "__restrict__", "float", cuda_pw_loop, cuda_o_loop,
+                                cuda_r_loop, cuda_combine, cuda_one_lane, cuda_bad, cuda_close};
+
+/* ---------------------------------------------------------------- loop kernels */
+
+/* The phase after which n's value is known in kernel r->k: 0 when it reads
+ * no reduction the kernel computes, else the latest such reduction's. */
+static int dep(R *r, const Node *n, int *cache) {
+  if (cache[n->id] >= 0)
+    return cache[n->id];
+  int leaf = n->op == OP_INPUT || n->op == OP_PARAM, d = 0;
+  if (!leaf && !(r->p->realized[n->id] && !r->own[n->id])) {
+    for (int k = 0; k < n->nin; k++)
+      if (n->in[k]) {
+        int x = dep(r, n->in[k], cache);
+        d = x > d ? x : d;
+      }
+    if (op_info[n->op].cls == C_REDUCE)
+      d++;
+  }
+  return cache[n->id] = d;
+}
+
+static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
+  Arena *a = p->g->arena;
+  R *r = arena_alloc(a, sizeof(R));
+  r->p = p;
+  r->g = p->g;
+  r->a = a;
+  r->d = d;
+  r->k = k;
+  r->name = p->g->spec->name;
+  char *up = arena_strdup(a, r->name);
+  for (char *c = up; *c; c++)
+    *c = (char)toupper((unsigned char)*c);
+  r->NAME = up;
+  r->acc = arena_alloc(a, sizeof(char *) * (size_t)(p->n + 1));
+  r->own = arena_alloc(a, (size_t)p->n + 1);
+  r->written = arena_alloc(a, (size_t)p->nb + 1);
+  r->vlev = arena_alloc(a, sizeof(char *) * 65536);
+  r->vlevel = arena_alloc(a, sizeof(int) * 65536);
+  buf_init(&r->lv[0], a);
+  for (int i = 0; k && i < k->nouts; i++)
+    r->own[k->outs[i]->id] = 1;
+  for (int i = 0; k && i < k->nreds; i++)
+    r->own[k->reds[i]->id] = 1;
+  return r;
+}
+
+/* Does the reduction reduce the innermost dims of its input? */
+static int rows_layout(const Kernel *k) {
+  int seen_kept = 0;
+  for (int j = k->full.rank - 1; j >= 0; j--) {
+    if (k->axes >> j & 1) {
+      if (seen_kept)
+        return 0;
+    } else {
+      seen_kept = 1;
+    }
+  }
+  return 1;
+}
+
+/* The body of loop kernel k (into r->lv[0]). */
+static void loop_body(R *r) {
+  const Kernel *k = r->k;
+  BPass *p = r->p;
+  if (!k->nreds) {
+    emit(r, 0, "const int64_t n = %s;", c_dim(r->g, &k->numel));
+    int mark = r->lv[0].len;
+    r->d->pw_loop(r);
+    open_level(r);
+    set_var_level(r, "i", 1);
+    for (int i = 0; i < k->nouts; i++) {
+      Ix ix = ix_make(&k->outs[i]->shape, "i");
+      store(r, k->outs[i], &ix, 0);
+    }
+    close_level(r);
+    (void)mark;
+    return;
+  }
+  r->outer_shape.rank = 0;
+  Shape rsh = {0};
+  for (int j = 0; j < k->full.rank; j++)
+    if (k->axes >> j & 1)
+      rsh.d[rsh.rank++] = k->full.d[j];
+    else
+      r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
+  r->outer_sh = &r->outer_shape;
+  emit(r, 0, "const int64_t n_o = %s, n_r = %s;", c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
+  r->d->o_loop(r);
+  open_level(r);
+  set_var_level(r, "o", 1);
+  int *cache = arena_alloc(r->a, sizeof(int) * (size_t)(p->n + 1));
+  for (int i = 0; i < p->n; i++)
+    cache[i] = -1;
+  int nph = 0;
+  for (int i = 0; i < k->nreds; i++) {
+    int ph = dep(r, k->reds[i], cache);
+    nph = ph > nph ? ph : nph;
+  }
+  int last_full = 0; /* the latest phase a value over the input space waits for */
+  for (int i = 0; i < k->nouts; i++)
+    if (op_info[k->outs[i]->op].cls != C_REDUCE) {
+      Loc none = {0, 0};
+      Dim nn = dim_const(1);
+      for (int j = 0; j < k->outs[i]->shape.rank; j++)
+        nn = dim_mul(nn, k->outs[i]->shape.d[j], none);
+      if (dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer)) {
+        int d = dep(r, k->outs[i], cache);
+        last_full = d > last_full ? d : last_full;
+      }
+    }
+  Ix ro = ix_make(&rsh, "r");
+  for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
+    const char *accs[64];
+    int na = 0, all_sum = 1;
+    for (int i = 0; i < k->nreds && ph <= nph; i++) {
+      const Node *red = k->reds[i];
+      if (dep(r, red, cache) != ph)
+        continue;
+      const char *acc = arena_printf(r->a, "acc%d", r->nvars++);
+      int fl = dtype_is_float(red->dtype);
+      const char *t = red->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
+      emit(r, 1, "%s %s = %s;", t, acc, red->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
+      all_sum &= red->op == OP_SUM;
+      accs[na++] = acc;
+    }
+    if (na && all_sum && !strcmp(r->d->name, "cpu")) {
+      Buf b;
+      buf_init(&b, r->a);
+      for (int i = 0; i < na; i++)
+        buf_printf(&b, "%s%s", i ? ", " : "", accs[i]);
+      emit(r, 1, "%s_OMP(simd reduction(+ : %s))", r->NAME, b.p);
+    }
+    r->d->r_loop(r);
+    open_level(r);
+    set_var_level(r, "r", 2);
+    Ix ixF = ix_make(&k->full, NULL);
+    Ix oo = ix_make(r->outer_sh, "o");
+    for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
+      ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
+    if (rows_layout(k))
+      ixF.flat = bind(r, "int64_t", "o * n_r + r");
+    na = 0;
+    for (int i = 0; i < k->nreds && ph <= nph; i++) {
+      const Node *red = k->reds[i];
+      if (dep(r, red, cache) != ph)
+        continue;
+      Ix xi = ixF;
+      const char *v = val(r, red->in[0], &xi);
+      if (red->op == OP_SUM)
+        emit(r, 2, "%s += %s;", accs[na], v);
+      else
+        emit(r, 2, "%s = %s_max(%s, %s);", accs[na], r->name, accs[na], v);
+      na++;
+    }
+    for (int i = 0; i < k->nouts; i++) {
+      const Node *n = k->outs[i];
+      Loc none = {0, 0};
+      Dim nn = dim_const(1);
+      for (int j = 0; j < n->shape.rank; j++)
+        nn = dim_mul(nn, n->shape.d[j], none);
+      if (op_info[n->op].cls == C_REDUCE || !dim_eq(&nn, &k->numel) || dim_eq(&k->numel, &k->outer))
+        continue;
+      int d = dep(r, n, cache);
+      if (d == ph - 1 || (d == nph && ph == nph + 1)) {
+        Ix xi = ix_make(&n->shape, ix_flat(r, &ixF));
+        if (!shape_eq(&n->shape, &k->full))
+          xi.flat = ix_flat(r, &ixF);
+        else
+          xi = ixF;
+        store(r, n, &xi, 0);
+      }
+    }
+    close_level(r);
+    na = 0;
+    for (int i = 0; i < k->nreds && ph <= nph; i++) {
+      const Node *red = k->reds[i];
+      if (dep(r, red, cache) != ph)
+        continue;
+      r->d->combine(r, red->op, accs[na]);
+      const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
+      emit(r, 1, "const %s %s = (%s)%s;", vtype(red->dtype), v, vtype(red->dtype), accs[na]);
+      set_var_level(r, v, 1);
+      r->acc[red->id] = v;
+      na++;
+    }
+  }
+  /* values over the output space */
+  for (int i = 0; i < k->nouts; i++) {
+    const Node *n = k->outs[i];
+    Loc none = {0, 0};
+    Dim nn = dim_const(1);
+    for (int j = 0; j < n->shape.rank; j++)
+      nn = dim_mul(nn, n->shape.d[j], none);
+    if (!dim_eq(&nn, &k->outer))
+      continue;
+    Ix xi = ix_make(&n->shape, "o");
+    store(r, n, &xi, 1);
+  }
+  close_level(r);
+}
+
+static void choose_mode(R *r) {
+  const Kernel *k = r->k;
+  if (!k || !k->nreds) {
+    r->mode = M_PW;
+    return;
+  }
+  r->mode = M_SERIAL;
+  if (!strcmp(r->d->name, "cuda") && rows_layout(k)) {
+    int64_t rn = 0;
+    const char *err;
+    dim_eval(r->g, &k->rnum, r->p->sym, &rn, &err);
+    r->mode = rn > 1024 ? M_BLOCK : M_WARP;
+  }
+}
+
+int render_check(BPass *p, const Kernel *k) {
+  R *r = new_r(p, k, &dl_cpu);
+  choose_mode(r);
+  r->has_bad = 0;
+  loop_body(r);
+  return r->fail ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- files */
+
+int64_t param_offset(const Graph *g, int k) {
+  int64_t o = 0;
+  for (int i = 0; i < k; i++)
+    o += (g->params[i].numel * dtype_size(g->params[i].dtype) + 255) & ~(int64_t)255;
+  return o;
+}
+
+typedef struct File {
+  Graph *g;
+  Arena *a;
+  const Dialect *d;
+  const char *name, *NAME, *spec;
+  Buf kernels;       /* the kernel functions */
+  Vec bodies, names; /* printed kernels (text without the name) and their names */
+  int nk;
+} File;
+
+static const char *dt_c(File *f, DType t) {
+  static const char *const n[] = {"F32", "BF16", "F16", "I32", "BOOL"};
+  return arena_printf(f->a, "%s_%s", f->NAME, n[t]);
+}
+
+static const char *shape_text(const Graph *g, const Node *n) {
+  return arena_printf(g->arena, "%s%s", dtype_names[n->dtype], shape_str(g, &n->shape));
+}
+
+/* The spec lines a kernel covers: its values' bindings. */
+static const char *covers(File *f, BPass *p, const Kernel *k) {
+  Buf b;
+  buf_init(&b, f->a);
+  int lines[16], nl = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < (pass ? k->nreds : k->nouts) && nl < 16; i++) {
+      const Node *o = p->orig[(pass ? k->reds[i] : k->outs[i])->id];
+      int dup = 0;
+      for (int j = 0; j < nl; j++)
+        dup |= lines[j] == o->loc.line;
+      if (dup)
+        continue;
+      lines[nl++] = o->loc.line;
+      buf_printf(&b, "%s%s:%d '%s'", nl > 1 ? ", " : "", nl > 1 ? "" : f->spec, o->loc.line, o->name ? o->name : "");
+    }
+  return b.p;
+}
+
+static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
+  Buf b;
+  buf_init(&b, f->a);
+  const char *seen[4];
+  int ns = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < (pass ? k->nouts : k->nreds) && ns < 3; i++) {
+      const Node *o = p->orig[(pass ? k->outs[i] : k->reds[i])->id];
+      const char *nm = op_info[o->op].name;
+      int dup = 0;
+      for (int j = 0; j < ns; j++)
+        dup |= !strcmp(seen[j], nm);
+      if (!dup)
+        seen[ns++] = nm, buf_printf(&b, "_%s", nm);
+    }
+  return b.p;
+}
+
+/* Print loop kernel k (once per file: an identical kernel of another pass is
+ * reused) and its call into `call`. */
+static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
+  R *probe = new_r(p, k, f->d);
+  choose_mode(probe);
+  loop_body(probe);
+  R *r = new_r(p, k, f->d);
+  r->mode = probe->mode;
+  r->has_bad = probe->saw_take;
+  loop_body(r);
+  r->d->close_kernel(r);
+  if (r->fail) {
+    for (int i = 0; i < k->nouts; i++)
+      fprintf(stderr, "out %d %s %s\n", k->outs[i]->id, op_info[k->outs[i]->op].name, shape_str(f->g, &k->outs[i]->shape));
+    for (int i = 0; i < k->nreds; i++)
+      fprintf(stderr, "red %d %s %s\n", k->reds[i]->id, op_info[k->reds[i]->op].name, shape_str(f->g, &k->reds[i]->shape));
+    fprintf(stderr, "%s\n", r->lv[0].p);
+    die("render: kernel with a reduction read at another element");
+  }
+  /* the signature: the dims it uses, then its buffers */
+  Buf sig, args;
+  buf_init(&sig, f->a);
+  buf_init(&args, f->a);
+  const char *body = r->lv[0].p;
+  int first = 1;
+  for (int s = 0; s < f->g->nsyms; s++) {
+    const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
+    const char *hit = strstr(body, dn);
+    if (hit && !idc(hit[strlen(dn)])) {
+      buf_printf(&sig, "%sint64_t %s", first ? "" : ", ", dn);
+      buf_printf(&args, "%s%s", first ? "" : ", ", dn);
+      first = 0;
+    }
+  }
+  for (int i = 0; i < r->params.n; i++) {
+    int bi = (int)(intptr_t)r->params.p[i] - 1;
+    const Buffer *b = &p->b[bi];
+    buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype),
+               f->d->restr, b->name);
+    buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
+    first = 0;
+  }
+  int cuda = !strcmp(f->d->name, "cuda");
+  if (r->has_bad && cuda) {
+    buf_printf(&sig, "%sunsigned long long *bad", first ? "" : ", ");
+    buf_printf(&args, "%s%s_cuda_bad_ptr(m->cx)", first ? "" : ", ", f->name);
+  }
+  const char *ret = r->has_bad && !cuda ? "int64_t" : "void";
+  const char *text = arena_printf(f->a, "(%s) {\n%s%s}\n", sig.p, r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
+  const char *kn = NULL;
+  for (int i = 0; i < f->bodies.n; i++)
+    if (!strcmp(f->bodies.p[i], text))
+      kn = f->names.p[i];
+  if (!kn) {
+    kn = arena_printf(f->a, "k%d%s", ++f->nk, kernel_ops(f, p, k));
+    vec_push(f->a, &f->bodies, (void *)text);
+    vec_push(f->a, &f->names, (void *)kn);
+    static const char *const modes[] = {"one thread per element", "one thread per output element",
+                                        "one warp per output element", "one block per output element"};
+    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, covers(f, p, k),
+               k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
+               cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
+               ret, kn, text);
+  }
+  if (cuda) {
+    const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
+    const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
+                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), 512", f->name, n)
+                                            : arena_printf(f->a, "%s_blocks(%s, 256), 256", f->name, n);
+    buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
+  } else if (r->has_bad) {
+    buf_printf(call, "  bad = %s(%s);\n", kn, args.p);
+  } else {
+    buf_printf(call, "  %s(%s);\n", kn, args.p);
+  }
+  if (r->has_bad && !cuda) {
+    const Node *t = NULL;
+    for (int i = 0; i < p->n && !t; i++)
+      if (p->nodes[i]->op == OP_TAKE)
+        t = p->nodes[i];
+    const Node *o = p->orig[t->id];
+    buf_printf(call, "  if (bad >= 0)\n    return %s_fail(m, %s_EDATA, \"%s in '%s' (%s:%d): a target at position %%lld is outside [0, %s) (ignore_index %lld)\", (long long)bad);\n",
+               f->name, f->NAME, op_info[o->op].name, o->name ? o->name : "?", f->spec, o->loc.line,
+               dim_str(f->g, &t->in[0]->shape.d[t->axis]), (long long)t->ignore_index);
+  }
+}
+
+static const char *bname(BPass *p, const Node *n) {
+  int bi = p->buf[n->id];
+  if (bi < 0)
+    die("render: %s has no buffer", op_info[n->op].name);
+  return p->b[bi].name;
+}
+
+/* A shape as a C array local named nm. */
+static const char *shape_arr(File *f, Buf *b, const Node *n, const char *nm) {
+  buf_printf(b, "  const int64_t %s[%d] = {", nm, n->shape.rank ? n->shape.rank : 1);
+  if (!n->shape.rank)
+    buf_printf(b, "1");
+  for (int i = 0; i < n->shape.rank; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", c_dim(f->g, &n->shape.d[i]));
+  buf_printf(b, "};\n");
+  return nm;
+}
+
+static const char *prod(File *f, const Shape *s, int from, int to) {
+  Dim d = dim_const(1);
+  Loc none = {0, 0};
+  for (int i = from; i < to; i++)
+    d = dim_mul(d, s->d[i], none);
+  return c_dim(f->g, &d);
+}
+
+/* A library call (GEMM, attention, embedding, dropout). */
+static void call_kernel(File *f, BPass *p, const Kernel *k, int ki, Buf *b) {
+  const Node *n = k->anchor;
+  int cuda = !strcmp(f->d->name, "cuda");
+  const char *o = cuda ? "CK(" : "", *c = cuda ? ")" : "", *rt = cuda ? "cuda" : "cpu", *cx = cuda ? "m->cx, " : "";
+  const char *dt = dt_c(f, n->dtype), *y = bname(p, n);
+  const char *a0 = n->nin > 0 && n->in[0] ? bname(p, n->in[0]) : "NULL";
+  const char *a1 = n->nin > 1 && n->in[1] ? bname(p, n->in[1]) : "NULL";
+  const char *a2 = n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL";
+  const Node *src = p->orig[n->id];
+  const char *where = arena_printf(f->a, "%s in '%s' (%s:%d)", op_info[src->op].name, src->name ? src->name : "?", f->spec, src->loc.line);
+  switch (n->op) {
+  case OP_LINEAR: {
+    const Shape *s = &n->in[0]->shape, *w = &n->in[1]->shape;
+    buf_printf(b, "  %s%s_%s_linear(%s%s, %s, %s, %s, %s, %s, %s, %s)%s;\n", o, f->name, rt, cx, dt, a0, a1, a2, y,
+               prod(f, s, 0, s->rank - 1), c_dim(f->g, &w->d[1]), c_dim(f->g, &w->d[0]), c);
+    break;
+  }
+  case OP_MATMUL: {
+    const char *sa = shape_arr(f, b, n->in[0], arena_printf(f->a, "sa%d", ki));
+    const char *sb = shape_arr(f, b, n->in[1], arena_printf(f->a, "sb%d", ki));
+    const char *sy = shape_arr(f, b, n, arena_printf(f->a, "sy%d", ki));
+    buf_printf(b, "  %s%s_%s_matmul(%s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s)%s;\n", o, f->name, rt, cx, dt, a0,
+               n->in[0]->shape.rank, sa, a1, n->in[1]->shape.rank, sb, y, n->shape.rank, sy, c);
+    break;
+  }
+  case OP_EMBEDDING: case OP_EMBEDDING_BACKWARD: {
+    int bwd = n->op == OP_EMBEDDING_BACKWARD;
+    const Shape *t = bwd ? &n->shape : &n->in[1]->shape;
+    const char *nidx = prod(f, &n->in[0]->shape, 0, n->in[0]->shape.rank);
+    const char *fn = bwd ? "embedding_backward" : "embedding";
+    if (cuda)
+      buf_printf(b, "  CK(%s_cuda_%s(m->cx, %s, %s, %s, %s, %s, %s, %s));\n", f->name, fn, dt, a0, nidx, a1,
+                 c_dim(f->g, &t->d[0]), c_dim(f->g, &t->d[1]), y);
+    else {
+      buf_printf(b, "  bad = %s_cpu_%s(%s, %s, %s, %s, %s, %s, %s);\n", f->name, fn, dt, a0, nidx, a1,
+                 c_dim(f->g, &t->d[0]), c_dim(f->g, &t->d[1]), y);
+      buf_printf(b, "  if (bad >= 0)\n    return %s_fail(m, %s_EDATA, \"%s: an index at position %%lld is outside [0, %s)\", (long long)bad);\n",
+                 f->name, f->NAME, where, dim_str(f->g, &t->d[0]));
+    }
+    break;
+  }
+  case OP_DROPOUT:
+    buf_printf(b, "  %s%s_%s_dropout(%s%s, %s, %s, %s, %s, %s_info.seed, %du, (uint64_t)m->step)%s;\n", o, f->name, rt,
+               cx, dt, a0, y, prod(f, &n->shape, 0, n->shape.rank), flit(f->a, n->f[0]), f->name, n->index, c);
+    break;
+  case OP_ATTENTION: {
+    const Node *q = n->in[0];
+    const char *sq = shape_arr(f, b, q, arena_printf(f->a, "sq%d", ki));
+    const char *sk = shape_arr(f, b, n->in[1], arena_printf(f->a, "sk%d", ki));
+    const char *sv = shape_arr(f, b, n->in[2], arena_printf(f->a, "sv%d", ki));
+    const char *sy = shape_arr(f, b, n, arena_printf(f->a, "sy%d", ki));
+    const char *scale = n->has_f[0] ? arena_printf(f->a, "%.17g", n->f[0])
+                                    : arena_printf(f->a, "1.0 / sqrt((double)(%s))", c_dim(f->g, &q->shape.d[q->shape.rank - 1]));
+    buf_printf(b, "  %s%s_%s_attention(%s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %d, %s)%s;\n", o, f->name,
+               rt, cx, dt, a0, q->shape.rank, sq, a1, n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv, y,
+               n->shape.rank, sy, n->flag, scale, c);
+    break;
+  }
+  default:
+    die("render: no library call for %s", op_info[n->op].name);
+  }
+}
+
+static const char *bytes_c(File *f, const Node *n) {
+  return arena_printf(f->a, "(size_t)(%s) * %d", prod(f, &n->shape, 0, n->shape.rank),
+                      n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype));
+}
+
+/* One pass as a C function NAME_<pass>_<dialect>(m, sym, in, out). */
+static void pass_fn(File *f, BPass *p, Buf *b) {
+  Graph *g = f->g;
+  int cuda = !strcmp(f->d->name, "cuda");
+  buf_printf(b, "\n/* the %s pass: %d kernels, arena %lld bytes at the dims' maxima */\n", pass_names[p->kind], p->nk,
+             (long long)p->arena);
+  buf_printf(b, "int %s_%s_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n",
+             f->name, pass_names[p->kind], f->d->name, f->name);
+  for (int s = 0; s < g->nsyms; s++)
+    buf_printf(b, "  %s_UNUSED const int64_t dim_%s = sym[%d];\n", f->NAME,
+               g->syms[s].derived ? arena_printf(f->a, "q%d", s) : g->syms[s].name, s);
+  buf_printf(b, "  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n", f->NAME, f->NAME);
+  if (p->kind == PASS_TRAIN)
+    buf_printf(b, "  %s_UNUSED unsigned char *G = m->grads;\n", f->NAME);
+  buf_printf(b, "  %s_UNUSED int64_t bad = -1;\n", f->NAME);
+  if (cuda)
+    buf_printf(b, "  cudaStream_t st = %s_cuda_ctx_stream(m->cx, \"%s\");\n", f->name, pass_names[p->kind]);
+  /* the buffers */
+  for (int i = 0; i < p->nb; i++) {
+    const Buffer *x = &p->b[i];
+    const char *t = ctype(x->node->dtype), *c = x->home == HOME_INPUT || x->home == HOME_PARAM ? "const " : "";
+    const char *at;
+    switch (x->home) {
+    case HOME_INPUT: at = arena_printf(f->a, "in[%d]", x->index); break;
+    case HOME_PARAM: at = arena_printf(f->a, "P + %lld", (long long)param_offset(g, x->index)); break;
+    case HOME_GRAD: at = arena_printf(f->a, "G + %lld", (long long)param_offset(g, x->index)); break;
+    case HOME_OUTPUT: at = arena_printf(f->a, "out[%d]", x->index); break;
+    case HOME_ALIAS: at = p->b[x->index].name; c = p->b[x->index].home == HOME_INPUT || p->b[x->index].home == HOME_PARAM ? "const " : ""; break;
+    default: at = arena_printf(f->a, "ws + %lld", (long long)x->offset); break;
+    }
+    const Node *o = p->orig[x->node->id];
+    buf_printf(b, "  %s_UNUSED %s%s *%s = (%s%s *)(%s);  /* %s", f->NAME, c, t, x->name, c, t, at, shape_text(g, x->node));
+    if (x->home == HOME_ARENA || x->home == HOME_GRAD || x->home == HOME_OUTPUT)
+      buf_printf(b, "  %s:%d", f->spec, o->loc.line);
+    buf_printf(b, " */\n");
+  }
+  buf_printf(b, "\n");
+  for (int i = 0; i < p->nk; i++) {
+    const Kernel *k = p->k[i];
+    if (k->kind == K_LOOP) {
+      if (!k->nouts)
+        continue;
+      loop_kernel(f, p, k, b);
+    } else {
+      call_kernel(f, p, k, i, b);
+    }
+  }
+  /* finals not written in place */
+  for (int k = p->kind == PASS_FORWARD ? 0 : 1; k < p->nfinals; k++) {
+    const Node *n = p->finals[k];
+    int bi = p->buf[n->id];
+    if (bi >= 0 && (p->b[bi].home == HOME_OUTPUT || p->b[bi].home == HOME_GRAD) &&
+        p->b[bi].index == (p->kind == PASS_FORWARD ? k : k - 1))
+      continue;
+    const char *dst = p->kind == PASS_FORWARD ? arena_printf(f->a, "out[%d]", k)
+                                              : arena_printf(f->a, "G + %lld", (long long)param_offset(g, k - 1));
+    if (cuda)
+      buf_printf(b, "  CK(%s_cuda_memcpy(m->cx, %s, %s, %s, 2));\n", f->name, dst, bname(p, n), bytes_c(f, n));
+    else
+      buf_printf(b, "  memcpy(%s, %s, %s);\n", dst, bname(p, n), bytes_c(f, n));
+  }
+  if (cuda)
+    buf_printf(b, "  CK(cudaGetLastError() == cudaSuccess ? 0 : %s_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), \"kernel launch\"));\n", f->name);
+  if (p->kind != PASS_FORWARD) {
+    const Node *l = p->finals[0];
+    if (cuda) {
+      buf_printf(b, "  unsigned char lb[8];\n  CK(%s_cuda_memcpy(m->cx, lb, %s, %d, 1));\n", f->name, bname(p, l),
+                 dtype_size(l->dtype));
+      buf_printf(b, "  *(float *)out[0] = (float)%s_get(lb, %s, 0);\n", f->name, dt_c(f, l->dtype));
+    } else {
+      buf_printf(b, "  *(float *)out[0] = (float)%s_get(%s, %s, 0);\n", f->name, bname(p, l), dt_c(f, l->dtype));
+    }
+  }
+  int checks = 0;
+  for (int i = 0; i < p->n; i++)
+    checks |= p->nodes[i]->op == OP_TAKE || p->nodes[i]->op == OP_EMBEDDING || p->nodes[i]->op == OP_EMBEDDING_BACKWARD;
+  if (cuda && checks) {
+    buf_printf(b, "  CK(%s_cuda_bad_index(m->cx, &bad));  /* indices and targets, checked once */\n", f->name);
+    buf_printf(b, "  if (bad >= 0)\n    return %s_fail(m, %s_EDATA, \"an index or target at position %%lld is out of range (an embedding or cross_entropy)\", (long long)bad);\n",
+               f->name, f->NAME);
+  }
+  buf_printf(b, "  return %s_OK;\n}\n", f->NAME);
+}
+
+/* The file of one dialect: every pass (NULL: the model has none). */
+const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_name) {
+  File ff = {0}, *f = &ff;
+  f->g = g;
+  f->a = g->arena;
+  f->d = cuda ? &dl_cuda : &dl_cpu;
+  f->name = g->spec->name;
+  char *up = arena_strdup(f->a, f->name);
+  for (char *c = up; *c; c++)
+    *c = (char)toupper((unsigned char)*c);
+  f->NAME = up;
+  f->spec = spec_name;
+  buf_init(&f->kernels, f->a);
+  Buf pb;
+  buf_init(&pb, f->a);
+  for (int k = 0; k < NPASS; k++) {
+    if (passes[k]) {
+      pass_fn(f, passes[k], &pb);
+    } else {
+      buf_printf(&pb, "\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n",
+                 f->name, pass_names[k], f->d->name, f->name);
+      buf_printf(&pb, "  (void)sym; (void)in; (void)out;\n  return %s_fail(m, %s_EINVAL, \"model %s has no train: section, so no loss or training step\");\n}\n",
+                 f->name, f->NAME, f->name);
+    }
+  }
+  Buf b;
+  buf_init(&b, f->a);
+  buf_printf(&b, "/* %s_%s: model %s on %s, generated by tgen %s from %s.\n *\n", f->name, cuda ? "cuda.cu" : "cpu.c",
+             f->name, cuda ? "CUDA" : "the CPU (OpenMP)", TGEN_VERSION, spec_name);
+  buf_printf(&b, " * The kernels tgen generated for this model (each names the spec lines it\n"
+                 " * computes), then the passes that call them and the runtime's library\n"
+                 " * kernels (GEMMs, attention, embedding, dropout):\n"
+                 " *   %s_forward_*  the outputs (dropout off)\n"
+                 " *   %s_loss_*     the training loss only (dropout off)\n"
+                 " *   %s_train_*    loss and gradients (the partitioner's schedule)\n"
+                 " * Every value lives in the caller's buffers or in the pass's arena (ws) at\n"
+                 " * the offset tgen planned for the dims' maxima. */\n",
+             f->name, f->name, f->name);
+  buf_printf(&b, "#include \"%s_rt.h\"\n#include \"%s_math.h\"\n\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n", f->name, f->name);
+  if (cuda)
+    buf_printf(&b, "\n#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",
+               f->name, f->NAME, f->name);
+  buf_printf(&b, "%s%s", f->kernels.p ? f->kernels.p : "", pb.p);
+  return b.p;
+}

@@ -1,0 +1,376 @@
+/* schedule.c: which values of a pass are stored, and the kernels that compute
+ * them.
+ *
+ * A value is *realized* (stored in a buffer) when something needs it in
+ * memory: a pass result (output, loss, gradient), a value the training
+ * schedule saves for the backward, the operands and results of library calls
+ * (GEMMs, attention, embedding, dropout, concat), a reduction, or a pointwise
+ * value read by several consumers whose recomputation would cost more than a
+ * few operations. Every other pointwise op and every view is recomputed where
+ * it is read: a view is index arithmetic in its reader, never a copy.
+ *
+ * Each realized value starts as its own kernel, in pass order. Fusion then
+ * merges a loop kernel into an earlier one (Inductor's rule of thumb, made
+ * ahead of time):
+ *   - pointwise kernels over the same number of elements;
+ *   - a reduction with the pointwise kernels over its input's space (its
+ *     prologue, or an epilogue such as softmax's divide, computed in a loop
+ *     after the reduction) or over its result's space (an epilogue after it);
+ *   - reductions over the same input space and dims (several phases of one
+ *     loop nest: layer_norm's mean then variance, softmax's max then sum);
+ * when the later kernel reads a value the earlier one stores, or both read
+ * the same buffer, when no other kernel between them has to run in between
+ * (fusion never creates a cycle), and when the renderer can index every read
+ * of a fused reduction's result at the kernel's own output element. A stored
+ * value that only its own kernel reads is then kept in registers instead.
+ * With fuse off every computed node is a kernel of its own. */
+#include "ir.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct S {
+  BPass *p;
+  Arena *a;
+  char *seen;
+  int *mark;
+  int stamp;
+} S;
+
+static int is_leaf(const Node *n) { return n->op == OP_INPUT || n->op == OP_PARAM; }
+static int is_reduce(const Node *n) { return op_info[n->op].cls == C_REDUCE; }
+/* A library call: its operands and result live in memory. */
+static int is_call(const Node *n) {
+  OpClass c = op_info[n->op].cls;
+  return c == C_GEMM || c == C_EXTERN || n->op == OP_CONCAT;
+}
+/* A view whose result is its operand's bytes (an alias when stored). */
+static int is_alias_view(const Node *n) {
+  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE;
+}
+
+static Dim numel_dim(const BPass *p, const Shape *s, uint32_t only, int want) {
+  Dim d = dim_const(1);
+  Loc none = {0, 0};
+  (void)p;
+  for (int k = 0; k < s->rank; k++)
+    if (!only || ((only >> k & 1) == (uint32_t)want))
+      d = dim_mul(d, s->d[k], none);
+  return d;
+}
+
+/* Operations in the recomputed cone of n (pointwise ops and views up to
+ * realized values and leaves). */
+static int cone_cost(S *s, const Node *n, int depth) {
+  BPass *p = s->p;
+  if (is_leaf(n) || (p->realized[n->id] && depth) || depth > 64)
+    return 0;
+  int c = op_info[n->op].cls == C_PW ? 1 : 0;
+  for (int k = 0; k < n->nin; k++)
+    if (n->in[k])
+      c += cone_cost(s, n->in[k], depth + 1);
+  return c;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+static Kernel *new_kernel(S *s, KernelKind kind, Node *n) {
+  BPass *p = s->p;
+  Kernel *k = arena_alloc(s->a, sizeof(Kernel));
+  k->kind = kind;
+  k->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  k->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  k->outs[k->nouts++] = n;
+  if (kind != K_LOOP)
+    k->anchor = n;
+  else if (is_reduce(n)) {
+    k->reds[k->nreds++] = n;
+    k->full = n->in[0]->shape;
+    k->axes = n->axes;
+    k->outer = numel_dim(p, &k->full, k->axes, 0);
+    k->rnum = numel_dim(p, &k->full, k->axes, 1);
+    k->numel = numel_dim(p, &k->full, 0, 0);
+  } else {
+    k->numel = numel_dim(p, &n->shape, 0, 0);
+  }
+  return k;
+}
+
+static void loads_walk(const BPass *p, const Node *n, const Kernel *k, int top, char *seen, char *mark) {
+  if (seen[n->id])
+    return;
+  seen[n->id] = 1;
+  int own = 0;
+  for (int i = 0; i < k->nouts && !own; i++)
+    own = k->outs[i] == n;
+  for (int i = 0; i < k->nreds && !own; i++)
+    own = k->reds[i] == n;
+  if (!top && !own && (is_leaf(n) || p->realized[n->id])) {
+    mark[n->id] = 1;
+    return;
+  }
+  if (!top && !own && is_call(n))
+    die("schedule: %s is read unrealized", op_info[n->op].name);
+  for (int j = 0; j < n->nin; j++)
+    if (n->in[j])
+      loads_walk(p, n->in[j], k, 0, seen, mark);
+}
+
+void kernel_loads(const BPass *p, const Kernel *k, char *mark) {
+  char *seen = calloc((size_t)p->n + 1, 1);
+  if (!seen)
+    die("out of memory");
+  memset(mark, 0, (size_t)p->n + 1);
+  if (k->kind != K_LOOP) {
+    for (int j = 0; j < k->anchor->nin; j++)
+      if (k->anchor->in[j])
+        mark[k->anchor->in[j]->id] = 1;
+  } else {
+    for (int i = 0; i < k->nouts; i++)
+      loads_walk(p, k->outs[i], k, 1, seen, mark);
+    for (int i = 0; i < k->nreds; i++)
+      loads_walk(p, k->reds[i], k, 1, seen, mark);
+  }
+  free(seen);
+}
+
+/* Stamp the loads of k into s->mark with a new stamp; returns it. */
+static int loads(S *s, const Kernel *k) {
+  BPass *p = s->p;
+  kernel_loads(p, k, s->seen);
+  s->stamp++;
+  for (int i = 0; i < p->n; i++)
+    if (s->seen[i])
+      s->mark[i] = s->stamp;
+  return s->stamp;
+}
+
+/* Does kernel a's iteration space admit kernel b's nodes (and vice versa)? */
+static int domains_fit(const Kernel *a, const Kernel *b) {
+  if (a->nreds && b->nreds)
+    return a->axes == b->axes && shape_eq(&a->full, &b->full);
+  if (a->nreds || b->nreds) {
+    const Kernel *r = a->nreds ? a : b, *q = a->nreds ? b : a;
+    return dim_eq(&q->numel, &r->numel) || dim_eq(&q->numel, &r->outer);
+  }
+  return dim_eq(&a->numel, &b->numel);
+}
+
+static void absorb(Kernel *into, const Kernel *from) {
+  int had = into->nreds;
+  for (int i = 0; i < from->nouts; i++)
+    into->outs[into->nouts++] = from->outs[i];
+  for (int i = 0; i < from->nreds; i++)
+    into->reds[into->nreds++] = from->reds[i];
+  if (!had && from->nreds) {
+    into->full = from->full;
+    into->axes = from->axes;
+    into->outer = from->outer;
+    into->rnum = from->rnum;
+    into->numel = from->numel;
+  }
+}
+
+static int in_backward(const BPass *p, const Kernel *k) {
+  for (int i = 0; i < k->nouts; i++)
+    if (k->outs[i]->id >= p->nfwd)
+      return 1;
+  for (int i = 0; i < k->nreds; i++)
+    if (k->reds[i]->id >= p->nfwd)
+      return 1;
+  return 0;
+}
+
+/* Try to merge kernel j into kernel i (i < j); 1 when merged. */
+static int try_merge(S *s, int i, int j) {
+  BPass *p = s->p;
+  Kernel *ki = p->k[i], *kj = p->k[j];
+  if (ki->kind != K_LOOP || kj->kind != K_LOOP || !domains_fit(ki, kj)) {
+    if (!ki->stop)
+      ki->stop = ki->kind != K_LOOP || kj->kind != K_LOOP ? "a library call (GEMM, attention, embedding...) is next"
+                                                           : "the next kernel iterates over another space";
+    return 0;
+  }
+  /* a full reduction (one output element) fused with work over its whole
+   * input would serialise that work */
+  if ((ki->nreds || kj->nreds) && !(ki->nreds && kj->nreds)) {
+    const Kernel *r = ki->nreds ? ki : kj, *q = ki->nreds ? kj : ki;
+    int64_t o;
+    if (dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer)) {
+      ki->stop = "a reduction to a few values does not take work over its whole input";
+      return 0;
+    }
+  }
+  /* the training schedule's forward part stays apart from its backward
+   * (fusing a recomputation into the forward would store what the
+   * partitioner chose not to save) */
+  if (in_backward(p, ki) != in_backward(p, kj)) {
+    ki->stop = "the backward starts";
+    return 0;
+  }
+  int sj = loads(s, kj);
+  int related = 0;
+  for (int q = 0; q < ki->nouts && !related; q++)
+    related = s->mark[ki->outs[q]->id] == sj;
+  int vertical = related;
+  if (!related) { /* horizontal: a shared load */
+    int *mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+    for (int q = 0; q < p->n; q++)
+      mj[q] = s->mark[q] == sj;
+    int si = loads(s, ki);
+    for (int q = 0; q < p->n && !related; q++)
+      related = mj[q] && s->mark[q] == si;
+    sj = loads(s, kj);
+  }
+  if (!related)
+    return 0;
+  /* placement: at i when every producer of j runs before i, else at j when
+   * nothing between them reads i's stores */
+  int at_i = 1;
+  for (int q = 0; q < p->n && at_i; q++)
+    if (s->mark[q] == sj && p->kern[q] > i && p->kern[q] != j)
+      at_i = 0;
+  int at_j = 0;
+  if (!at_i) {
+    at_j = 1;
+    for (int m = i + 1; m < j && at_j; m++) {
+      int sm = loads(s, p->k[m]);
+      for (int q = 0; q < ki->nouts && at_j; q++)
+        if (s->mark[ki->outs[q]->id] == sm)
+          at_j = 0;
+    }
+  }
+  if (!at_i && !at_j) {
+    ki->stop = "a kernel between them must run first";
+    return 0;
+  }
+  (void)vertical;
+  /* tentatively merge and let the renderer check the indexing */
+  Kernel *m = arena_alloc(s->a, sizeof(Kernel));
+  *m = *ki;
+  m->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  m->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  m->nouts = m->nreds = 0;
+  m->stop = NULL;
+  absorb(m, ki);
+  absorb(m, kj);
+  int *saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  memcpy(saved, p->kern, sizeof(int) * (size_t)p->n);
+  int pos = at_i ? i : j;
+  for (int q = 0; q < m->nouts; q++)
+    p->kern[m->outs[q]->id] = pos;
+  p->k[pos] = m;
+  if (render_check(p, m)) {
+    memcpy(p->kern, saved, sizeof(int) * (size_t)p->n);
+    p->k[pos] = pos == i ? ki : kj;
+    ki->stop = "a reduction's result would be read at another element than the kernel's own";
+    return 0;
+  }
+  /* remove the other slot */
+  int gone = pos == i ? j : i;
+  for (int q = gone; q + 1 < p->nk; q++)
+    p->k[q] = p->k[q + 1];
+  p->nk--;
+  for (int q = 0; q < p->n; q++)
+    if (p->kern[q] > gone)
+      p->kern[q]--;
+    else if (p->kern[q] == gone)
+      p->kern[q] = pos < gone ? pos : pos - 1;
+  return 1;
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+void schedule(BPass *p, int fuse) {
+  S ss = {0}, *s = &ss;
+  s->p = p;
+  s->a = p->g->arena;
+  p->fuse = fuse;
+  p->realized = arena_alloc(s->a, (size_t)p->n + 1);
+  p->nuse = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  p->kern = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  s->seen = arena_alloc(s->a, (size_t)p->n + 1);
+  s->mark = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  char *keep = arena_alloc(s->a, (size_t)p->n + 1); /* must stay stored */
+  for (int i = 0; i < p->n; i++)
+    p->kern[i] = -1;
+  for (int i = 0; i < p->n; i++)
+    for (int k = 0; k < p->nodes[i]->nin; k++)
+      if (p->nodes[i]->in[k])
+        p->nuse[p->nodes[i]->in[k]->id]++;
+  for (int k = 0; k < p->nfinals; k++) {
+    p->nuse[p->finals[k]->id]++;
+    keep[p->finals[k]->id] = 1;
+  }
+  /* values the backward reads from the forward part: saved */
+  for (int i = p->nfwd; i < p->n; i++)
+    for (int k = 0; k < p->nodes[i]->nin; k++)
+      if (p->nodes[i]->in[k] && p->nodes[i]->in[k]->id < p->nfwd)
+        keep[p->nodes[i]->in[k]->id] = 1;
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    if (is_call(n)) {
+      keep[i] = 1;
+      for (int k = 0; k < n->nin; k++)
+        if (n->in[k])
+          keep[n->in[k]->id] = 1;
+    }
+  }
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    if (is_leaf(n))
+      continue;
+    int pw = op_info[n->op].cls == C_PW || n->op == OP_TAKE;
+    if (keep[i] || is_reduce(n) || (!fuse && op_info[n->op].cls != C_VIEW && n->nin))
+      p->realized[i] = 1;
+    else if (pw && n->nin && p->nuse[i] > 1 && cone_cost(s, n, 0) > 6)
+      p->realized[i] = 1;
+  }
+  /* a kernel per realized value; stored views of stored values are aliases */
+  p->k = arena_alloc(s->a, sizeof(Kernel *) * (size_t)(p->n + 1));
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    if (!p->realized[i])
+      continue;
+    if (is_alias_view(n) && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
+      keep[n->in[0]->id] = 1; /* an alias (plan.c): its operand stays stored */
+      continue;
+    }
+    KernelKind kind = op_info[n->op].cls == C_GEMM ? K_GEMM : op_info[n->op].cls == C_EXTERN ? K_EXTERN : K_LOOP;
+    p->kern[i] = p->nk;
+    p->k[p->nk++] = new_kernel(s, kind, n);
+  }
+  if (fuse) {
+    for (int j = 1; j < p->nk; j++)
+      for (int i = j - 1; i >= 0 && i >= j - 64; i--)
+        if (try_merge(s, i, j)) {
+          j = i; /* the merged kernel may take more */
+          break;
+        }
+    /* stored values only their own kernel reads: kept in registers */
+    for (int c = 0; c < p->nk; c++) {
+      Kernel *k = p->k[c];
+      if (k->kind != K_LOOP)
+        continue;
+      for (int q = 0; q < k->nouts; q++) {
+        Node *n = k->outs[q];
+        if (keep[n->id])
+          continue;
+        int other = 0;
+        for (int m = 0; m < p->nk && !other; m++)
+          if (m != c) {
+            int st = loads(s, p->k[m]);
+            other = s->mark[n->id] == st;
+          }
+        if (!other) {
+          if (getenv("TGEN_DEBUG"))
+            fprintf(stderr, "pass %d: %%%d %s kept in registers in kernel %d\n", p->kind, n->id, op_info[n->op].name, c);
+          p->realized[n->id] = 0;
+          p->kern[n->id] = -1;
+          k->outs[q--] = k->outs[--k->nouts];
+        }
+      }
+    }
+  }
+}
