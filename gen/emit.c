@@ -235,9 +235,8 @@ static const char *origin(E *e, const Node *n) {
 }
 
 /* The ids of the forward nodes `roots` need, in graph order. */
-static int needed(E *e, Node **roots, int nroots, int *order) {
-  Graph *g = e->g;
-  char *live = arena_alloc(e->a, (size_t)g->nnodes + 1);
+static int needed(Graph *g, Node **roots, int nroots, int *order) {
+  char *live = arena_alloc(g->arena, (size_t)g->nnodes + 1);
   for (int k = 0; k < nroots; k++)
     live[roots[k]->id] = 1;
   for (int i = g->nnodes - 1; i >= 0; i--)
@@ -249,6 +248,26 @@ static int needed(E *e, Node **roots, int nroots, int *order) {
     if (live[i])
       order[n++] = i;
   return n;
+}
+
+/* The back end's passes up to stage upto (0 decompose, 1 schedule, 2 plan):
+ * forward; with a training plan, loss and train. */
+void build_passes(Graph *g, const Plan *pl, int fuse, int upto, BPass **ps) {
+  int *order = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nnodes + 1));
+  int n = needed(g, g->outputs, g->noutputs, order);
+  ps[PASS_FORWARD] = build_pass(g, PASS_FORWARD, order, n, n);
+  if (pl) {
+    order = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nnodes + 1));
+    n = needed(g, &g->loss, 1, order);
+    ps[PASS_LOSS] = build_pass(g, PASS_LOSS, order, n, n);
+    ps[PASS_TRAIN] = build_pass(g, PASS_TRAIN, pl->order, pl->n, pl->nfwd);
+  }
+  for (int k = 0; k < NPASS; k++)
+    if (ps[k] && upto >= 1) {
+      schedule(ps[k], fuse);
+      if (upto >= 2)
+        plan(ps[k]);
+    }
 }
 
 /* The arena each pass needs (tgen planned it for the dims' maxima). */
@@ -844,9 +863,6 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
 
   /* the passes: forward; with train:, the loss and the partitioned joint
    * forward/backward graph (its sizes judged at each dynamic dim's max) */
-  int *order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-  int n = needed(e, g->outputs, g->noutputs, order);
-  e->pass[PASS_FORWARD] = build_pass(g, PASS_FORWARD, order, n, n);
   if (g->spec->train.present && g->loss) {
     if (!g->grads && autodiff(g)) {
       snprintf(err, errlen, "%s: the model has no loss to differentiate", o->spec_name);
@@ -857,17 +873,8 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
       maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
     if (partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, maxsym, &e->plan, err, errlen))
       return -1;
-    order = arena_alloc(e->a, sizeof(int) * (size_t)(g->nnodes + 1));
-    n = needed(e, &g->loss, 1, order);
-    e->pass[PASS_LOSS] = build_pass(g, PASS_LOSS, order, n, n);
-    e->pass[PASS_TRAIN] = build_pass(g, PASS_TRAIN, e->plan.order, e->plan.n, e->plan.nfwd);
   }
-
-  for (int k = 0; k < NPASS; k++)
-    if (e->pass[k]) {
-      schedule(e->pass[k], o->fuse);
-      plan(e->pass[k]);
-    }
+  build_passes(g, g->grads ? &e->plan : NULL, o->fuse, 2, e->pass);
   const char *why = NULL;
   int have_golden = o->golden && golden(e, &why);
   const char *note = have_golden

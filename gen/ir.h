@@ -282,6 +282,10 @@ typedef struct BPass {
   int64_t sym[MAXSYM]; /* the symbol values sizes are planned at (each dynamic dim's max) */
 } BPass;
 
+/* emit.c: the back end's passes of g up to stage upto (0 decompose, 1
+ * schedule, 2 plan): forward, and with a training plan pl, loss and train. */
+struct Plan;
+void build_passes(Graph *g, const struct Plan *pl, int fuse, int upto, BPass **ps);
 /* decompose.c: the pass over the graph nodes `order` (ids; the training
  * schedule for PASS_TRAIN, with nfwd its forward part). */
 BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd);

@@ -129,12 +129,25 @@ static int remat_option(int argc, char **argv, int *i, Remat *remat, int64_t *bu
 
 static int cmd_check(int argc, char **argv) {
   const char *path = NULL;
-  int dump = 0, json = 0, given = 0, r;
+  int dump = 0, json = 0, given = 0, r, after = -1, nofuse = 0;
+  static const char *const stages[] = {"build", "autodiff", "partition", "decompose", "schedule", "plan"};
   Remat remat = REMAT_MIN_CUT;
   int64_t budget = -1;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--dump"))
       dump = 1;
+    else if (!strcmp(argv[i], "--no-fuse"))
+      nofuse = 1;
+    else if (!strcmp(argv[i], "--dump-after")) {
+      if (i + 1 >= argc)
+        return usage_error("check: --dump-after needs a pass (%s)", "build, autodiff, partition, decompose, schedule, plan");
+      for (int s = 0; s < 6; s++)
+        if (!strcmp(argv[i + 1], stages[s]))
+          after = s;
+      if (after < 0)
+        return usage_error("check: --dump-after: unknown pass '%s' (build, autodiff, partition, decompose, schedule, plan)", argv[i + 1]);
+      i++;
+    }
     else if (!strcmp(argv[i], "--json"))
       json = 1;
     else if ((r = remat_option(argc, argv, &i, &remat, &budget, &given)) != 1) {
@@ -193,6 +206,25 @@ static int cmd_check(int argc, char **argv) {
     if (trained) {
       buf_printf(&b, "\n");
       print_plan(g, &plan, &b);
+    }
+  }
+  if (after >= 0 && !json) {
+    buf_printf(&b, "\n");
+    if (after == 0 || (after <= 2 && !trained)) {
+      Graph fwd = *g;
+      if (trained)
+        fwd.nnodes = g->nforward;
+      dump_graph(&fwd, &b);
+    } else if (after == 1) {
+      dump_graph(g, &b);
+    } else if (after == 2) {
+      print_plan(g, &plan, &b);
+    } else {
+      BPass *ps[NPASS] = {0};
+      build_passes(g, trained ? &plan : NULL, !nofuse && g->spec->compile.fuse, after - 3, ps);
+      for (int k = 0; k < NPASS; k++)
+        if (ps[k])
+          dump_pass(ps[k], after - 3, &b);
     }
   }
   fputs(b.p, stdout);

@@ -374,3 +374,49 @@ void schedule(BPass *p, int fuse) {
     }
   }
 }
+
+/* ---------------------------------------------------------------- dump */
+
+void dump_pass(const BPass *p, int after, Buf *b) {
+  Graph *g = p->g;
+  buf_printf(b, "pass %s: %d nodes (forward part %d)\n", pass_names[p->kind], p->n, p->nfwd);
+  for (int i = 0; i < p->n; i++) {
+    const Node *n = p->nodes[i];
+    buf_printf(b, "  %%%d = %s(", i, op_info[n->op].name);
+    for (int k = 0; k < n->nin; k++)
+      buf_printf(b, "%s%s", k ? ", " : "", n->in[k] ? arena_printf(g->arena, "%%%d", n->in[k]->id) : "none");
+    buf_printf(b, ") : %s%s", dtype_names[n->dtype], shape_str(g, &n->shape));
+    if (after >= 1 && p->realized[i])
+      buf_printf(b, "  stored by k%d", p->kern[i] + 1);
+    if (after >= 2 && p->buf && p->buf[i] >= 0) {
+      const Buffer *x = &p->b[p->buf[i]];
+      static const char *const homes[] = {"arena", "input", "param", "gradient", "output", "alias"};
+      buf_printf(b, "  -> %s (%s", x->name, homes[x->home]);
+      if (x->home == HOME_ARENA)
+        buf_printf(b, " +%lld, %lld bytes, kernels %d..%d", (long long)x->offset, (long long)x->bytes, x->first + 1,
+                   x->last + 1);
+      buf_printf(b, ")");
+    }
+    buf_printf(b, "  # %s @%d\n", n->name ? n->name : "", n->loc.line);
+  }
+  if (after < 1)
+    return;
+  static const char *const kinds[] = {"loop", "gemm", "call", "concat"};
+  for (int c = 0; c < p->nk; c++) {
+    const Kernel *k = p->k[c];
+    buf_printf(b, "  k%d %s:", c + 1, kinds[k->kind]);
+    for (int i = 0; i < k->nouts; i++)
+      buf_printf(b, " %%%d", k->outs[i]->id);
+    if (k->nreds) {
+      buf_printf(b, "  reduces");
+      for (int i = 0; i < k->nreds; i++)
+        buf_printf(b, " %%%d", k->reds[i]->id);
+      buf_printf(b, " over %s of %s", c_dim(g, &k->rnum), shape_str(g, &k->full));
+    }
+    if (k->stop)
+      buf_printf(b, "  (not fused with the next: %s)", k->stop);
+    buf_printf(b, "\n");
+  }
+  if (after >= 2)
+    buf_printf(b, "  arena: %lld bytes at the dims' maxima\n", (long long)p->arena);
+}
