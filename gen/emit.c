@@ -535,8 +535,13 @@ static DType cone_dtype(E *e, const Node *root) {
   return worst;
 }
 
+/* Steps of train_step whose losses the golden file holds. */
+#define GOLDEN_TRAIN_STEPS 3
+
 /* tests/golden.safetensors: meta.dims, meta.seed, the inputs by name and
- * expected.NAME for every output, computed by the reference interpreter.
+ * expected.NAME for every output, computed by the reference interpreter;
+ * with train:, the loss and gradients of the first step and the losses of
+ * the first GOLDEN_TRAIN_STEPS steps (expected.train_losses).
  * Returns 0 and sets *why when the model is too large to evaluate here. */
 static int golden(E *e, const char **why) {
   Graph *g = e->g;
@@ -568,7 +573,7 @@ static int golden(E *e, const char **why) {
   if (ok && !ran)
     *why = arena_printf(e->a, "the reference interpreter failed: %s", err);
   if (ran) {
-    int n = 3 + g->ninputs + 2 * g->noutputs + (train ? 1 + g->nparams : 0), t = 0;
+    int n = 3 + g->ninputs + 2 * g->noutputs + (train ? 2 + g->nparams : 0), t = 0;
     tgm_tensor_desc *d = arena_alloc(e->a, sizeof(tgm_tensor_desc) * (size_t)n);
     int32_t *dims = arena_alloc(e->a, sizeof(int32_t) * (MAXSYM + 1)), *seed = arena_alloc(e->a, 8);
     int ndyn = 0;
@@ -607,6 +612,14 @@ static int golden(E *e, const char **why) {
       memcpy(x.shape, o->shape, sizeof x.shape);
       x.data = tensor_bytes(e, o, DT_F32);
       d[t++] = x;
+    }
+    /* the losses of the first train_steps from these params (none if the reference diverges) */
+    double tl[GOLDEN_TRAIN_STEPS];
+    if (train && interp_train(g, &opt, ins, ps, GOLDEN_TRAIN_STEPS, tl, err, sizeof err) == 0) {
+      float *f = arena_alloc(e->a, sizeof(float) * GOLDEN_TRAIN_STEPS);
+      for (int s = 0; s < GOLDEN_TRAIN_STEPS; s++)
+        f[s] = (float)tl[s];
+      d[t++] = (tgm_tensor_desc){"expected.train_losses", TGM_F32, 1, {GOLDEN_TRAIN_STEPS}, f};
     }
     /* serialise in memory through a temp file (the writer is the runtime's) */
     char path[] = "/tmp/tgen-golden-XXXXXX";
@@ -880,7 +893,7 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   const char *note = have_golden
                          ? g->grads && g->param_numel > ((int64_t)4 << 20)
                                ? "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims; the golden tests compare both paths against them. The model has more than 4M params, so the gradients are not stored: the training tests check that they are finite.\n"
-                               : "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims (outputs; with train:, the loss and every gradient); the golden and training tests compare both paths against them.\n"
+                               : "Golden vectors (`tests/golden.safetensors`) were computed by tgen's double-precision reference interpreter at the test dims (outputs; with train:, the loss and every gradient, and the losses of the first three training steps with tgen's optimizer in double); the golden and training tests compare both paths against them.\n"
                          : arena_printf(e->a, "No golden vectors: %s. The golden tests only check that the forward pass runs and gives finite values.\n",
                                         why ? why : "disabled by --no-golden");
   /* the project */

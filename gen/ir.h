@@ -8,6 +8,7 @@
  *          init.c    Philox-based parameter initialisation
  *          autodiff.c reverse mode: appends the backward of g->loss (grads)
  *          interp.c  the double-precision reference interpreter
+ *          interp_train.c training steps in the interpreter (PyTorch's optimizers in double)
  *          partition.c the training schedule: saved activations vs recomputation
  *          dump.c    printing a Graph (tgen check --dump)
  *          main.c    the command line
@@ -370,6 +371,23 @@ int interp_make_args(const Graph *g, const int64_t *sym, uint64_t seed, Tensor *
 void interp_free_args(const Graph *g, Tensor *ins, Tensor *ps);
 /* Concrete shape of a node for the given symbol values (0 + err on failure). */
 int concrete_shape(const Graph *g, const Shape *s, const int64_t *symvals, Tensor *t, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- interp_train.c */
+
+/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (sqrt(sum_squares) + 1e-6)). */
+double optim_clip_factor(double sum_squares, double max_norm);
+/* One step of tr's optimizer (PyTorch's AdamW or SGD) in double on n elements:
+ * w the weights, grad the gradient (times grad_scale), m the first moment or
+ * momentum buffer, v the second moment (AdamW); step is 1-based. */
+void optim_step(const Train *tr, double *w, const double *grad, double *m, double *v, int64_t n, int64_t step,
+                double grad_scale);
+/* nsteps training steps of the emitted train_step from params and inputs:
+ * opt gives the symbol values and the dropout seed (training and step are set
+ * per step); losses[s] = the loss of step s (before its update). g needs its
+ * gradients (autodiff) and a train: optimizer. 0, or -1 with err (an
+ * interpreter error, or "gradient norm is NaN at step N"). */
+int interp_train(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params, int nsteps,
+                 double *losses, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- partition.c */
 

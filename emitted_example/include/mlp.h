@@ -38,7 +38,7 @@ typedef enum mlp_status {
   MLP_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
   MLP_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
   MLP_ENOMEM = 6,   /* out of host or device memory */
-  MLP_EDATA = 7     /* bad data at run time (an index out of range) */
+  MLP_EDATA = 7     /* bad data at run time (an index out of range; train_step: a NaN or inf gradient norm) */
 } mlp_status;
 #endif
 
@@ -106,7 +106,12 @@ mlp_status mlp_loss(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, fl
  * with their own optimizer); the step count is unchanged. */
 mlp_status mlp_forward_backward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss);
 /* forward_backward, the clip by global norm (if the spec has grad_clip), the
- * optimizer step over every param; then the step count goes up by one. */
+ * optimizer step over every param; then the step count goes up by one. A
+ * step whose global gradient norm is not finite (a NaN or inf gradient) is
+ * not applied: MLP_EDATA, mlp_error() says "gradient norm is NaN at step N"
+ * (or inf; N = mlp_get_step() + 1), and the params, the f32 master copies,
+ * the optimizer state and the step count are left exactly as they were (the
+ * loss and the gradient buffer hold what the failed step computed). */
 mlp_status mlp_train_step(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, float *loss);
 /* The same with dims and inputs as arrays in declaration order. */
 mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);

@@ -6,6 +6,7 @@
 #include "mlp_rt.h"
 #include "mlp.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -512,29 +513,44 @@ static int refresh_master(mlp_model *m) {
   return MLP_OK;
 }
 
-/* Clip factor (1 = none) and the optimizer over every run of params. */
+/* The sum of squares of every gradient (in a fixed order: deterministic). */
+static int grad_sum_squares(mlp_model *m, double *out) {
+  const mlp_param_run *r = mlp_info.runs;
+  double ss = 0;
+  for (int i = 0; i < mlp_info.nruns; i++) {
+    if (m->device == 0) {
+      ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
+      continue;
+    }
+#ifdef MLP_HAVE_CUDA
+    double part;
+    if (mlp_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
+      return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+    ss += part;
+#endif
+  }
+  *out = ss;
+  return MLP_OK;
+}
+
+/* The global gradient norm, checked before anything changes (a step with a
+ * NaN or inf in the gradients is refused: MLP_EDATA, no update); the clip
+ * factor (1 = none); the optimizer over every run of params. */
 static int optimizer_step(mlp_model *m) {
   const mlp_param_run *r = mlp_info.runs;
-  int nr = mlp_info.nruns, rc = refresh_master(m);
+  int nr = mlp_info.nruns;
+  double ss = 0;
+  int rc = grad_sum_squares(m, &ss);
   if (rc)
     return rc;
-  double scale = 1;
-  if (mlp_info.grad_clip > 0) {
-    double ss = 0;
-    for (int i = 0; i < nr; i++) {
-      if (m->device == 0) {
-        ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
-        continue;
-      }
-#ifdef MLP_HAVE_CUDA
-      double part;
-      if (mlp_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
-        return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
-      ss += part;
-#endif
-    }
-    scale = mlp_clip_factor(ss, mlp_info.grad_clip);
-  }
+  if (!isfinite(ss))
+    return mlp_fail(m, MLP_EDATA,
+                    "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
+                    "step unchanged)",
+                    isnan(ss) ? "NaN" : "inf", (long long)(m->step + 1));
+  if ((rc = refresh_master(m)))
+    return rc;
+  double scale = mlp_info.grad_clip > 0 ? mlp_clip_factor(ss, mlp_info.grad_clip) : 1;
   int64_t t = m->step + 1;
   const mlp_model_info *o = &mlp_info;
   for (int i = 0; i < nr; i++) {

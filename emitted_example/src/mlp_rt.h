@@ -148,7 +148,7 @@ typedef enum mlp_status {
   MLP_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
   MLP_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
   MLP_ENOMEM = 6,   /* out of host or device memory */
-  MLP_EDATA = 7     /* bad data at run time (an index out of range) */
+  MLP_EDATA = 7     /* bad data at run time (an index out of range; train_step: a NaN or inf gradient norm) */
 } mlp_status;
 #endif
 

@@ -38,7 +38,7 @@ typedef enum tgm_status {
   TGM_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
   TGM_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
   TGM_ENOMEM = 6,   /* out of host or device memory */
-  TGM_EDATA = 7     /* bad data at run time (an index out of range) */
+  TGM_EDATA = 7     /* bad data at run time (an index out of range; train_step: a NaN or inf gradient norm) */
 } tgm_status;
 #endif
 
@@ -107,7 +107,12 @@ tgm_status tgm_loss(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, fl
  * with their own optimizer); the step count is unchanged. */
 tgm_status tgm_forward_backward(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, float *loss);
 /* forward_backward, the clip by global norm (if the spec has grad_clip), the
- * optimizer step over every param; then the step count goes up by one. */
+ * optimizer step over every param; then the step count goes up by one. A
+ * step whose global gradient norm is not finite (a NaN or inf gradient) is
+ * not applied: TGM_EDATA, tgm_error() says "gradient norm is NaN at step N"
+ * (or inf; N = tgm_get_step() + 1), and the params, the f32 master copies,
+ * the optimizer state and the step count are left exactly as they were (the
+ * loss and the gradient buffer hold what the failed step computed). */
 tgm_status tgm_train_step(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, float *loss);
 /* The same with dims and inputs as arrays in declaration order. */
 tgm_status tgm_loss_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);

@@ -6,6 +6,7 @@
 #include "tgm_rt.h"
 #include "tgm.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -423,29 +424,44 @@ static int refresh_master(tgm_model *m) {
   return TGM_OK;
 }
 
-/* Clip factor (1 = none) and the optimizer over every run of params. */
+/* The sum of squares of every gradient (in a fixed order: deterministic). */
+static int grad_sum_squares(tgm_model *m, double *out) {
+  const tgm_param_run *r = tgm_info.runs;
+  double ss = 0;
+  for (int i = 0; i < tgm_info.nruns; i++) {
+    if (m->device == 0) {
+      ss += tgm_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
+      continue;
+    }
+#ifdef TGM_HAVE_CUDA
+    double part;
+    if (tgm_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
+      return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
+    ss += part;
+#endif
+  }
+  *out = ss;
+  return TGM_OK;
+}
+
+/* The global gradient norm, checked before anything changes (a step with a
+ * NaN or inf in the gradients is refused: TGM_EDATA, no update); the clip
+ * factor (1 = none); the optimizer over every run of params. */
 static int optimizer_step(tgm_model *m) {
   const tgm_param_run *r = tgm_info.runs;
-  int nr = tgm_info.nruns, rc = refresh_master(m);
+  int nr = tgm_info.nruns;
+  double ss = 0;
+  int rc = grad_sum_squares(m, &ss);
   if (rc)
     return rc;
-  double scale = 1;
-  if (tgm_info.grad_clip > 0) {
-    double ss = 0;
-    for (int i = 0; i < nr; i++) {
-      if (m->device == 0) {
-        ss += tgm_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
-        continue;
-      }
-#ifdef TGM_HAVE_CUDA
-      double part;
-      if (tgm_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
-        return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
-      ss += part;
-#endif
-    }
-    scale = tgm_clip_factor(ss, tgm_info.grad_clip);
-  }
+  if (!isfinite(ss))
+    return tgm_fail(m, TGM_EDATA,
+                    "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
+                    "step unchanged)",
+                    isnan(ss) ? "NaN" : "inf", (long long)(m->step + 1));
+  if ((rc = refresh_master(m)))
+    return rc;
+  double scale = tgm_info.grad_clip > 0 ? tgm_clip_factor(ss, tgm_info.grad_clip) : 1;
   int64_t t = m->step + 1;
   const tgm_model_info *o = &tgm_info;
   for (int i = 0; i < nr; i++) {

@@ -148,7 +148,7 @@ typedef enum tgm_status {
   TGM_ECORRUPT = 4, /* a file is not a valid checkpoint for this model */
   TGM_EDEVICE = 5,  /* CUDA unavailable or a CUDA call failed */
   TGM_ENOMEM = 6,   /* out of host or device memory */
-  TGM_EDATA = 7     /* bad data at run time (an index out of range) */
+  TGM_EDATA = 7     /* bad data at run time (an index out of range; train_step: a NaN or inf gradient norm) */
 } tgm_status;
 #endif
 

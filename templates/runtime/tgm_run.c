@@ -15,8 +15,10 @@
  *
  * What runs:
  *   default          the forward pass; --out gets the outputs by name
- *   --grad           loss and gradients; --out gets the loss under its name
- *                    and every gradient as grad.<param checkpoint name>
+ *   --grad           loss and gradients; --out gets the loss under its name,
+ *                    every gradient as grad.<param checkpoint name> and the
+ *                    forward pass's outputs by name (dropout off; an output
+ *                    named like the loss is written once, as the loss)
  *   --train-steps N  N training steps on the inputs; --out gets the updated
  *                    params by name and the per-step losses as `losses` [N];
  *                    progress every --log-every steps (default: about 10 lines)
@@ -299,6 +301,15 @@ int main(int argc, char **argv) {
         ss += tgm_get(gbuf + p->offset, p->dtype, i) * tgm_get(gbuf + p->offset, p->dtype, i);
       printf("  grad.%s: norm %.6g\n", p->ckpt, sqrt(ss));
     }
+    if (forward(m, &b, out))
+      return 1;
+    for (int k = 0; k < tgm_info.noutputs && nt < 256; k++) {
+      if (strcmp(tgm_info.outputs[k].name, tgm_info.loss_name)) {
+        t[nt] = (tgm_tensor_desc){tgm_info.outputs[k].name, out[k].dtype, out[k].rank, {0}, out[k].data};
+        memcpy(t[nt++].shape, out[k].shape, sizeof t[0].shape);
+      }
+      describe(tgm_info.outputs[k].name, &out[k]);
+    }
   } else if (train >= 0) {
     losses = calloc((size_t)train + 1, sizeof(float));
     if (!losses)
@@ -350,7 +361,7 @@ int main(int argc, char **argv) {
   }
   if (have_batch)
     free_batch(m, &b);
-  if (!grad && train < 0 && have_batch)
+  if (train < 0 && have_batch)
     for (int k = 0; k < tgm_info.noutputs; k++)
       free(out[k].data);
   free(gbuf);

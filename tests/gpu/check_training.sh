@@ -9,7 +9,7 @@
 #
 #   1. build every project (CUDA for sm_90) in $BUILD_ROOT (default /tmp/tgen-train);
 #   2. ctest -R "golden|train": the CUDA and CPU golden and training tests
-#      (gradients against the interpreter, loss falls, bit-exact resume);
+#      (gradients and the first losses against the interpreter, bit-exact resume);
 #   3. gradients against PyTorch's autograd in float64 on the GPU
 #      (grad_parity.py), for the CUDA and the CPU path's NAME_run --grad;
 #   4. --bench: NAME_bench --device cuda --train 1 at the dims, beside
