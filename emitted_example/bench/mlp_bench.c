@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   for (int k = 0; k < mlp_info.ndyn; k++)
     printf(" %s=%lld", mlp_info.sym_names[k], (long long)dyn[k]);
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)  workspace %.1f MiB\n", t[iters / 2], t[0],
-         t[iters - 1], iters, (double)m->layout[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD].total / 1048576.0);
+         t[iters - 1], iters, (double)mlp_pass_arena[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD] / 1048576.0);
   free(t);
   mlp_destroy(m);
   return 0;

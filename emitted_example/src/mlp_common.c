@@ -68,85 +68,9 @@ const char *const mlp_input_dim_text[][8] = {
   {"B"},
 };
 
-static const int32_t life_forward[][2] = {
-  {0, 1},  {1, 2},  {2, 3},
-};
-
-static const int32_t life_loss[][2] = {
-  {0, 1},  {1, 2},  {2, 3},  {3, 4},
-};
-
-static const int32_t life_train[][2] = {
-  {0, 26},  {1, 2},  {2, 5},  {3, 33},  {4, 14},  {5, 17},
-  {6, 8},  {8, 9},  {9, 17},  {10, 11},  {11, 12},  {12, 16},
-  {13, 14},  {14, 16},  {16, 18},  {17, 18},  {18, 23},  {19, 28},
-  {20, 22},  {21, 22},  {23, 33},  {25, 26},  {26, 27},  {27, 28},
-  {28, 31},  {29, 30},  {31, 33},
-};
-
-/* Buffer sizes of pass `pass` for these dims, and their lifetimes; returns
- * the number of buffers. */
-int mlp_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]) {
-  MLP_UNUSED const int64_t d_B = sym[0];
-  switch (pass) {
-  case 0:  /* forward */
-    if (life)
-      *life = life_forward;
-    if (bytes) {
-      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
-      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
-      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
-    }
-    return 3;
-  case 1:  /* loss */
-    if (life)
-      *life = life_loss;
-    if (bytes) {
-      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
-      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
-      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
-      bytes[3] = (size_t)(1) * 4;  /* t9 */
-    }
-    return 4;
-  case 2:  /* train */
-    if (life)
-      *life = life_train;
-    if (bytes) {
-      bytes[0] = (size_t)(128 * d_B) * 4;  /* t6 */
-      bytes[1] = (size_t)(128 * d_B) * 4;  /* t7 */
-      bytes[2] = (size_t)(10 * d_B) * 4;  /* t8 */
-      bytes[3] = (size_t)(1) * 4;  /* t9 */
-      bytes[4] = (size_t)(1) * 4;  /* t10 */
-      bytes[5] = (size_t)(10 * d_B) * 4;  /* t11 */
-      bytes[6] = (size_t)(10) * 4;  /* t12 */
-      bytes[7] = (size_t)(10 * d_B) * 1;  /* t14 */
-      bytes[8] = (size_t)(10 * d_B) * 4;  /* t15 */
-      bytes[9] = (size_t)(1) * 4;  /* t16 */
-      bytes[10] = (size_t)(d_B) * 1;  /* t17 */
-      bytes[11] = (size_t)(d_B) * 4;  /* t18 */
-      bytes[12] = (size_t)(1) * 4;  /* t19 */
-      bytes[13] = (size_t)(1) * 4;  /* t20 */
-      bytes[14] = (size_t)(d_B) * 4;  /* t22 */
-      bytes[15] = (size_t)(10 * d_B) * 4;  /* t23 */
-      bytes[16] = (size_t)(10 * d_B) * 4;  /* t24 */
-      bytes[17] = (size_t)(128 * d_B) * 4;  /* t25 */
-      bytes[18] = (size_t)(10 * d_B) * 4;  /* t26 */
-      bytes[19] = (size_t)(128 * d_B) * 4;  /* r7_1 */
-      bytes[20] = (size_t)(10) * 4;  /* t28 */
-      bytes[21] = (size_t)(1) * 4;  /* t30 */
-      bytes[22] = (size_t)(128 * d_B) * 1;  /* t31 */
-      bytes[23] = (size_t)(128 * d_B) * 4;  /* t32 */
-      bytes[24] = (size_t)(128 * d_B) * 4;  /* t33 */
-      bytes[25] = (size_t)(128 * d_B) * 4;  /* t34 */
-      bytes[26] = (size_t)(128) * 4;  /* t36 */
-    }
-    return 27;
-  }
-  (void)bytes;
-  if (life)
-    *life = NULL;
-  return 0;
-}
+/* The arena of each pass (forward, loss, train) in bytes, planned by tgen
+ * for each dynamic dim's max; the passes place every intermediate in it. */
+const int64_t mlp_pass_arena[MLP_NPASS] = {2097152, 2097152, 4358912};
 
 /* dims and inputs as arrays */
 #define DIMS_INPUTS(what) \

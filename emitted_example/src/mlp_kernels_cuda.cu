@@ -1648,6 +1648,8 @@ int mlp_cuda_sync(mlp_cuda_ctx *cx) {
 }
 
 /* Reads d_bad after the work so far; resets it when it was set. */
+unsigned long long *mlp_cuda_bad_ptr(mlp_cuda_ctx *cx) { return cx->d_bad; }
+
 int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos) {
   cx->op = "mlp_cuda_bad_index";
   unsigned long long v = 0;

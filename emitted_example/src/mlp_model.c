@@ -120,8 +120,6 @@ void mlp_destroy(mlp_model *m) {
   if (m->device == 1)
     mlp_cuda_ctx_destroy(m->cx);
 #endif
-  for (int k = 0; k < MLP_NPASS; k++)
-    free(m->layout[k].off);
   free(m);
 }
 
@@ -313,92 +311,6 @@ static int ensure_ws(mlp_model *m, int64_t need) {
 #endif
 }
 
-/* ---------------------------------------------------------------- the memory planner */
-
-typedef struct plan_item {
-  int64_t bytes;
-  int k;
-} plan_item;
-
-static int by_size_desc(const void *a, const void *b) {
-  const plan_item *x = a, *y = b;
-  if (x->bytes != y->bytes)
-    return x->bytes > y->bytes ? -1 : 1;
-  return x->k - y->k;
-}
-
-static int by_offset(const void *a, const void *b) {
-  const int64_t *x = a, *y = b;
-  return x[0] < y[0] ? -1 : x[0] > y[0];
-}
-
-int64_t mlp_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off) {
-  plan_item *it = malloc(sizeof *it * (size_t)(n + 1));
-  int *placed = malloc(sizeof *placed * (size_t)(n + 1));
-  int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(n + 1)); /* [offset, end) of overlapping placed buffers */
-  int64_t total = 0;
-  if (!it || !placed || !busy) {
-    total = -1;
-    goto done;
-  }
-  for (int k = 0; k < n; k++)
-    it[k] = (plan_item){MLP_ALIGN(bytes[k]), k};
-  qsort(it, (size_t)n, sizeof *it, by_size_desc);
-  for (int i = 0; i < n; i++) {
-    int k = it[i].k, nb = 0;
-    for (int j = 0; j < i; j++) {
-      int q = placed[j];
-      if (life[q][0] <= life[k][1] && life[k][0] <= life[q][1] && it[j].bytes > 0) {
-        busy[nb][0] = off[q];
-        busy[nb][1] = off[q] + it[j].bytes;
-        nb++;
-      }
-    }
-    qsort(busy, (size_t)nb, sizeof *busy, by_offset);
-    int64_t at = 0;
-    for (int j = 0; j < nb && busy[j][0] < at + it[i].bytes; j++)
-      if (busy[j][1] > at)
-        at = busy[j][1];
-    off[k] = at;
-    placed[i] = k;
-    if (at + it[i].bytes > total)
-      total = at + it[i].bytes;
-  }
-done:
-  free(it);
-  free(placed);
-  free(busy);
-  return total;
-}
-
-/* Pass `pass`'s offsets for the dims sym (planned once per dims), with the
- * workspace grown to hold them. */
-static int layout_for(mlp_model *m, int pass, const int64_t *sym, const int64_t **off) {
-  mlp_layout *L = &m->layout[pass];
-  if (!L->valid || memcmp(L->sym, sym, sizeof L->sym)) {
-    const int32_t(*life)[2] = NULL;
-    int n = mlp_pass_buffers(pass, sym, NULL, &life);
-    int64_t *bytes = malloc(sizeof *bytes * (size_t)(n + 1));
-    free(L->off);
-    L->off = malloc(sizeof *L->off * (size_t)(n + 1));
-    L->valid = 0;
-    if (!bytes || !L->off) {
-      free(bytes);
-      return mlp_fail(m, MLP_ENOMEM, "out of memory planning the workspace");
-    }
-    mlp_pass_buffers(pass, sym, bytes, NULL);
-    L->total = mlp_plan_buffers(n, bytes, life, L->off);
-    free(bytes);
-    if (L->total < 0)
-      return mlp_fail(m, MLP_ENOMEM, "out of memory planning the workspace");
-    L->nbuf = n;
-    L->valid = 1;
-    memcpy(L->sym, sym, sizeof L->sym);
-  }
-  *off = L->off;
-  return ensure_ws(m, L->total);
-}
-
 /* ---------------------------------------------------------------- passes */
 
 /* Checks common to every pass; sym gets the dims' symbol values. */
@@ -416,15 +328,14 @@ static int check_call(mlp_model *m, const char *what, const int64_t *dims, const
 
 static int run_pass(mlp_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
   static const mlp_pass_fn cpu[MLP_NPASS] = {mlp_forward_cpu, mlp_loss_cpu, mlp_train_cpu};
-  const int64_t *off = NULL;
-  int rc = layout_for(m, pass, sym, &off);
+  int rc = ensure_ws(m, mlp_pass_arena[pass]);
   if (rc)
     return rc;
   if (m->device == 0)
-    return cpu[pass](m, sym, off, in, out);
+    return cpu[pass](m, sym, in, out);
 #ifdef MLP_HAVE_CUDA
   static const mlp_pass_fn cuda[MLP_NPASS] = {mlp_forward_cuda, mlp_loss_cuda, mlp_train_cuda};
-  return cuda[pass](m, sym, off, in, out);
+  return cuda[pass](m, sym, in, out);
 #else
   return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
 #endif

@@ -299,6 +299,7 @@ void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx);
 const char *mlp_cuda_ctx_error(const mlp_cuda_ctx *cx);
 int mlp_cuda_sync(mlp_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
 int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
+unsigned long long *mlp_cuda_bad_ptr(mlp_cuda_ctx *cx); /* d_bad, for generated kernels' atomicMin */
 int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n);
 void mlp_cuda_free(mlp_cuda_ctx *cx, void *p);
 int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
@@ -430,34 +431,19 @@ typedef struct mlp_model_info {
 extern const mlp_model_info mlp_info;
 
 /* Generated: derived sizes and the guards on dims (0, or MLP_EINVAL with a
- * message); shapes of inputs and outputs; the passes' workspace buffers. */
+ * message); shapes of inputs and outputs; each pass's arena. */
 int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen);
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape);
 enum { MLP_PASS_FORWARD, MLP_PASS_LOSS, MLP_PASS_TRAIN, MLP_NPASS };
-/* Pass `pass`'s workspace buffers: their number; bytes[k] (may be NULL) for
- * these dims; *life (may be NULL) = {defining step, last reading step} each. */
-int mlp_pass_buffers(int pass, const int64_t *sym, int64_t *bytes, const int32_t (**life)[2]);
-
-/* The memory planner (mlp_model.c): offsets for n buffers so that buffers
- * whose lifetimes [life[k][0], life[k][1]] overlap never share bytes; greedy,
- * largest first, each at the lowest 256-aligned offset that fits. Returns the
- * total bytes, or -1 when out of memory. */
-int64_t mlp_plan_buffers(int n, const int64_t *bytes, const int32_t (*life)[2], int64_t *off);
-
-/* A pass's workspace layout for the dims it was planned for. */
-typedef struct mlp_layout {
-  int valid, nbuf;
-  int64_t sym[16];
-  int64_t *off;
-  int64_t total;
-} mlp_layout;
+/* The bytes of each pass's arena, planned by tgen for the dims' maxima (the
+ * passes place their intermediates at offsets fixed at generation time). */
+extern const int64_t mlp_pass_arena[MLP_NPASS];
 
 struct mlp_model {
   int device;              /* 0 cpu, 1 cuda */
   unsigned char *params;   /* host (cpu) or device (cuda) */
-  unsigned char *ws;       /* workspace: activations, sized for the current dims */
+  unsigned char *ws;       /* the arena: every intermediate of a pass (the largest pass's size) */
   int64_t ws_bytes;
-  mlp_layout layout[MLP_NPASS];
   /* training state (allocated by the first forward_backward / train_step) */
   unsigned char *grads;    /* gradients, the params' layout (device memory on cuda) */
   float *master;           /* f32 copy of the params the optimizer updates (NULL: the params are f32) */
@@ -472,17 +458,16 @@ int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* The generated passes (NAME_cpu.c, NAME_cuda.cu): off = the layout's
- * offsets; forward: out[k] = output k; loss, train: out[0] = a host float
- * (the loss); train writes m->grads. */
-typedef int (*mlp_pass_fn)(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in,
-                           void *const *out);
-int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
-int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const int64_t *off, const void *const *in, void *const *out);
+/* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
+ * output k; loss, train: out[0] = a host float (the loss); train writes
+ * m->grads. */
+typedef int (*mlp_pass_fn)(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
+int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
 
 #ifdef __cplusplus
 }

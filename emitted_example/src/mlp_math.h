@@ -1,0 +1,216 @@
+/* mlp_math.h: the scalar functions the generated kernels call, in f32, for
+ * the CPU (plain C, written to vectorise: bit selects instead of branches)
+ * and for CUDA (device functions on CUDA's math library); and, for CUDA, the
+ * lane and block reductions of the generated reduction kernels.
+ *
+ * Template: copied into every emitted project as src/NAME_math.h with "mlp"
+ * renamed. The names are those of gen/ops.def's expressions (f_exp becomes
+ * mlp_exp, ...), whose double-precision versions are the interpreter's.
+ *
+ * CPU accuracy (against the interpreter's double): exp 1.4 ulp (a Cody-Waite
+ * reduction and a degree-6 polynomial, Cephes' coefficients); tanh and erf
+ * within 4e-7 relative (Cephes' odd polynomials near 0, else from exp and
+ * libm's erfcf); log, sqrt, sin, cos, pow are libm's. */
+#ifndef MLP_MATH_H
+#define MLP_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define MLP_FN static __device__ __forceinline__
+#else
+#if defined(__GNUC__) || defined(__clang__)
+#define MLP_FN static inline __attribute__((always_inline, unused))
+#else
+#define MLP_FN static inline
+#endif
+#endif
+
+/* MLP_OMP(parallel for ...): an OpenMP pragma, or nothing without OpenMP. */
+#define MLP_PRAGMA_(...) _Pragma(#__VA_ARGS__)
+#ifdef _OPENMP
+#define MLP_OMP(...) MLP_PRAGMA_(omp __VA_ARGS__)
+#else
+#define MLP_OMP(...)
+#endif
+
+MLP_FN float mlp_fbits(uint32_t u) {
+#ifdef __CUDACC__
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+MLP_FN uint32_t mlp_bitsf(float f) {
+#ifdef __CUDACC__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+MLP_FN uint32_t mlp_m(int c) { return (uint32_t)0 - (uint32_t)(c != 0); }
+MLP_FN float mlp_pick(uint32_t m, float a, float b) { return mlp_fbits((mlp_bitsf(a) & m) | (mlp_bitsf(b) & ~m)); }
+
+/* ---------------------------------------------------------------- storage */
+
+MLP_FN float mlp_load_bf16(uint16_t h) { return mlp_fbits((uint32_t)h << 16); }
+MLP_FN uint16_t mlp_store_bf16(float f) { /* round to nearest even; NaN stays NaN */
+  uint32_t u = mlp_bitsf(f), nan = mlp_m((u & 0x7fffffffu) > 0x7f800000u);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
+  return (uint16_t)((r & ~nan) | (q & nan));
+}
+MLP_FN float mlp_load_f16(uint16_t h) {
+  uint32_t o = (uint32_t)(h & 0x7fffu) << 13, e = o & 0x0f800000u;
+  uint32_t inf = mlp_m(e == 0x0f800000u), zero = mlp_m(e == 0);
+  o += 0x38000000u + (0x38000000u & inf);
+  uint32_t sub = mlp_bitsf(mlp_fbits(o + 0x00800000u) - mlp_fbits(0x38800000u));
+  o = (o & ~zero) | (sub & zero);
+  return mlp_fbits(o | ((uint32_t)(h & 0x8000u) << 16));
+}
+MLP_FN uint16_t mlp_store_f16(float f) {
+  uint32_t u = mlp_bitsf(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  uint32_t nanv = 0x7e00u | ((a >> 13) & 0x3ffu);
+  uint32_t norm = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  uint32_t sub = mlp_bitsf(mlp_fbits(a) * 16777216.0f + 8388608.0f) - 0x4b000000u;
+  uint32_t isnan = mlp_m(a > 0x7f800000u), isinf = mlp_m(a >= 0x477ff000u), isnorm = mlp_m(a >= 0x38800000u);
+  uint32_t r = (norm & isnorm) | (sub & ~isnorm);
+  r = (0x7c00u & isinf) | (r & ~isinf);
+  r = (nanv & isnan) | (r & ~isnan);
+  return (uint16_t)(sign | (r & 0xffffu));
+}
+/* A value rounded to bf16 / f16 and back (an explicit cast). */
+MLP_FN float mlp_round_bf16(float f) { return mlp_load_bf16(mlp_store_bf16(f)); }
+MLP_FN float mlp_round_f16(float f) { return mlp_load_f16(mlp_store_f16(f)); }
+/* f32 to i32 toward zero; NaN and out of range give INT32_MIN (the interpreter's rule). */
+MLP_FN int64_t mlp_to_i32(float f) {
+  return f == f && f > -2147483904.0f && f < 2147483648.0f ? (int64_t)(int32_t)f : (int64_t)INT32_MIN;
+}
+
+/* ---------------------------------------------------------------- math */
+
+MLP_FN float mlp_abs(float x) { return mlp_fbits(mlp_bitsf(x) & 0x7fffffffu); }
+/* NaN-propagating max and min (torch.maximum, torch.amax), as selects. */
+MLP_FN float mlp_max(float a, float b) { return mlp_pick(mlp_m((b > a) | (b != b)), b, a); }
+MLP_FN float mlp_min(float a, float b) { return mlp_pick(mlp_m((b < a) | (b != b)), b, a); }
+MLP_FN float mlp_clamp(float x, float lo, float hi) { /* min(max(x, lo), hi); NaN stays */
+  float t = x < lo ? lo : x;
+  return t > hi ? hi : t;
+}
+MLP_FN float mlp_inf0(float x) { return mlp_abs(x) == INFINITY ? 0.0f : x; }
+
+#ifdef __CUDACC__
+MLP_FN float mlp_exp(float x) { return expf(x); }
+MLP_FN float mlp_log(float x) { return logf(x); }
+MLP_FN float mlp_sqrt(float x) { return sqrtf(x); }
+MLP_FN float mlp_sin(float x) { return sinf(x); }
+MLP_FN float mlp_cos(float x) { return cosf(x); }
+MLP_FN float mlp_tanh(float x) { return tanhf(x); }
+MLP_FN float mlp_erf(float x) { return erff(x); }
+MLP_FN float mlp_pow(float x, float p) { return p == 2.0f ? x * x : powf(x, p); }
+MLP_FN float mlp_gelu(float x, int tanh_form) {
+  if (tanh_form)
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+}
+#else
+/* exp: x = n ln2 + r (Cody-Waite, two parts), e^r by a degree-6 polynomial,
+ * 2^n in two factors so subnormal results round once; above 88.75 inf, below
+ * -104 zero, NaN stays NaN. */
+MLP_FN float mlp_exp(float x) {
+  float t = x * 1.44269504088896341f + 12582912.0f;
+  float n = t - 12582912.0f;
+  int32_t ni = (int32_t)(mlp_bitsf(t) - 0x4b400000u), h = ni / 2;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+              1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f;
+  float e = p * mlp_fbits((uint32_t)(h + 127) << 23) * mlp_fbits((uint32_t)(ni - h + 127) << 23);
+  uint32_t big = mlp_m(x > 88.75f), small = mlp_m(x < -104.0f), nan = mlp_m(x != x);
+  uint32_t v = ((mlp_bitsf(e) & ~big) | (0x7f800000u & big)) & ~small;
+  return mlp_fbits((v & ~nan) | (mlp_bitsf(x) & nan));
+}
+MLP_FN float mlp_log(float x) { return logf(x); }
+MLP_FN float mlp_sqrt(float x) { return sqrtf(x); }
+MLP_FN float mlp_sin(float x) { return sinf(x); }
+MLP_FN float mlp_cos(float x) { return cosf(x); }
+/* tanh: an odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1). */
+MLP_FN float mlp_tanh(float x) {
+  float z = x * x;
+  float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
+                 3.33332819422e-1f) * z * x + x;
+  float ax = mlp_abs(x);
+  float big = 1.0f - 2.0f / (mlp_exp(2.0f * ax) + 1.0f);
+  big = mlp_fbits(mlp_bitsf(big) | (mlp_bitsf(x) & 0x80000000u));
+  return mlp_pick(mlp_m(ax < 0.625f), small, big);
+}
+/* erf: the Taylor series to x^11 below |x| = 0.5, else 1 - erfc(|x|). */
+MLP_FN float mlp_erf(float x) {
+  float ax = mlp_abs(x), z = ax * ax;
+  float small = ax * (1.12837916709551257f +
+                      z * (-0.37612638903183752f +
+                           z * (0.11283791670955126f +
+                                z * (-0.02686617064513125f + z * (0.00522397762544218f + z * -0.00085483270234508f)))));
+  float r = mlp_pick(mlp_m(ax < 0.5f), small, 1.0f - erfcf(ax));
+  return mlp_fbits(mlp_bitsf(r) | (mlp_bitsf(x) & 0x80000000u));
+}
+MLP_FN float mlp_pow(float x, float p) {
+  if (p == 2.0f)
+    return x * x;
+  if (p == 1.0f)
+    return x;
+  if (p == 0.5f) /* pow(-0, 0.5) = +0, pow(-inf, 0.5) = inf */
+    return x == -INFINITY ? INFINITY : sqrtf(x) + 0.0f;
+  return powf(x, p);
+}
+/* gelu: x/2 erfc(-x/sqrt 2) (no cancellation for x < 0); tanh form as torch. */
+MLP_FN float mlp_gelu(float x, int tanh_form) {
+  if (tanh_form)
+    return 0.5f * x * (1.0f + mlp_tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+  float e = erfcf(mlp_abs(x) * 0.70710678118654752440f);
+  return 0.5f * x * mlp_pick(mlp_m(x < 0), e, 2.0f - e);
+}
+#endif
+
+/* ---------------------------------------------------------------- CUDA reductions */
+
+#ifdef __CUDACC__
+/* Every lane gets the sum (max) of the warp's values, combined in a fixed
+ * butterfly order, so the result does not depend on timing. */
+MLP_FN float mlp_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+MLP_FN float mlp_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = mlp_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* Every thread of the block gets the block's sum (max); all threads call it. */
+MLP_FN float mlp_block_reduce(float v, int is_max) {
+  __shared__ float part[32];
+  v = is_max ? mlp_warp_max(v) : mlp_warp_sum(v);
+  int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
+  __syncthreads();
+  if (lane == 0)
+    part[w] = v;
+  __syncthreads();
+  v = lane < nw ? part[lane] : (is_max ? -INFINITY : 0.0f);
+  return is_max ? mlp_warp_max(v) : mlp_warp_sum(v);
+}
+MLP_FN float mlp_block_sum(float v) { return mlp_block_reduce(v, 0); }
+MLP_FN float mlp_block_max(float v) { return mlp_block_reduce(v, 1); }
+/* Blocks for n items, `per` to a block: enough to fill the GPU, no more. */
+static inline unsigned mlp_blocks(int64_t n, int64_t per) {
+  int64_t b = (n + per - 1) / per;
+  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+#endif
+
+#endif
