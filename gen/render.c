@@ -147,6 +147,20 @@ static void open_level(R *r) {
   buf_init(&r->lv[r->level], r->a);
 }
 
+/* A loop's header: the first line of its own level, so that values hoisted
+ * out of the loop (into the enclosing level) print before it. */
+static void head(R *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void head(R *r, const char *fmt, ...) {
+  char tmp[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  for (int i = 0; i < r->level; i++)
+    buf_printf(&r->lv[r->level], "  ");
+  buf_printf(&r->lv[r->level], "%s\n", tmp);
+}
+
 /* Close the innermost level: its text goes into the enclosing one, inside a
  * block; its locals are forgotten. */
 static void close_level(R *r) {
@@ -223,7 +237,7 @@ static const char *bind(R *r, const char *t, const char *e) {
   int lv = expr_level(r, e);
   if (lv < 1 && r->level >= 1)
     lv = 1; /* values are per element; dims-only ones too (cheap) */
-  v = arena_printf(r->a, "%s%d", !strcmp(t, "int64_t") ? "j" : "v", r->nvars++);
+  v = arena_printf(r->a, "%s%d", !strcmp(t, "int64_t") ? "ix" : "v", r->nvars++);
   emit(r, lv, "const %s %s = %s;", t, v, e);
   memo_put(r, key, v, lv);
   set_var_level(r, v, lv);
@@ -576,13 +590,13 @@ static void store(R *r, const Node *n, Ix *ix, int guard) {
 
 static void cpu_pw_loop(R *r) {
   emit(r, 0, "%s_OMP(parallel for simd if (n > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
-  emit(r, 0, "for (int64_t i = 0; i < n; i++) {");
+  head(r, "for (int64_t i = 0; i < n; i++) {");
 }
 static void cpu_o_loop(R *r) {
   emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
-  emit(r, 0, "for (int64_t o = 0; o < n_o; o++) {");
+  head(r, "for (int64_t o = 0; o < n_o; o++) {");
 }
-static void cpu_r_loop(R *r) { emit(r, r->level, "for (int64_t r = 0; r < n_r; r++) {"); }
+static void cpu_r_loop(R *r) { head(r, "for (int64_t r = 0; r < n_r; r++) {"); }
 static void cpu_combine(R *r, Op op, const char *acc) { (void)r, (void)op, (void)acc; }
 static void cpu_bad(R *r, const char *pos) { emit(r, r->level, "  bad = bad < %s ? bad : %s;", pos, pos); }
 static void cpu_close(R *r) {
@@ -598,23 +612,23 @@ static const Dialect dl_cpu = {"cpu", "static", "restrict", "double", cpu_pw_loo
 /* ---------------------------------------------------------------- CUDA */
 
 static void cuda_pw_loop(R *r) {
-  emit(r, 0, "for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {");
+  head(r, "for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {");
 }
 static void cuda_o_loop(R *r) {
   if (r->mode == M_WARP)
-    emit(r, 0, "for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {");
+    head(r, "for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {");
   else if (r->mode == M_BLOCK)
-    emit(r, 0, "for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {");
+    head(r, "for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {");
   else
-    emit(r, 0, "for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {");
+    head(r, "for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {");
 }
 static void cuda_r_loop(R *r) {
   if (r->mode == M_WARP)
-    emit(r, r->level, "for (int64_t r = threadIdx.x %% 32; r < n_r; r += 32) {");
+    head(r, "for (int64_t r = threadIdx.x %% 32; r < n_r; r += 32) {");
   else if (r->mode == M_BLOCK)
-    emit(r, r->level, "for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {");
+    head(r, "for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {");
   else
-    emit(r, r->level, "for (int64_t r = 0; r < n_r; r++) {");
+    head(r, "for (int64_t r = 0; r < n_r; r++) {");
 }
 static void cuda_combine(R *r, Op op, const char *acc) {
   const char *f = op == OP_AMAX ? "max" : "sum";
@@ -699,8 +713,8 @@ static void loop_body(R *r) {
   if (!k->nreds) {
     emit(r, 0, "const int64_t n = %s;", c_dim(r->g, &k->numel));
     int mark = r->lv[0].len;
-    r->d->pw_loop(r);
     open_level(r);
+    r->d->pw_loop(r);
     set_var_level(r, "i", 1);
     for (int i = 0; i < k->nouts; i++) {
       Ix ix = ix_make(&k->outs[i]->shape, "i");
@@ -719,8 +733,8 @@ static void loop_body(R *r) {
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
   emit(r, 0, "const int64_t n_o = %s, n_r = %s;", c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
-  r->d->o_loop(r);
   open_level(r);
+  r->d->o_loop(r);
   set_var_level(r, "o", 1);
   int *cache = arena_alloc(r->a, sizeof(int) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++)
@@ -757,15 +771,15 @@ static void loop_body(R *r) {
       all_sum &= red->op == OP_SUM;
       accs[na++] = acc;
     }
+    open_level(r);
     if (na && all_sum && !strcmp(r->d->name, "cpu")) {
       Buf b;
       buf_init(&b, r->a);
       for (int i = 0; i < na; i++)
         buf_printf(&b, "%s%s", i ? ", " : "", accs[i]);
-      emit(r, 1, "%s_OMP(simd reduction(+ : %s))", r->NAME, b.p);
+      head(r, "%s_OMP(simd reduction(+ : %s))", r->NAME, b.p);
     }
     r->d->r_loop(r);
-    open_level(r);
     set_var_level(r, "r", 2);
     Ix ixF = ix_make(&k->full, NULL);
     Ix oo = ix_make(r->outer_sh, "o");
