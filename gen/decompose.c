@@ -176,10 +176,11 @@ static Node *decompose(D *d, const Node *n, Node **in) {
     picked->axis = ax;
     picked->ignore_index = n->ignore_index;
     Node *valid = op2(d, OP_NE, picked->in[1], scalar(d, (double)n->ignore_index, t->dtype));
+    Node *diff = op2(d, OP_SUB, lse, picked), *zero = scalar(d, 0, DT_F32);
     Node *row = nn(d, OP_WHERE, 3, DT_F32, &s->shape);
     row->in[0] = valid;
-    row->in[1] = op2(d, OP_SUB, lse, picked);
-    row->in[2] = scalar(d, 0, DT_F32);
+    row->in[1] = diff;
+    row->in[2] = zero;
     Node *total = reduce(d, OP_SUM, row, all_axes(row), 0);
     Node *cnt = reduce(d, OP_SUM, cast(d, valid, DT_F32), all_axes(valid), 0);
     return cast(d, op2(d, OP_DIV, total, cnt), dt);

@@ -45,6 +45,7 @@ static const char *const op_names[] = {
  * computed so far and where to put an error message. */
 typedef struct Ctx {
   const Graph *g;
+  Node *const *nodes; /* the nodes evaluated (NULL: g->nodes) */
   const InterpOptions *opt;
   Tensor *vals;
   char *err;
@@ -968,7 +969,7 @@ static int check_operands(Ctx *c, const Node *n, int i) {
         continue;
       return fail(c, "internal error: %s '%s': operand %d missing", op_names[n->op], nname(n), k);
     }
-    if (m->id < 0 || m->id >= i || c->g->nodes[m->id] != m)
+    if (m->id < 0 || m->id >= i || (c->nodes ? c->nodes : c->g->nodes)[m->id] != m)
       return fail(c, "internal error: %s '%s': operand %d is not an earlier node", op_names[n->op], nname(n), k);
   }
   return 0;
@@ -1021,6 +1022,27 @@ int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, c
 error:
   interp_free(g, vals);
   return -1;
+}
+
+/* Evaluates the nodes of a back-end pass (ids = positions in nodes[]); see ir.h. */
+int interp_run_nodes(const Graph *g, Node *const *nodes, int n, const InterpOptions *opt, const Tensor *inputs,
+                     const Tensor *params, Tensor *vals, char *err, size_t errlen) {
+  static const InterpOptions none = {0};
+  Ctx c = {.g = g, .nodes = nodes, .opt = opt ? opt : &none, .vals = vals, .err = err, .errlen = errlen};
+  if (errlen)
+    err[0] = 0;
+  memset(vals, 0, sizeof(Tensor) * (size_t)n);
+  if (check_args(&c, inputs, params))
+    return -1;
+  for (int i = 0; i < n; i++)
+    if (nodes[i]->id != i || check_operands(&c, nodes[i], i) || eval_one(&c, nodes[i], inputs, params)) {
+      if (nodes[i]->id != i)
+        fail(&c, "internal error: node %d has id %d", i, nodes[i]->id);
+      for (int j = 0; j < n; j++)
+        free(vals[j].data);
+      return -1;
+    }
+  return 0;
 }
 
 /* Frees every value interp_run made. */

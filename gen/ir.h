@@ -356,6 +356,10 @@ typedef struct InterpOptions {
 int interp_run(const Graph *g, const InterpOptions *opt, const Tensor *inputs, const Tensor *params,
                Tensor *vals, char *err, size_t errlen);
 void interp_free(const Graph *g, Tensor *vals);
+/* The same over the nodes of a back-end pass (decompose.c; id = position):
+ * vals[n]; the caller frees each vals[i].data. */
+int interp_run_nodes(const Graph *g, Node *const *nodes, int n, const InterpOptions *opt, const Tensor *inputs,
+                     const Tensor *params, Tensor *vals, char *err, size_t errlen);
 /* Runs the joint graph in the order of a training schedule (partition.c):
  * the forward part, then every forward value that is not saved (nor a param
  * or input) is freed, then the backward part. Fails (-1 with err) if a node

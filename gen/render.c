@@ -301,6 +301,18 @@ static const char *ix_flat(R *r, Ix *ix) {
   return ix->flat = any ? bind(r, "int64_t", b.p) : "0";
 }
 
+/* The index as text, for the memo, without printing any local. */
+static const char *ix_key(R *r, const Ix *ix) {
+  if (ix->flat)
+    return ix->flat;
+  Buf b;
+  buf_init(&b, r->a);
+  buf_printf(&b, "d");
+  for (int k = 0; k < ix->sh->rank; k++)
+    buf_printf(&b, ":%s", ix->d[k] ? ix->d[k] : is_one(&ix->sh->d[k]) ? "0" : "?");
+  return b.p;
+}
+
 static Ix ix_make(const Shape *sh, const char *flat) {
   Ix ix = {sh, flat, {0}};
   return ix;
@@ -476,7 +488,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
     return load(r, n, ix);
   if (op_info[n->op].cls == C_REDUCE)
     return red_val(r, n, ix);
-  const char *key = arena_printf(r->a, "%d@%s", n->id, ix_flat(r, ix));
+  const char *key = arena_printf(r->a, "%d@%s", n->id, ix_key(r, ix));
   const char *m = memo_get(r, key);
   if (m)
     return m;
@@ -531,7 +543,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
   case C_PW: {
     const char *ops[3] = {"0", "0", "0"};
     if (n->op == OP_CONST) {
-      v = n->is_dimval ? arena_printf(r->a, "(%s)%s", vtype(n->dtype), c_dim(r->g, &n->lo))
+      v = n->is_dimval ? arena_printf(r->a, "((%s)(%s))", vtype(n->dtype), c_dim(r->g, &n->lo))
                        : dtype_is_float(n->dtype) ? flit(r->a, n->f[0]) : arena_printf(r->a, "%lld", (long long)n->f[0]);
       break;
     }
@@ -647,6 +659,64 @@ static const Dialect dl_cuda = {"cuda", "static __global__", "__restrict__", "fl
                                 cuda_r_loop, cuda_combine, cuda_one_lane, cuda_bad, cuda_close};
 
 /* ---------------------------------------------------------------- loop kernels */
+
+/* Drop the locals nothing reads ("const T name = ...;" lines whose name no
+ * other line mentions), until none is left: the walker binds some index
+ * forms it then does not use. */
+static const char *prune(Arena *a, const char *text) {
+  int n = 0;
+  for (const char *c = text; *c; c++)
+    n += *c == '\n';
+  const char **line = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+  int *len = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  char *dead = arena_alloc(a, (size_t)n + 1);
+  int k = 0;
+  for (const char *c = text; *c; k++) {
+    const char *e = strchr(c, '\n');
+    line[k] = c;
+    len[k] = (int)(e - c) + 1;
+    c = e + 1;
+  }
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (int i = 0; i < k; i++) {
+      if (dead[i])
+        continue;
+      const char *c = line[i];
+      while (*c == ' ')
+        c++;
+      if (strncmp(c, "const ", 6))
+        continue;
+      c += 6;
+      while (idc(*c))
+        c++;
+      while (*c == ' ')
+        c++;
+      const char *nm = c;
+      while (idc(*c))
+        c++;
+      int nl = (int)(c - nm);
+      if (!nl || strncmp(c, " = ", 3) || memchr(nm, ',', (size_t)(line[i] + len[i] - nm)))
+        continue;
+      int used = 0;
+      for (int j = 0; j < k && !used; j++) {
+        if (j == i || dead[j])
+          continue;
+        for (const char *h = line[j]; h < line[j] + len[j] - nl && !used; h++)
+          if (!strncmp(h, nm, (size_t)nl) && !idc(h[nl]) && (h == line[j] || !idc(h[-1])))
+            used = 1;
+      }
+      if (!used)
+        dead[i] = 1, changed = 1;
+    }
+  }
+  Buf b;
+  buf_init(&b, a);
+  for (int i = 0; i < k; i++)
+    if (!dead[i])
+      buf_putn(&b, line[i], (size_t)len[i]);
+  return b.p ? b.p : "";
+}
 
 /* The phase after which n's value is known in kernel r->k: 0 when it reads
  * no reduction the kernel computes, else the latest such reduction's. */
@@ -958,7 +1028,7 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
   Buf sig, args;
   buf_init(&sig, f->a);
   buf_init(&args, f->a);
-  const char *body = r->lv[0].p;
+  const char *body = prune(f->a, r->lv[0].p);
   int first = 1;
   for (int s = 0; s < f->g->nsyms; s++) {
     const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);

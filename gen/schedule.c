@@ -364,11 +364,20 @@ void schedule(BPass *p, int fuse) {
             other = s->mark[n->id] == st;
           }
         if (!other) {
-          if (getenv("TGEN_DEBUG"))
-            fprintf(stderr, "pass %d: %%%d %s kept in registers in kernel %d\n", p->kind, n->id, op_info[n->op].name, c);
           p->realized[n->id] = 0;
           p->kern[n->id] = -1;
-          k->outs[q--] = k->outs[--k->nouts];
+          k->outs[q] = k->outs[--k->nouts];
+          if (render_check(p, k)) { /* it must stay stored after all */
+            if (getenv("TGEN_DEBUG"))
+              fprintf(stderr, "pass %d: %%%d %s cannot be kept in registers in kernel %d\n", p->kind, n->id,
+                      op_info[n->op].name, c);
+            k->outs[k->nouts++] = k->outs[q];
+            k->outs[q] = n;
+            p->realized[n->id] = 1;
+            p->kern[n->id] = c;
+          } else {
+            q--;
+          }
         }
       }
     }

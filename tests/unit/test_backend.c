@@ -1,0 +1,299 @@
+/* test_backend.c: the back end's passes (gen/decompose.c, schedule.c,
+ * plan.c) on every example and e2e model, and the kernel groups the
+ * scheduler must find on small specs.
+ *
+ * For each model, at every dynamic dim = 2 (3 for the second run):
+ *   - decompose: the pass's nodes, evaluated by the interpreter
+ *     (interp_run_nodes), give the graph's outputs, loss and gradients
+ *     (interp_run on the joint graph, dropout active in training) to 1e-9
+ *     relative: the decompositions of softmax, layer_norm, cross_entropy...
+ *     compute what the composite ops compute;
+ *   - schedule and plan, fused and unfused: every pass renders (render_file)
+ *     and no two arena buffers that are live together share a byte
+ *     (plan_check); each kernel's values are stored once; the unfused pass
+ *     has one kernel per computed node.
+ * Then the expected kernel groups, derived from the graphs' structure:
+ *   tinyops' forward is one kernel; softmax and layer_norm one kernel each
+ *   (two reductions and their epilogue); a column sum and its epilogue one
+ *   kernel; a transpose feeding pointwise work is index arithmetic (one
+ *   kernel, no copy); layer_norm -> linear -> gelu -> +x is a normalisation
+ *   kernel, the GEMM and one epilogue kernel; mlp's forward is GEMM, relu,
+ *   GEMM.
+ *
+ * Prints one line per case and "N passed, M failed". */
+#include "ir.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int npass, nfail;
+
+static void check(int ok, const char *what, const char *detail) {
+  if (ok)
+    npass++;
+  else
+    nfail++;
+  printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", what, detail && *detail ? ": " : "", detail ? detail : "");
+}
+
+static char *slurp(Arena *a, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = arena_alloc(a, (size_t)n + 1);
+  size_t got = fread(s, 1, (size_t)n, f);
+  fclose(f);
+  s[got] = 0;
+  return s;
+}
+
+static Graph *load(Arena *a, const char *name, const char *src) {
+  Diag dg;
+  Graph *g = tgen_load(&dg, a, name, src, strlen(src));
+  if (!g)
+    printf("FAIL %s: refused:\n%s", name, dg.msg);
+  return g;
+}
+
+/* Largest |a - b| relative to max(|b|) over a tensor (NaN-safe). */
+static double rel_err(const Tensor *a, const Tensor *b) {
+  if (a->numel != b->numel)
+    return INFINITY;
+  double m = 1e-30, e = 0;
+  for (int64_t i = 0; i < b->numel; i++)
+    if (fabs(b->data[i]) > m)
+      m = fabs(b->data[i]);
+  for (int64_t i = 0; i < b->numel; i++) {
+    double d = fabs(a->data[i] - b->data[i]);
+    if (isnan(a->data[i]) != isnan(b->data[i]))
+      return INFINITY;
+    if (d > e)
+      e = d;
+  }
+  return e / m;
+}
+
+/* The pass's values equal the graph's. */
+static void check_decompose(Graph *g, BPass *p, const Tensor *gvals, const InterpOptions *o, const Tensor *ins,
+                            const Tensor *ps, const char *name) {
+  Tensor *pv = calloc((size_t)p->n + 1, sizeof(Tensor));
+  char err[512], what[256];
+  snprintf(what, sizeof what, "%s %s: decomposed pass = graph", name, pass_names[p->kind]);
+  InterpOptions po = *o;
+  po.training = p->training;
+  if (interp_run_nodes(g, p->nodes, p->n, &po, ins, ps, pv, err, sizeof err)) {
+    check(0, what, err);
+    free(pv);
+    return;
+  }
+  double worst = 0;
+  for (int k = 0; k < p->nfinals; k++) {
+    const Node *want = p->kind == PASS_FORWARD ? g->outputs[k] : k == 0 ? g->loss : g->grads[k - 1];
+    double e = rel_err(&pv[p->finals[k]->id], &gvals[want->id]);
+    if (!(e <= worst))
+      worst = e;
+  }
+  /* the decompositions round their result to the model's dtype once (the
+   * emitted code stores it so); f32 models must agree to double rounding */
+  DType dt = g->spec->dtype;
+  double tol = dt == DT_BF16 ? 2e-2 : dt == DT_F16 ? 4e-3 : 1e-9;
+  snprintf(err, sizeof err, "worst relative error %.2e over %d results (tolerance %.0e)", worst, p->nfinals, tol);
+  check(worst <= tol, what, err);
+  for (int i = 0; i < p->n; i++)
+    free(pv[i].data);
+  free(pv);
+}
+
+/* Fused and unfused: renders, the plan keeps live buffers apart, every
+ * stored value is stored by one kernel; unfused: one kernel per computed
+ * node. */
+static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
+  char err[512], what[256];
+  snprintf(what, sizeof what, "%s %s %s: plan keeps live buffers apart", name, pass_names[p->kind],
+           fuse ? "fused" : "unfused");
+  check(!plan_check(p, err, sizeof err), what, plan_check(p, err, sizeof err) ? err : "");
+  int *stores = calloc((size_t)p->n + 1, sizeof(int)), ok = 1;
+  for (int c = 0; c < p->nk; c++)
+    for (int i = 0; i < p->k[c]->nouts; i++)
+      stores[p->k[c]->outs[i]->id]++;
+  for (int i = 0; i < p->n; i++)
+    if (stores[i] > 1 || (stores[i] && !p->realized[i]))
+      ok = 0;
+  snprintf(what, sizeof what, "%s %s %s: each stored value stored once (%d kernels)", name, pass_names[p->kind],
+           fuse ? "fused" : "unfused", p->nk);
+  check(ok, what, "");
+  if (!fuse) {
+    int want = 0;
+    for (int i = 0; i < p->n; i++) {
+      const Node *n = p->nodes[i];
+      int alias = (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) && p->kern[i] < 0;
+      if (p->realized[i] && !alias)
+        want++;
+    }
+    snprintf(what, sizeof what, "%s %s unfused: one kernel per computed node", name, pass_names[p->kind]);
+    snprintf(err, sizeof err, "%d kernels, %d computed nodes", p->nk, want);
+    check(p->nk == want, what, err);
+  }
+  free(stores);
+}
+
+static void run_model(const char *path) {
+  Arena a = {.fail_after = -1};
+  char *src = slurp(&a, path);
+  Graph *g = src ? load(&a, path, src) : NULL;
+  if (!g) {
+    check(0, path, "cannot read or load");
+    arena_free(&a);
+    return;
+  }
+  Plan pl = {0};
+  int train = g->spec->train.present && g->loss;
+  int64_t maxsym[MAXSYM] = {0};
+  for (int k = 0; k < g->nsyms; k++)
+    maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  char err[512];
+  if (train && (autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err))) {
+    check(0, path, "autodiff or partition failed");
+    arena_free(&a);
+    return;
+  }
+  /* the interpreter at small dims (skipped for the giant static models) */
+  int64_t sym[MAXSYM];
+  for (int k = 0; k < MAXSYM; k++)
+    sym[k] = 2;
+  double work = 0;
+  for (int i = 0; i < g->nnodes; i++) {
+    Tensor t;
+    if (concrete_shape(g, &g->nodes[i]->shape, sym, &t, err, sizeof err))
+      work += (double)t.numel;
+  }
+  Tensor *ins = NULL, *ps = NULL, *vals = NULL;
+  InterpOptions o = {.symvals = sym, .training = 1, .seed = 7, .step = 2};
+  int interp = work < 2e7 && !interp_make_args(g, sym, 3, &ins, &ps, err, sizeof err);
+  if (interp) {
+    vals = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+    o.training = 0;
+    if (interp_run(g, &o, ins, ps, vals, err, sizeof err)) {
+      check(0, path, err);
+      interp = 0;
+    }
+  }
+  for (int fuse = 1; fuse >= 0; fuse--) {
+    BPass *p[NPASS] = {0};
+    build_passes(g, train ? &pl : NULL, fuse, 2, p);
+    render_file(g, p, 0, path);
+    render_file(g, p, 1, path);
+    for (int k = 0; k < NPASS; k++)
+      if (p[k]) {
+        check_schedule(g, p[k], fuse, path);
+        if (fuse && interp && k != PASS_TRAIN)
+          check_decompose(g, p[k], vals, &o, ins, ps, path);
+      }
+    if (fuse && interp && train) { /* the training pass: dropout active */
+      Tensor *tv = calloc((size_t)g->nnodes + 1, sizeof(Tensor));
+      InterpOptions to = o;
+      to.training = 1;
+      if (!interp_run(g, &to, ins, ps, tv, err, sizeof err)) {
+        check_decompose(g, p[PASS_TRAIN], tv, &to, ins, ps, path);
+        interp_free(g, tv);
+      }
+      free(tv);
+    }
+  }
+  if (interp) {
+    interp_free(g, vals);
+    interp_free_args(g, ins, ps);
+  }
+  free(vals);
+  arena_free(&a);
+}
+
+/* ---------------------------------------------------------------- kernel groups */
+
+static BPass *forward_of(Arena *a, const char *name, const char *src, int fuse) {
+  Graph *g = load(a, name, src);
+  if (!g)
+    return NULL;
+  BPass *p[NPASS] = {0};
+  build_passes(g, NULL, fuse, 2, p);
+  return p[PASS_FORWARD];
+}
+
+/* kinds: one letter a kernel: L loop without reductions, R loop with
+ * reductions, G GEMM, C library call. */
+static void expect_kernels(const char *name, const char *src, const char *kinds, const char *why) {
+  Arena a = {.fail_after = -1};
+  BPass *p = forward_of(&a, name, src, 1);
+  char got[64] = {0}, what[256];
+  for (int c = 0; p && c < p->nk && c < 63; c++) {
+    const Kernel *k = p->k[c];
+    got[c] = k->kind == K_GEMM ? 'G' : k->kind == K_EXTERN ? 'C' : k->nreds ? 'R' : 'L';
+  }
+  snprintf(what, sizeof what, "kernels of %s: %s (%s)", name, kinds, why);
+  char detail[128];
+  snprintf(detail, sizeof detail, "got %s", got);
+  check(p && !strcmp(got, kinds), what, strcmp(got, kinds) ? detail : "");
+  arena_free(&a);
+}
+
+static const char *spec(Arena *a, const char *dims, const char *inputs, const char *params, const char *graph) {
+  return arena_printf(a, "name: t\ndims:\n%s\ninputs:\n%s\n%s\ngraph:\n%s\n", dims, inputs,
+                      params ? arena_printf(a, "params:\n%s", params) : "", graph);
+}
+
+static void kernel_groups(void) {
+  Arena a = {.fail_after = -1};
+  const char *dims = "  B: {dynamic: true, max: 64}\n  D: 48";
+  char *tiny = slurp(&a, "spec/examples/tinyops.yaml");
+  if (tiny)
+    expect_kernels("tinyops", tiny, "L", "a pointwise chain is one kernel");
+  expect_kernels("softmax", spec(&a, dims, "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), "R",
+                 "max, sum and divide over each row in one kernel");
+  expect_kernels("layer_norm",
+                 spec(&a, dims, "  x: [B, D]", "  w: {shape: [D], init: ones}\n  b: {shape: [D], init: zeros}\n",
+                      "  - y: layer_norm(x, w, b)"),
+                 "R", "mean, variance and the normalisation in one kernel");
+  expect_kernels("column sum", spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x, 0)\n  - y: exp(s) * 2"), "R",
+                 "a reduction and its epilogue over the result");
+  expect_kernels("transpose", spec(&a, dims, "  x: [B, D]", NULL, "  - y: tanh(transpose(x, 0, 1)) * 2"), "L",
+                 "a view is index arithmetic in its reader");
+  expect_kernels("softmax of a pointwise prologue", spec(&a, dims, "  x: [B, D]", NULL, "  - y: softmax(x * 3 + 1, -1)"),
+                 "R", "the prologue is recomputed in each phase, never stored");
+  expect_kernels("two reductions of one input",
+                 spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x, -1)\n  - m: amax(x, -1)\n  - y: s + m"), "R",
+                 "reductions over the same space share one kernel");
+  char *ln = slurp(&a, "spec/examples/ln_linear_gelu_res.yaml");
+  if (ln)
+    expect_kernels("ln_linear_gelu_res", ln, "RGL", "normalisation, the GEMM, then gelu and the residual");
+  char *mlp = slurp(&a, "spec/examples/mlp.yaml");
+  if (mlp)
+    expect_kernels("mlp", mlp, "GLG", "linear, relu, linear");
+  /* unfused: the softmax is its decomposition, a kernel per node */
+  BPass *p = forward_of(&a, "softmax unfused", spec(&a, dims, "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 0);
+  char detail[64];
+  snprintf(detail, sizeof detail, "%d kernels", p ? p->nk : -1);
+  check(p && p->nk == 5, "kernels of softmax unfused: amax, sub, exp, sum, div", detail);
+  arena_free(&a);
+}
+
+int main(int argc, char **argv) {
+  const char *only = argc > 1 ? argv[1] : NULL;
+  static const char *const models[] = {
+      "spec/examples/mlp.yaml", "spec/examples/mlp3.yaml", "spec/examples/mlp_blocks.yaml",
+      "spec/examples/tinyops.yaml", "spec/examples/ln_linear_gelu_res.yaml", "spec/examples/seed_attention.yaml",
+      "spec/examples/gpt2.yaml", "tests/data/gpt2_tiny.yaml", "tests/e2e/all_ops.yaml", "tests/e2e/all_ops_bf16.yaml",
+      "tests/e2e/train_ops.yaml", "tests/e2e/train_ops_bf16.yaml", "tests/e2e/train_f16.yaml",
+      "tests/oracle/all_ops_grad.yaml", NULL};
+  for (int i = 0; models[i]; i++)
+    if (!only || strstr(models[i], only))
+      run_model(models[i]);
+  if (!only)
+    kernel_groups();
+  printf("%d passed, %d failed\n", npass, nfail);
+  return nfail != 0;
+}
