@@ -2,8 +2,8 @@
  * section of mlp_rt.h).
  *
  * Template: copied into every emitted project as src/NAME_kernels_cuda.cu
- * with "mlp_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS, and
- * CUB's headers for embedding_backward's radix sort). Every
+ * with "mlp_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS,
+ * cuBLASLt, and CUB's headers for embedding_backward's radix sort). Every
  * entry point checks its arguments, enqueues its work on the context's stream
  * and returns 0, or a CUDA/cuBLAS error code with "FUNCTION: what went wrong"
  * in the context (mlp_cuda_ctx_error); nothing here exits or aborts.
@@ -17,7 +17,8 @@
  *   the context, errors, scratch
  *   device helpers: dtype conversion, packed vectors, strided geometry
  *   kernels: pointwise, copies, reductions, row ops (softmax, norms, losses)
- *   host helpers: geometry (broadcast strides, dim collapsing), GEMM
+ *   host helpers: geometry (broadcast strides, dim collapsing), GEMM,
+ *                 cuBLASLt plans (mlp_cuda_gemm)
  *   the entry points, in the order of mlp_rt.h
  *
  * Strided geometry: an op over an output of shape S reads each operand p at
@@ -27,6 +28,7 @@
  * no division at all. */
 #include "mlp_rt.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
@@ -46,13 +48,42 @@
 
 #define MLP_CUDA_BLAS_WS ((size_t)32 << 20)      /* cuBLAS workspace (Hopper: 32 MiB) */
 #define MLP_CUDA_ATTN_BUDGET ((size_t)256 << 20) /* attention scores scratch per chunk */
+#ifndef MLP_CUDA_GEMM_BUDGET
+#define MLP_CUDA_GEMM_BUDGET ((size_t)256 << 20) /* mlp_cuda_gemm's f32 product scratch per piece */
+#endif
+#define MLP_CUDA_GEMM_PLANS 16                   /* cuBLASLt plans kept per context */
+
+/* What identifies a cuBLASLt plan: the problem as cuBLASLt sees it (types,
+ * transposes, sizes, leading dims, batch count and strides, epilogue, beta 0
+ * or 1) and the alignment of each pointer (the heuristic's choice depends on
+ * it). Zero-filled before use, compared with memcmp. */
+struct mlp_cuda_gemm_key {
+  int32_t dt, d_f32, ta, tb, batch, beta1;
+  uint32_t epilogue;
+  uint32_t align[6]; /* A, B, C, D, bias, aux (bytes, at most 256) */
+  int64_t M, N, K, lda, ldb, ldd, sa, sb, sd;
+};
+
+/* A cached cuBLASLt plan: the matmul descriptor (transposes, epilogue, aux
+ * leading dim and batch stride; the bias and aux pointers are set per call),
+ * the four layouts, and the heuristic's algorithm (ok = 0: there was none). */
+struct mlp_cuda_gemm_plan {
+  int used, ok;
+  struct mlp_cuda_gemm_key key;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c, d;
+  cublasLtMatmulAlgo_t algo;
+};
 
 struct mlp_cuda_ctx {
   int device;                /* the device current at creation */
   int sms;                   /* its multiprocessor count, for grid sizes */
   cudaStream_t stream;       /* every kernel, copy and GEMM is enqueued here, in order */
   cublasHandle_t blas;       /* bound to `stream`; CUBLAS_COMPUTE_32F never uses TF32 */
-  void *blas_ws;             /* cuBLAS workspace, MLP_CUDA_BLAS_WS bytes */
+  void *blas_ws;             /* cuBLAS workspace, MLP_CUDA_BLAS_WS bytes (cuBLASLt's too: same stream) */
+  cublasLtHandle_t lt;       /* cuBLASLt (mlp_cuda_gemm); calls pass `stream` */
+  struct mlp_cuda_gemm_plan plans[MLP_CUDA_GEMM_PLANS]; /* mlp_cuda_gemm's plan cache, round robin */
+  int next_plan;
   unsigned long long *d_bad; /* device int64: smallest bad data position, INT64_MAX if none */
   void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
   size_t scratch_bytes;
@@ -1144,6 +1175,68 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
   }
 }
 
+/* mlp_cuda_gemm's epilogue where cuBLASLt's cannot express it, over batch x
+ * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
+ * when every access is 16-byte aligned):
+ *   T = G (the f32 product; 0 when G is NULL) + bias; aux = T; T = act(T);
+ *   T += residual; C = (accumulate ? C : 0) + T, rounded once.
+ * G has its own row and batch strides (f32 scratch, or C itself when the
+ * product was written there in f32: read and written by the same thread). */
+template <class T, int V>
+__global__ void k_gemm_epilogue(const float *G, int64_t gld, int64_t gs, const T *__restrict__ bias, T *aux,
+                                const T *res, T *C, int64_t M, int64_t N, int64_t ldc, int64_t sc, int64_t total,
+                                int act, int acc) {
+  const int64_t nv = N / V;
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < total; i += step) {
+    int64_t row = i / nv, j = (i - row * nv) * V, b = row / M, m = row - b * M;
+    int64_t o = b * sc + m * ldc + j;
+    float x[V];
+    if (G) {
+      Vec<float, V> gv = *reinterpret_cast<const Vec<float, V> *>(G + b * gs + m * gld + j);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] = gv.v[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] = 0.0f;
+    }
+    if (bias) {
+      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V> *>(bias + j);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] += to_f(bv.v[k]);
+    }
+    if (aux) {
+      Vec<T, V> av;
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        av.v[k] = from_f<T>(x[k]);
+      *reinterpret_cast<Vec<T, V> *>(aux + o) = av;
+    }
+    if (act != MLP_ACT_NONE) {
+      const int op = act == MLP_ACT_RELU ? MLP_RELU : act == MLP_ACT_GELU ? MLP_GELU : MLP_GELU_TANH;
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] = unary_f(op, x[k], 0.0f, 0.0f);
+    }
+    if (res) {
+      Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] += to_f(rv.v[k]);
+    }
+    Vec<T, V> cv;
+    if (acc)
+      cv = *reinterpret_cast<const Vec<T, V> *>(C + o);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      cv.v[k] = from_f<T>(acc ? to_f(cv.v[k]) + x[k] : x[k]);
+    *reinterpret_cast<Vec<T, V> *>(C + o) = cv;
+  }
+}
+
 /* ---------------------------------------------------------------- host: geometry */
 
 int64_t numel_of(int rank, const int64_t *shape) {
@@ -1431,6 +1524,322 @@ int gemm(mlp_cuda_ctx *cx, cublasOperation_t ta, cublasOperation_t tb, int64_t m
   return 0;
 }
 
+/* ---------------------------------------------------------------- host: cuBLASLt plans (mlp_cuda_gemm) */
+
+/* The alignment cuBLASLt may assume of a pointer (and of its batch steps):
+ * the largest power of two dividing both, at most 256 (NULL: 256). */
+uint32_t lt_align(const void *p, int64_t step_bytes) {
+  uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)step_bytes;
+  uint64_t a = v & (~v + 1);
+  return v == 0 || a > 256 ? 256u : (uint32_t)a;
+}
+
+void lt_plan_free(mlp_cuda_gemm_plan *p) {
+  if (p->d)
+    cublasLtMatrixLayoutDestroy(p->d);
+  if (p->c)
+    cublasLtMatrixLayoutDestroy(p->c);
+  if (p->b)
+    cublasLtMatrixLayoutDestroy(p->b);
+  if (p->a)
+    cublasLtMatrixLayoutDestroy(p->a);
+  if (p->op)
+    cublasLtMatmulDescDestroy(p->op);
+  memset(p, 0, sizeof *p);
+}
+
+/* A column-major rows x cols layout of type t, leading dim ld, `batch`
+ * matrices `stride` elements apart. */
+cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                         int32_t batch, int64_t stride) {
+  cublasStatus_t s = cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
+  if (s == CUBLAS_STATUS_SUCCESS && batch > 1) {
+    s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+  }
+  return s;
+}
+
+/* Builds plan p for key k: row-major D [M, N] = op(A) op(B) is the
+ * column-major D^T [N, M] = op(B)^T op(A)^T, so cuBLASLt's A is our B (its
+ * transpose flag ours, its stored shape N x K or K x N column-major) and its
+ * B our A. f32 compute and scale type; aux (GELU_AUX) in D's layout. The
+ * heuristic sees the actual bias and aux pointers (their alignment), may use
+ * the shared workspace, and may only split K with f32 partial sums (no
+ * reduction in the output type). Returns 0 (p->ok = 0 when no algorithm
+ * fits) or a cuBLAS error. */
+int lt_plan_build(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const mlp_cuda_gemm_key *k, const void *bias,
+                  const void *aux) {
+  memset(p, 0, sizeof *p);
+  memcpy(&p->key, k, sizeof *k);
+  cudaDataType_t tab = blas_type(k->dt), td = k->d_f32 ? CUDA_R_32F : tab;
+  cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasStatus_t s;
+  const char *what = "cublasLtMatmulDescCreate";
+#define MLP_LT(call, name)                                                                                             \
+  if ((s = (call)) != CUBLAS_STATUS_SUCCESS) {                                                                         \
+    what = name;                                                                                                       \
+    goto fail;                                                                                                         \
+  }
+  MLP_LT(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "setting TRANSA");
+  MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "setting TRANSB");
+  MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue),
+         "setting the epilogue");
+  if (k->epilogue & CUBLASLT_EPILOGUE_BIAS)
+    MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+           "setting BIAS_POINTER");
+  if (k->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || k->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    int64_t ld = k->ldd, st = k->sd;
+    MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+           "setting EPILOGUE_AUX_POINTER");
+    MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
+           "setting EPILOGUE_AUX_LD");
+    if (k->batch > 1)
+      MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &st, sizeof st),
+             "setting EPILOGUE_AUX_BATCH_STRIDE");
+  }
+  MLP_LT(lt_layout(&p->a, tab, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb, k->batch, k->sb), "layout of B");
+  MLP_LT(lt_layout(&p->b, tab, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda, k->batch, k->sa), "layout of A");
+  MLP_LT(lt_layout(&p->c, td, k->N, k->M, k->ldd, k->batch, k->sd), "layout of C");
+  MLP_LT(lt_layout(&p->d, td, k->N, k->M, k->ldd, k->batch, k->sd), "layout of D");
+  {
+    uint64_t ws = MLP_CUDA_BLAS_WS;
+    uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    MLP_LT(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+           "setting MAX_WORKSPACE_BYTES");
+    MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask),
+           "setting REDUCTION_SCHEME_MASK");
+    static const cublasLtMatmulPreferenceAttributes_t al[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+      MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, al[i], &k->align[i], sizeof k->align[i]),
+             "setting MIN_ALIGNMENT");
+    cublasLtMatmulHeuristicResult_t r;
+    int n = 0;
+    memset(&r, 0, sizeof r);
+    s = cublasLtMatmulAlgoGetHeuristic(cx->lt, p->op, p->a, p->b, p->c, p->d, pref, 1, &r, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    pref = NULL;
+    if (s == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
+      p->algo = r.algo;
+      p->ok = 1;
+    } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+      what = "cublasLtMatmulAlgoGetHeuristic";
+      goto fail;
+    }
+  }
+#undef MLP_LT
+  p->used = 1;
+  return 0;
+fail:
+  if (pref)
+    cublasLtMatmulPreferenceDestroy(pref);
+  lt_plan_free(p);
+  return blas_fail(cx, s, what);
+}
+
+/* The cached plan for key k, built on a miss (replacing the oldest). */
+int lt_plan_get(mlp_cuda_ctx *cx, const mlp_cuda_gemm_key *k, const void *bias, const void *aux,
+                mlp_cuda_gemm_plan **out) {
+  for (int i = 0; i < MLP_CUDA_GEMM_PLANS; i++)
+    if (cx->plans[i].used && memcmp(&cx->plans[i].key, k, sizeof *k) == 0) {
+      *out = &cx->plans[i];
+      return 0;
+    }
+  mlp_cuda_gemm_plan *p = &cx->plans[cx->next_plan];
+  cx->next_plan = (cx->next_plan + 1) % MLP_CUDA_GEMM_PLANS;
+  lt_plan_free(p);
+  *out = p;
+  return lt_plan_build(cx, p, k, bias, aux);
+}
+
+/* One cuBLASLt matmul of g's A and B (K > 0) into D, of dtype g->dt or f32
+ * (d_f32), row-major with row stride ldd and batch stride sd: D = op(A) op(B)
+ * + beta Cin (Cin in D's layout; beta 0 or 1) through epilogue epi, with g's
+ * bias and aux where epi uses them. Batches go 65535 per call. *none is set
+ * (and nothing enqueued) when cuBLASLt has no algorithm for it (the caller
+ * then takes another path). */
+int lt_matmul(mlp_cuda_ctx *cx, const mlp_gemm *g, void *D, int d_f32, int64_t ldd, int64_t sd, const void *Cin,
+              float beta, uint32_t epi, bool *none) {
+  const int64_t es = dt_size(g->dt), des = d_f32 ? 4 : es;
+  const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : NULL;
+  const bool gelu_aux = epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const float alpha = 1.0f;
+  *none = false;
+  for (int64_t b0 = 0; b0 < g->batch; b0 += 65535) {
+    int32_t nb = (int32_t)(g->batch - b0 < 65535 ? g->batch - b0 : 65535);
+    const char *A = (const char *)g->A + b0 * g->sa * es, *B = (const char *)g->B + b0 * g->sb * es;
+    char *Dp = (char *)D + b0 * sd * des, *aux = gelu_aux ? (char *)g->aux + b0 * sd * des : NULL;
+    const char *Cp = beta != 0.0f ? (const char *)Cin + b0 * sd * des : Dp;
+    mlp_cuda_gemm_key k;
+    memset(&k, 0, sizeof k);
+    k.dt = g->dt;
+    k.d_f32 = d_f32;
+    k.ta = g->ta;
+    k.tb = g->tb;
+    k.batch = nb;
+    k.beta1 = beta != 0.0f;
+    k.epilogue = epi;
+    int64_t step = nb > 1 ? 1 : 0;
+    k.align[0] = lt_align(B, step * g->sb * es); /* cuBLASLt's A is our B */
+    k.align[1] = lt_align(A, step * g->sa * es);
+    k.align[2] = lt_align(Cp, step * sd * des);
+    k.align[3] = lt_align(Dp, step * sd * des);
+    k.align[4] = bias ? lt_align(bias, 0) : 0;
+    k.align[5] = aux ? lt_align(aux, step * sd * des) : 0;
+    k.M = g->M;
+    k.N = g->N;
+    k.K = g->K;
+    k.lda = g->lda;
+    k.ldb = g->ldb;
+    k.ldd = ldd;
+    k.sa = nb > 1 ? g->sa : 0;
+    k.sb = nb > 1 ? g->sb : 0;
+    k.sd = nb > 1 ? sd : 0;
+    mlp_cuda_gemm_plan *p;
+    int rc = lt_plan_get(cx, &k, bias, aux, &p);
+    if (rc)
+      return rc;
+    if (!p->ok) { /* (after a first piece ran, no falling back: it may have accumulated) */
+      if (b0 > 0)
+        return fail(cx, (int)CUBLAS_STATUS_NOT_SUPPORTED, "cuBLASLt has no algorithm for batch elements %lld..",
+                    (long long)b0);
+      *none = true;
+      return 0;
+    }
+    if (bias)
+      MLP_CUDA_BLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux)
+      MLP_CUDA_BLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    MLP_CUDA_BLAS(cublasLtMatmul(cx->lt, p->op, &alpha, B, p->a, A, p->b, &beta, Cp, p->c, Dp, p->d, &p->algo,
+                                 cx->blas_ws, MLP_CUDA_BLAS_WS, cx->stream));
+  }
+  return 0;
+}
+
+/* The cuBLASLt epilogue (and beta, and C operand) that does all of g's
+ * epilogue in the matmul, writing g->C in g's dtype: none/relu/tanh-gelu
+ * with or without bias; tanh-gelu's aux (GELU_AUX, when its leading dim and
+ * batch stride are multiples of 8, as cuBLASLt asks); a residual or the old
+ * C through beta = 1 (C operand = residual, or C itself) without an
+ * activation. Returns false for what needs k_gemm_epilogue: erf gelu, an
+ * activation followed by a residual or accumulation, aux without tanh-gelu,
+ * a residual and accumulation together. */
+bool lt_epilogue_for(const mlp_gemm *g, uint32_t *epi, float *beta, const void **cin) {
+  const bool bias = g->bias != NULL;
+  *beta = 0.0f;
+  *cin = NULL;
+  switch (g->act) {
+  case MLP_ACT_NONE:
+    if (g->aux || (g->residual && g->accumulate))
+      return false;
+    *epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (g->residual || g->accumulate) {
+      *beta = 1.0f;
+      *cin = g->residual ? g->residual : g->C;
+    }
+    return true;
+  case MLP_ACT_RELU:
+    if (g->aux || g->residual || g->accumulate)
+      return false;
+    *epi = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    return true;
+  case MLP_ACT_GELU_TANH:
+    if (g->residual || g->accumulate)
+      return false;
+    if (g->aux) {
+      if (g->ldc % 8 || (g->batch > 1 && g->sc % 8))
+        return false;
+      *epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    } else {
+      *epi = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    }
+    return true;
+  default: return false; /* erf gelu */
+  }
+}
+
+/* Launches k_gemm_epilogue over g's outputs, the product read from G (f32,
+ * row stride gld, batch stride gs; NULL: zeros). 16-byte vectors when N and
+ * every stride and pointer allow. */
+template <class T>
+int launch_gemm_epilogue(mlp_cuda_ctx *cx, const mlp_gemm *g, const float *G, int64_t gld, int64_t gs) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t bstep = g->batch > 1 ? 1 : 0;
+  bool vec = g->N % V == 0 && g->ldc % V == 0 && (bstep * g->sc) % V == 0 && aligned(g->C, 16) &&
+             (!g->bias || aligned(g->bias, 16)) && (!g->aux || aligned(g->aux, 16)) &&
+             (!g->residual || aligned(g->residual, 16)) &&
+             (!G || (aligned(G, 16) && gld % V == 0 && (bstep * gs) % V == 0));
+  int64_t rows = g->batch * g->M, total = rows * (vec ? g->N / V : g->N);
+  unsigned grid = grid_for(cx, total, kThreads);
+  if (vec)
+    k_gemm_epilogue<T, V><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
+                                                             (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
+                                                             g->sc, total, g->act, g->accumulate);
+  else
+    k_gemm_epilogue<T, 1><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
+                                                             (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
+                                                             g->sc, total, g->act, g->accumulate);
+  MLP_CUDA_LAUNCHED("k_gemm_epilogue");
+  return 0;
+}
+
+int gemm_epilogue(mlp_cuda_ctx *cx, const mlp_gemm *g, const float *G, int64_t gld, int64_t gs) {
+  switch (g->dt) {
+  case MLP_BF16: return launch_gemm_epilogue<bf16>(cx, g, G, gld, gs);
+  case MLP_F16: return launch_gemm_epilogue<f16>(cx, g, G, gld, gs);
+  default: return launch_gemm_epilogue<float>(cx, g, G, gld, gs);
+  }
+}
+
+/* g (K > 0) as the f32 product in scratch, then k_gemm_epilogue: in pieces
+ * of at most MLP_CUDA_GEMM_BUDGET bytes of product (whole batch elements
+ * when one fits, else row blocks of one), each a smaller mlp_gemm. */
+int gemm_via_scratch(mlp_cuda_ctx *cx, const mlp_gemm *g) {
+  const int64_t es = dt_size(g->dt), per_b = g->M * g->N * 4;
+  int64_t nb = g->batch, rows = g->M;
+  if (nb * per_b > (int64_t)MLP_CUDA_GEMM_BUDGET) {
+    nb = per_b > 0 ? (int64_t)MLP_CUDA_GEMM_BUDGET / per_b : 1;
+    if (nb < 1) {
+      nb = 1;
+      rows = (int64_t)MLP_CUDA_GEMM_BUDGET / (g->N * 4);
+      if (rows < 1)
+        rows = 1;
+    }
+  }
+  for (int64_t b0 = 0; b0 < g->batch; b0 += nb)
+    for (int64_t m0 = 0; m0 < g->M; m0 += rows) {
+      mlp_gemm p = *g;
+      int64_t oc = (b0 * g->sc + m0 * g->ldc) * es;
+      p.batch = g->batch - b0 < nb ? g->batch - b0 : nb;
+      p.M = g->M - m0 < rows ? g->M - m0 : rows;
+      p.A = (const char *)g->A + (b0 * g->sa + m0 * (g->ta ? 1 : g->lda)) * es;
+      p.B = (const char *)g->B + b0 * g->sb * es;
+      p.C = (char *)g->C + oc;
+      p.aux = g->aux ? (char *)g->aux + oc : NULL;
+      p.residual = g->residual ? (const char *)g->residual + oc : NULL;
+      void *G;
+      bool none;
+      int rc = scratch(cx, (size_t)(p.batch * p.M * p.N * 4), &G);
+      if (!rc)
+        rc = lt_matmul(cx, &p, G, 1, p.N, p.M * p.N, NULL, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, &none);
+      if (!rc && none)
+        rc = fail(cx, (int)CUBLAS_STATUS_NOT_SUPPORTED,
+                  "cuBLASLt has no algorithm for this GEMM (%s, %lld x %lld x %lld)",
+                  dt_name(p.dt), (long long)p.M, (long long)p.N, (long long)p.K);
+      if (!rc)
+        rc = gemm_epilogue(cx, &p, (const float *)G, p.N, p.M * p.N);
+      if (rc)
+        return rc;
+    }
+  return 0;
+}
+
 /* Batch dims of several operands over an output batch shape, collapsed; the
  * last collapsed dim runs inside a strided-batched call and the others in a
  * host loop (usually there are none). */
@@ -1532,7 +1941,8 @@ int attention_typed(mlp_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
 
 /* Makes a context on the current device: a non-blocking stream, a cuBLAS
  * handle bound to it (workspace set, reduced-precision split-K reductions
- * off), the d_bad cell. */
+ * off), a cuBLASLt handle (sharing that workspace; the plan cache starts
+ * empty), the d_bad cell. */
 int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
   int n = 0, dev = 0;
   cudaError_t e;
@@ -1605,6 +2015,11 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     what = "cublasSetMathMode";
     goto blas_error;
   }
+  if ((bs = cublasLtCreate(&cx->lt)) != CUBLAS_STATUS_SUCCESS) {
+    cx->lt = NULL;
+    what = "cublasLtCreate";
+    goto blas_error;
+  }
   cx->op = NULL;
   *out = cx;
   return 0;
@@ -1627,6 +2042,10 @@ void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx) {
     return;
   if (cx->stream)
     cudaStreamSynchronize(cx->stream);
+  for (int i = 0; i < MLP_CUDA_GEMM_PLANS; i++)
+    lt_plan_free(&cx->plans[i]);
+  if (cx->lt)
+    cublasLtDestroy(cx->lt);
   if (cx->blas)
     cublasDestroy(cx->blas);
   cudaFree(cx->scratch);
@@ -2190,6 +2609,59 @@ int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, cons
   cudaDataType_t t = blas_type(dt);
   return gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, 1.0f, w, t, in, 0, x, t, in, 0, b ? 1.0f : 0.0f, y, t, out,
               0, 1);
+}
+
+/* One (batched) GEMM with its epilogue (mlp_rt.h). cuBLASLt alone when one of
+ * its epilogues (with beta) expresses the whole request; else the product
+ * without epilogue and k_gemm_epilogue after it: for f32 output without
+ * accumulation the product goes straight into C (then the kernel works in
+ * place), otherwise into f32 scratch so that C's old values stay readable and
+ * each output is rounded once. K = 0 is the kernel alone on a zero product. */
+int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
+  cx->op = "mlp_cuda_gemm";
+  if (!g)
+    return MLP_CUDA_BAD("NULL descriptor");
+  if (!is_float_dt(g->dt))
+    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(g->dt));
+  if ((g->ta & ~1) || (g->tb & ~1))
+    return MLP_CUDA_BAD("ta %d / tb %d are not 0 or 1", g->ta, g->tb);
+  if (g->M < 0 || g->N < 0 || g->K < 0 || g->batch < 0 || g->sa < 0 || g->sb < 0 || g->sc < 0)
+    return MLP_CUDA_BAD("negative size or stride");
+  if (g->act < MLP_ACT_NONE || g->act > MLP_ACT_GELU_TANH)
+    return MLP_CUDA_BAD("unknown activation %d", g->act);
+  if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
+    return MLP_CUDA_BAD("leading dims lda %lld, ldb %lld, ldc %lld too small for M %lld, N %lld, K %lld",
+                        (long long)g->lda, (long long)g->ldb, (long long)g->ldc, (long long)g->M, (long long)g->N,
+                        (long long)g->K);
+  if (g->M == 0 || g->N == 0 || g->batch == 0)
+    return 0;
+  if (!g->C || (g->K > 0 && (!g->A || !g->B)))
+    return MLP_CUDA_BAD("NULL pointer");
+  if (g->batch > 1 && g->sc == 0)
+    return MLP_CUDA_BAD("batch %lld with C's batch stride 0", (long long)g->batch);
+  if (g->K == 0)
+    return gemm_epilogue(cx, g, NULL, 0, 0);
+  uint32_t epi;
+  float beta;
+  const void *cin;
+  bool none = true;
+  int rc;
+  if (lt_epilogue_for(g, &epi, &beta, &cin)) {
+    if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
+      return rc;
+    if (!none)
+      return 0;
+  }
+  if (g->dt == MLP_F32 && !g->accumulate && g->residual != g->C) {
+    if ((rc = lt_matmul(cx, g, g->C, 1, g->ldc, g->sc, NULL, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, &none)))
+      return rc;
+    if (none)
+      return fail(cx, (int)CUBLAS_STATUS_NOT_SUPPORTED,
+                  "cuBLASLt has no algorithm for this GEMM (f32, %lld x %lld x %lld)",
+                  (long long)g->M, (long long)g->N, (long long)g->K);
+    return gemm_epilogue(cx, g, (const float *)g->C, g->ldc, g->sc);
+  }
+  return gemm_via_scratch(cx, g);
 }
 
 /* ---------------------------------------------------------------- neural */

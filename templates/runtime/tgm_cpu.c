@@ -32,7 +32,10 @@
  *                and its backward (a stable counting sort, then rows)
  *   GEMM         a packed, cache-blocked GEMM with register-blocked micro-
  *                kernels (AVX-512 / AVX2 chosen at run time on x86, else
- *                plain C), or cblas_sgemm; matmul, linear, attention on top. */
+ *                plain C), or cblas_sgemm; matmul, linear, attention on top
+ *   gemm         tgm_cpu_gemm: the same blocks and micro-kernels on any
+ *                dtype, transposes, strides and batches, with the fused
+ *                epilogue applied as micro-tiles are stored. */
 #include "tgm_rt.h"
 
 #include <limits.h>
@@ -1913,6 +1916,354 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
   free(fx);
   free(fw);
   free(fy);
+}
+
+/* ---------------------------------------------------------------- gemm */
+
+/* tgm_cpu_gemm: the packed GEMM above (micro-kernels, cache blocks) read
+ * straight from bf16/f16/f32 operands with any transposes and leading
+ * dimensions (the packing converts to f32), batched by strides, and finished
+ * by the epilogue (bias, aux, activation, residual, accumulate) as each
+ * micro-tile is stored, so that every output is rounded once and C is written
+ * once. No buffer the size of C: the f32 sums of one mc x nc block are kept
+ * across K slices only when K needs more than one slice. */
+
+HOT float gelu_tanh_f32(float v) { return 0.5f * v * (1.0f + tanh_f32(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))); }
+
+/* One GEMM of the batch: its operands, with the batch offsets applied. */
+typedef struct GemmOne {
+  const void *A, *B;
+  void *C, *aux;
+  const void *res;
+} GemmOne;
+
+/* Finishes nv sums t[0, nv) of row m, columns j0.., of one GEMM: the bias,
+ * the aux store, the activation, the residual, the old C when accumulating,
+ * and the one rounding store into C (tgm_gemm's order). Clobbers t. Called
+ * per micro-tile row, so the loops are short; each is one vector loop. */
+CLONES static void gemm_epilogue(const tgm_gemm *g, const GemmOne *o, int64_t m, int64_t j0, int64_t nv,
+                                 float *restrict t) {
+  const int64_t off = m * g->ldc + j0;
+  const void *bias = g->bias, *res = o->res, *c = o->C;
+  void *aux = o->aux, *y = o->C;
+  if (bias) {
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(bias, j0 + j);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+  if (aux) {
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) ST(aux, off + j, t[j]);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+  switch (g->act) {
+  case TGM_ACT_RELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = t[j] < 0 ? 0.0f : t[j]; break; /* NaN stays NaN */
+  case TGM_ACT_GELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = gelu_f32(t[j]); break;
+  case TGM_ACT_GELU_TANH: SIMD for (int64_t j = 0; j < nv; j++) t[j] = gelu_tanh_f32(t[j]); break;
+  default: break;
+  }
+  if (res) {
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(res, off + j);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+  if (g->accumulate) {
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(c, off + j);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) ST(y, off + j, t[j]);
+  DT_CASES(g->dt, M_)
+#undef M_
+}
+
+/* pack_a / pack_b for an operand of dtype dt: f32 as above, bf16/f16
+ * converted to f32 on the way. */
+static void pack_a_dt(int dt, int ta, const void *A, int64_t lda, int64_t i0, int64_t k0, int64_t mv, int64_t kc,
+                      int mr, float *restrict dst) {
+  if (dt == TGM_F32) {
+    pack_a(ta, A, lda, i0, k0, mv, kc, mr, dst);
+    return;
+  }
+#define M_(LD, ST)                                                                                                     \
+  if (!ta) {                                                                                                           \
+    for (int64_t i = 0; i < mv; i++)                                                                                   \
+      for (int64_t k = 0; k < kc; k++)                                                                                 \
+        dst[k * mr + i] = LD(A, (i0 + i) * lda + k0 + k);                                                              \
+  } else {                                                                                                             \
+    for (int64_t k = 0; k < kc; k++)                                                                                   \
+      SIMD for (int64_t i = 0; i < mv; i++) dst[k * mr + i] = LD(A, (k0 + k) * lda + i0 + i);                          \
+  }
+  DT_CASES(dt, M_)
+#undef M_
+  for (int64_t k = 0; k < kc; k++)
+    for (int64_t i = mv; i < mr; i++)
+      dst[k * mr + i] = 0;
+}
+
+static void pack_b_dt(int dt, int tb, const void *B, int64_t ldb, int64_t k0, int64_t j0, int64_t nv, int64_t kc,
+                      int nr, float *restrict dst) {
+  if (dt == TGM_F32) {
+    pack_b(tb, B, ldb, k0, j0, nv, kc, nr, dst);
+    return;
+  }
+#define M_(LD, ST)                                                                                                     \
+  if (!tb) {                                                                                                           \
+    for (int64_t k = 0; k < kc; k++)                                                                                   \
+      SIMD for (int64_t j = 0; j < nv; j++) dst[k * nr + j] = LD(B, (k0 + k) * ldb + j0 + j);                          \
+  } else {                                                                                                             \
+    for (int64_t j = 0; j < nv; j++)                                                                                   \
+      for (int64_t k = 0; k < kc; k++)                                                                                 \
+        dst[k * nr + j] = LD(B, (j0 + j) * ldb + k0 + k);                                                              \
+  }
+  DT_CASES(dt, M_)
+#undef M_
+  for (int64_t k = 0; k < kc; k++)
+    for (int64_t j = nv; j < nr; j++)
+      dst[k * nr + j] = 0;
+}
+
+/* GEMMs with fewer multiply-adds than this skip packing (gemm_direct). */
+#define GEMM_DIRECT 32768.0
+
+/* One GEMM without packing or scratch: each row's sums in f32, k in order,
+ * then the epilogue. For GEMMs too small to pay for packing (and K = 0), and
+ * the fallback when scratch cannot be had. Rows in parallel when `par`. */
+static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
+  const int dt = g->dt, ta = g->ta, tb = g->tb;
+  const int64_t M = g->M, N = g->N, K = g->K, lda = g->lda, ldb = g->ldb;
+  (void)par;
+  OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)(K + 1) >= PAR_MIN))
+  for (int64_t m = 0; m < M; m++) {
+    float t[BLK];
+    for (int64_t j0 = 0; j0 < N; j0 += BLK) {
+      int64_t nv = min64(BLK, N - j0);
+      for (int64_t j = 0; j < nv; j++)
+        t[j] = 0;
+      for (int64_t k = 0; k < K; k++) {
+        float a = ldf(dt, o->A, ta ? k * lda + m : m * lda + k);
+        for (int64_t j = 0; j < nv; j++)
+          t[j] += a * ldf(dt, o->B, tb ? (j0 + j) * ldb + k : k * ldb + j0 + j);
+      }
+      gemm_epilogue(g, o, m, j0, nv, t);
+    }
+  }
+}
+
+/* The blocking of one shape: the micro-kernel and the block sizes, cut down
+ * to the problem (a small GEMM packs no more than it has). */
+typedef struct GemmPlan {
+  Ukernel uk;
+  int64_t kcb, ncb, mcb, nk; /* nk: K slices */
+  int direct;                /* too small to pack, or K = 0 */
+} GemmPlan;
+
+static GemmPlan gemm_plan(const tgm_gemm *g) {
+  GemmPlan p;
+  memset(&p, 0, sizeof p);
+  p.uk = pick_ukernel();
+  p.direct = g->K == 0 || (double)g->M * (double)g->N * (double)g->K < GEMM_DIRECT;
+  if (!p.direct) {
+    int mr = p.uk.mr, nr = p.uk.nr;
+    p.kcb = min64(g->K, GEMM_KC);
+    p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
+    p.mcb = min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+    p.nk = (g->K + p.kcb - 1) / p.kcb;
+  }
+  return p;
+}
+
+/* A plan's scratch: packed A (mc x kc) and B (kc x nc) blocks, and the f32
+ * sums of an mc x nc block between K slices (only when K has several). */
+typedef struct GemmWs {
+  float *ap, *bp, *acc;
+} GemmWs;
+
+static GemmWs gemm_ws_alloc(const GemmPlan *p) {
+  GemmWs w = {NULL, NULL, NULL};
+  if (p->direct)
+    return w;
+  w.ap = malloc(sizeof(float) * (size_t)(p->mcb * p->kcb));
+  w.bp = malloc(sizeof(float) * (size_t)(p->kcb * p->ncb));
+  w.acc = p->nk > 1 ? malloc(sizeof(float) * (size_t)(p->mcb * p->ncb)) : NULL;
+  if (!w.ap || !w.bp || (p->nk > 1 && !w.acc)) {
+    free(w.ap);
+    free(w.bp);
+    free(w.acc);
+    w.ap = w.bp = w.acc = NULL;
+  }
+  return w;
+}
+
+static void gemm_ws_free(GemmWs *w) {
+  free(w->ap);
+  free(w->bp);
+  free(w->acc);
+}
+
+/* One GEMM, packed and blocked: for each nc-column panel and mc-row block, the
+ * K slices in order (pack B's kc x nc slice, A's mc x kc slice, run the
+ * micro-tiles, summing slices in the block's f32 sums); the last slice's
+ * micro-tiles go through the epilogue into C. B's slice is packed again for
+ * each row block only when K has several slices. Threads (when `par` and the
+ * work is large enough) share the packing and split the micro-tiles; every
+ * output's sum is formed in the same order whatever the thread count. */
+static void gemm_tiled(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, const GemmOne *o, int par) {
+  const Ukernel uk = p->uk;
+  const int mr = uk.mr, nr = uk.nr;
+  const int64_t M = g->M, N = g->N, K = g->K, kcb = p->kcb, ncb = p->ncb, mcb = p->mcb, nk = p->nk;
+  int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= 65536.0;
+  (void)usepar;
+  OMP(parallel if (usepar))
+  {
+    for (int64_t jc = 0; jc < N; jc += ncb) {
+      int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
+      for (int64_t ic = 0; ic < M; ic += mcb) {
+        int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
+        for (int64_t q = 0; q < nk; q++) {
+          int64_t pc = q * kcb, kc = min64(kcb, K - pc);
+          if (nk > 1 || ic == 0) {
+            OMP(for schedule(static))
+            for (int64_t jp = 0; jp < npan; jp++)
+              pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr,
+                        w->bp + jp * kc * nr);
+          }
+          OMP(for schedule(static))
+          for (int64_t ip = 0; ip < mpan; ip++)
+            pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
+                      w->ap + ip * kc * mr);
+          OMP(for schedule(static))
+          for (int64_t t = 0; t < npan * mpan; t++) {
+            int64_t jp = t / mpan, ip = t % mpan;
+            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+            float tile[MAX_MR * MAX_NR];
+            float *acc = w->acc ? w->acc + t * mr * nr : NULL;
+            uk.fn(kc, w->ap + ip * kc * mr, w->bp + jp * kc * nr, tile);
+            if (q + 1 < nk) { /* not the last slice: into the block's sums */
+              if (q == 0)
+                memcpy(acc, tile, sizeof(float) * (size_t)(mr * nr));
+              else
+                SIMD for (int x = 0; x < mr * nr; x++) acc[x] += tile[x];
+              continue;
+            }
+            if (q > 0)
+              SIMD for (int x = 0; x < mr * nr; x++) tile[x] = acc[x] + tile[x];
+            for (int64_t i = 0; i < mv; i++)
+              gemm_epilogue(g, o, i0 + i, j0, nv, tile + i * nr);
+          }
+        }
+      }
+    }
+  }
+}
+
+/* The operands of GEMM b of the batch. */
+static GemmOne gemm_one(const tgm_gemm *g, int64_t b) {
+  const int64_t es = (int64_t)esize(g->dt), oc = b * g->sc * es;
+  GemmOne o;
+  o.A = (const char *)g->A + b * g->sa * es;
+  o.B = (const char *)g->B + b * g->sb * es;
+  o.C = (char *)g->C + oc;
+  o.aux = g->aux ? (char *)g->aux + oc : NULL;
+  o.res = g->residual ? (const char *)g->residual + oc : NULL;
+  return o;
+}
+
+/* GEMM b of the batch: direct when the plan says so or there is no scratch. */
+static void gemm_run(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, int64_t b, int par) {
+  GemmOne o = gemm_one(g, b);
+  if (p->direct || !w->ap)
+    gemm_direct(g, &o, par);
+  else
+    gemm_tiled(g, p, w, &o, par);
+}
+
+#ifdef TGM_HAVE_CBLAS
+/* f32 GEMMs through cblas_sgemm (one call per batch element, straight into
+ * C; beta 1 when accumulating), then, when there is an epilogue, one pass
+ * over C applying it. Only where that is exact: no accumulation under an
+ * epilogue (T would have to be kept apart from C) and no residual read from
+ * C itself. Returns 0 when it did not apply. */
+static int gemm_cblas(const tgm_gemm *g) {
+  const int plain = !g->bias && g->act == TGM_ACT_NONE && !g->aux && !g->residual;
+  if (gemm_no_blas || g->dt != TGM_F32 || g->K == 0 || (g->accumulate && !plain) ||
+      (g->residual && g->residual == g->C))
+    return 0;
+  if (g->M > INT_MAX || g->N > INT_MAX || g->K > INT_MAX || g->lda > INT_MAX || g->ldb > INT_MAX ||
+      g->ldc > INT_MAX)
+    return 0;
+  for (int64_t b = 0; b < g->batch; b++) {
+    GemmOne o = gemm_one(g, b);
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M,
+                (int)g->N, (int)g->K, 1.0f, o.A, (int)g->lda, o.B, (int)g->ldb, g->accumulate ? 1.0f : 0.0f, o.C,
+                (int)g->ldc);
+    if (plain)
+      continue;
+    OMP(parallel for schedule(static) if (g->M * g->N >= PAR_MIN))
+    for (int64_t m = 0; m < g->M; m++) {
+      float t[BLK];
+      for (int64_t j0 = 0; j0 < g->N; j0 += BLK) {
+        int64_t nv = min64(BLK, g->N - j0);
+        memcpy(t, (const float *)o.C + m * g->ldc + j0, sizeof(float) * (size_t)nv);
+        gemm_epilogue(g, &o, m, j0, nv, t);
+      }
+    }
+  }
+  return 1;
+}
+#endif
+
+/* Whether a tgm_gemm is well formed (see tgm_rt.h). */
+static int gemm_args_ok(const tgm_gemm *g) {
+  if (!g || (g->dt != TGM_F32 && g->dt != TGM_BF16 && g->dt != TGM_F16) || (g->ta & ~1) || (g->tb & ~1))
+    return 0;
+  if (g->M < 0 || g->N < 0 || g->K < 0 || g->batch < 0 || g->sa < 0 || g->sb < 0 || g->sc < 0)
+    return 0;
+  if (g->act < TGM_ACT_NONE || g->act > TGM_ACT_GELU_TANH)
+    return 0;
+  if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
+    return 0;
+  if (g->M == 0 || g->N == 0 || g->batch == 0)
+    return 1; /* nothing to write */
+  if (!g->C || (g->K > 0 && (!g->A || !g->B)) || (g->batch > 1 && g->sc == 0))
+    return 0;
+  return 1;
+}
+
+int tgm_cpu_gemm(const tgm_gemm *g) {
+  if (!gemm_args_ok(g))
+    return -1;
+  if (g->M == 0 || g->N == 0 || g->batch == 0)
+    return 0;
+  const GemmPlan p = gemm_plan(g);
+  /* Small GEMMs of a batch run one per thread (each serial) rather than each
+   * threaded, as do many; the blocking is the same either way, so are the
+   * bits. The CBLAS (f32) takes the rest when it can. */
+  const int small = g->batch > 1 && (double)g->M * (double)g->N * (double)g->K < GEMM_SMALL;
+#ifdef TGM_HAVE_CBLAS
+  int nested = 0;
+#ifdef _OPENMP
+  nested = omp_in_parallel();
+#endif
+  if (!p.direct && !small && !nested && gemm_cblas(g))
+    return 0;
+#endif
+  if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
+    OMP(parallel)
+    {
+      GemmWs w = gemm_ws_alloc(&p);
+      OMP(for schedule(static))
+      for (int64_t b = 0; b < g->batch; b++)
+        gemm_run(g, &p, &w, b, 0);
+      gemm_ws_free(&w);
+    }
+    return 0;
+  }
+  GemmWs w = gemm_ws_alloc(&p);
+  for (int64_t b = 0; b < g->batch; b++)
+    gemm_run(g, &p, &w, b, 1);
+  gemm_ws_free(&w);
+  return 0;
 }
 
 /* ---------------------------------------------------------------- attention */

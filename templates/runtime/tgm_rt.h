@@ -235,6 +235,41 @@ void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void
 /* y [rows, out] = x [rows, in] @ w[out, in]^T + b[out] (b may be NULL) */
 void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
                     int64_t out);
+/* One (batched) GEMM with a fused epilogue, row-major. For b in [0, batch):
+ *   T = op(A_b) @ op(B_b)       op(A_b) is [M, K]: A_b = A + b*sa (elements); ta = 0: stored [M, K] with row
+ *                               stride lda (>= K); ta = 1: stored [K, M] (lda >= M) and transposed. op(B_b) is
+ *                               [K, N] likewise (tb = 1: stored [N, K], the nn.Linear weight layout).
+ *   T += bias[n]                bias: length N, broadcast over rows and batch (NULL: none)
+ *   if aux: aux_b[m, n] = T     the pre-activation values, for a backward (C's layout: ldc, sc)
+ *   T = act(T)                  TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU (erf form), TGM_ACT_GELU_TANH
+ *   T += residual_b[m, n]       residual (NULL: none), C's layout; may be C itself
+ *   C_b[m, n] = accumulate ? C_b[m, n] + T : T      (ldc >= N; C_b = C + b*sc)
+ * Batch strides of A and B may be 0 (broadcast); sc may be 0 only when batch <= 1. All floating operands
+ * have dtype dt (TGM_F32, TGM_BF16, TGM_F16); products are summed in f32 and each output rounded once, at
+ * the store. K = 0 makes T = 0 (the epilogue still runs). C and aux must not overlap A, B, bias or each
+ * other. One struct rather than 20 arguments: callers set the fields they use, e.g.
+ *   tgm_gemm g = {.dt = TGM_BF16, .tb = 1, .M = rows, .N = out, .K = in, .batch = 1, .A = x, .lda = in,
+ *                 .B = w, .ldb = in, .C = y, .ldc = out, .bias = b};                  (y = x w^T + b) */
+typedef struct tgm_gemm {
+  int dt, ta, tb;
+  int64_t M, N, K, batch;
+  const void *A;
+  int64_t lda, sa;
+  const void *B;
+  int64_t ldb, sb;
+  void *C;
+  int64_t ldc, sc;
+  const void *bias;     /* [N] or NULL */
+  int act;              /* TGM_ACT_* */
+  void *aux;            /* NULL, or the pre-activation output in C's layout (ldc, sc) */
+  const void *residual; /* NULL, or added after the activation, in C's layout */
+  int accumulate;       /* 1: C += T instead of C = T */
+} tgm_gemm;
+enum { TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH };
+/* Returns 0, or -1 for bad arguments (then nothing is written). Deterministic: the same bits for any
+ * thread count (with the built-in GEMM; f32 GEMMs go through cblas_sgemm when built with TGM_HAVE_CBLAS,
+ * whose order of summation is the BLAS's). */
+int tgm_cpu_gemm(const tgm_gemm *g);
 /* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
 int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
 /* The table's gradient: out [V, D] = 0, then out[idx[p], :] += dy[p, :] for
@@ -328,6 +363,12 @@ int tgm_cuda_matmul(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64
                     const int64_t *sb, void *y, int ry, const int64_t *sy);
 int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
                     int64_t in, int64_t out);
+/* tgm_cpu_gemm's operation on device pointers, through cuBLASLt (f32 compute, no TF32) with its fused
+ * epilogues where they express the request (bias, relu, tanh-gelu, gelu aux, a residual or accumulation
+ * through beta = 1); the rest (erf gelu, an activation followed by a residual or accumulation, relu or no
+ * activation with aux) in one pointwise kernel over the f32 product in the context's scratch, so that each
+ * output is still rounded once. Returns 0 or an error code with a message in cx. */
+int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g);
 int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
                        void *y);
 /* As tgm_cpu_embedding_backward, the same bits (positions in order, f32);

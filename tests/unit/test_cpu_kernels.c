@@ -1522,6 +1522,283 @@ static void test_attention(void) {
         }
 }
 
+/* ---------------------------------------------------------------- tgm_cpu_gemm */
+
+static const char *const actn[] = {"none", "relu", "gelu", "gelu_tanh"};
+
+static double ref_act(int act, double x) {
+  switch (act) {
+  case TGM_ACT_RELU: return x < 0 ? 0 : x;
+  case TGM_ACT_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+  case TGM_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+  default: return x;
+  }
+}
+
+/* One gemm case: shapes, storage (pad: extra elements per row of A, B, C;
+ * gap: extra elements between batch elements; bc: 1 A broadcast over the
+ * batch, 2 B), the epilogue, and how it runs (inplace: the residual is C
+ * itself; direct: gemm_direct, the no-scratch path, instead of the entry
+ * point). */
+typedef struct GemmCase {
+  int dt, ta, tb;
+  int64_t M, N, K, batch, pad, gap;
+  int bc, bias, act, aux, res, acc, inplace, direct;
+} GemmCase;
+
+static const char *gemm_label(const GemmCase *c) {
+  return fmt("gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s "
+             "acc=%d%s",
+             dtn[c->dt], c->ta, c->tb, (long long)c->M, (long long)c->N, (long long)c->K, (long long)c->batch,
+             (long long)c->pad, c->bc, c->bias, actn[c->act], c->aux, c->res, c->inplace ? "(=C)" : "", c->acc,
+             c->direct ? " direct" : "");
+}
+
+/* A buffer of `nb` matrices of rows x cols with row stride ld and batch
+ * stride st: the matrix entries uniform in [-1, 1), everything else `fill`. */
+static T gemm_buf(int dt, int64_t nb, int64_t rows, int64_t cols, int64_t ld, int64_t st, double fill) {
+  int64_t n = nb > 0 ? (nb - 1) * st + rows * ld : 0;
+  T t = mk(dt, 1, &n);
+  for (int64_t i = 0; i < n; i++)
+    setv(&t, i, fill);
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++)
+        setv(&t, b * st + r * ld + c, runif(-1, 1));
+  return t;
+}
+
+/* The n results in p against ref, element i within tol[i] (0: exactly;
+ * NaN must meet NaN). */
+static void expect_tol(const char *what, int dt, const void *p, const double *ref, const double *tol, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double g = getv(dt, p, i), w = ref[i];
+    int ok = isnan(w) ? isnan(g) : tol[i] == 0 ? g == w : fabs(g - w) <= tol[i];
+    if (!ok && bad++ < 4)
+      printf("  %s: element %lld: got %.9g, want %.9g (tolerance %.3g)\n", what, (long long)i, g, w, tol[i]);
+  }
+  if (bad)
+    printf("  %s: %lld of %lld elements wrong (%s)\n", what, (long long)bad, (long long)n, dtn[dt]);
+  check(bad == 0, what);
+}
+
+/* Runs one case and checks C and aux against the double reference, their
+ * padding (and aux when not asked for) left alone. Tolerance of an output:
+ * rtol (|ref| + scale), scale being the size of what was summed into it (the
+ * 2-norm of the K products, plus |bias|, |residual|, |old C|): f32 sums of
+ * hundreds of terms are accurate to that, not to |ref| when they cancel.
+ * rtol: f32 1e-5, bf16 2e-2, f16 2e-3 (plus half an f16 subnormal quantum).
+ * Returns C's buffer (for the determinism check; the caller frees it). */
+static T gemm_case(const GemmCase *c) {
+  const int dt = c->dt;
+  const int64_t M = c->M, N = c->N, K = c->K, B = c->batch;
+  const int64_t ar = c->ta ? K : M, ac = c->ta ? M : K, br = c->tb ? N : K, bcl = c->tb ? K : N;
+  const int64_t lda = ac + c->pad, ldb = bcl + c->pad, ldc = N + c->pad;
+  const int64_t sa = c->bc == 1 ? 0 : ar * lda + c->gap, sb = c->bc == 2 ? 0 : br * ldb + c->gap,
+                sc = M * ldc + c->gap;
+  T a = gemm_buf(dt, c->bc == 1 ? 1 : B, ar, ac, lda, sa, NAN);
+  T b = gemm_buf(dt, c->bc == 2 ? 1 : B, br, bcl, ldb, sb, NAN);
+  T bias = gemm_buf(dt, 1, 1, N, N, 0, NAN);
+  /* C: the old values when accumulating or when it is the residual, else NaN
+   * (must not be read); padding 7 (must stay) */
+  T y = gemm_buf(dt, B, M, N, ldc, sc, 7.0);
+  T aux = gemm_buf(dt, B, M, N, ldc, sc, 7.0);
+  T res = gemm_buf(dt, B, M, N, ldc, sc, NAN);
+  if (!c->acc && !c->inplace)
+    for (int64_t bb = 0; bb < B; bb++)
+      for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+          setv(&y, bb * sc + m * ldc + n, NAN);
+  for (int64_t i = 0; i < aux.n; i++)
+    if (aux.v[i] != 7.0)
+      setv(&aux, i, NAN);
+  size_t nbytes = sizeof(double) * (size_t)(y.n ? y.n : 1);
+  double *ref = malloc(nbytes), *aref = malloc(nbytes), *tol = calloc(1, nbytes), *atol = calloc(1, nbytes);
+  memcpy(ref, y.v, sizeof(double) * (size_t)y.n);
+  memcpy(aref, aux.v, sizeof(double) * (size_t)aux.n);
+  const double *rv = c->inplace ? y.v : res.v;
+  const double rtol = dt == TGM_F32 ? 1e-5 : tol_of(dt), sub = dt == TGM_F16 ? 0x1p-25 : 0;
+  for (int64_t bb = 0; bb < B; bb++)
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) {
+        double s = 0, s2 = 0;
+        for (int64_t k = 0; k < K; k++) {
+          double p = a.v[bb * sa + (c->ta ? k * lda + m : m * lda + k)] *
+                     b.v[bb * sb + (c->tb ? n * ldb + k : k * ldb + n)];
+          s += p;
+          s2 += p * p;
+        }
+        int64_t o = bb * sc + m * ldc + n;
+        double scale = sqrt(s2);
+        if (c->bias) {
+          s += bias.v[n];
+          scale += fabs(bias.v[n]);
+        }
+        if (c->aux) {
+          aref[o] = s;
+          atol[o] = rtol * (fabs(s) + scale) + sub;
+        }
+        s = ref_act(c->act, s);
+        if (c->res) {
+          s += rv[o];
+          scale += fabs(rv[o]);
+        }
+        if (c->acc) {
+          s += y.v[o];
+          scale += fabs(y.v[o]);
+        }
+        ref[o] = s;
+        tol[o] = rtol * (fabs(s) + scale) + sub;
+      }
+  tgm_gemm g = {.dt = dt, .ta = c->ta, .tb = c->tb, .M = M, .N = N, .K = K, .batch = B,
+                .A = a.p, .lda = lda, .sa = sa, .B = b.p, .ldb = ldb, .sb = sb, .C = y.p, .ldc = ldc, .sc = sc,
+                .bias = c->bias ? bias.p : NULL, .act = c->act, .aux = c->aux ? aux.p : NULL,
+                .residual = c->res ? (c->inplace ? y.p : res.p) : NULL, .accumulate = c->acc};
+  int rc = 0;
+  if (c->direct) {
+    for (int64_t bb = 0; bb < B; bb++) {
+      GemmOne o = gemm_one(&g, bb);
+      gemm_direct(&g, &o, 1);
+    }
+  } else {
+    rc = tgm_cpu_gemm(&g);
+  }
+  const char *what = gemm_label(c);
+  check(rc == 0, fmt("%s: returns %d", what, rc));
+  expect_tol(what, dt, y.p, ref, tol, y.n);
+  expect_tol(fmt("%s: aux", what), dt, aux.p, aref, atol, aux.n);
+  free(ref);
+  free(aref);
+  free(tol);
+  free(atol);
+  tfree(&a);
+  tfree(&b);
+  tfree(&bias);
+  tfree(&aux);
+  tfree(&res);
+  return y;
+}
+
+/* Whether f32 GEMMs go through the CBLAS now (its bits may depend on its
+ * threads). */
+static int gemm_via_blas(void) {
+#ifdef TGM_HAVE_CBLAS
+  return !gemm_no_blas;
+#else
+  return 0;
+#endif
+}
+
+static void test_gemm(void) {
+  static const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  static const int64_t sz[] = {1, 7, 33, 130};
+  int rot = 0;
+  /* every shape from {1, 7, 33, 130}^3, every transpose pair, every dtype;
+   * the 64 epilogues (bias x act x aux x residual x accumulate) taken in turn,
+   * with and without padded leading dimensions, the residual sometimes C */
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++)
+          for (int t = 0; t < 4; t++, rot++) {
+            int e = rot % 64;
+            GemmCase c = {dts[d], t & 1, t >> 1, sz[i], sz[j], sz[k], 1, rot % 3 ? 3 : 0, 0, 0,
+                          e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+            c.inplace = c.res && !c.acc && rot % 5 == 0;
+            T y = gemm_case(&c);
+            tfree(&y);
+          }
+  /* batches: broadcast A or B (stride 0), gaps between batch elements,
+   * sizes that take several K slices, row blocks and column panels, many
+   * small GEMMs (split by batch element), and the no-scratch path */
+  static const int64_t bs[][4] = {{7, 33, 130, 3}, {33, 7, 33, 4},    {130, 33, 7, 2},  {200, 150, 300, 2},
+                                  {7, 3100, 9, 1}, {8, 8, 8, 40},     {300, 70, 520, 1}, {1, 257, 600, 3}};
+  for (int d = 0; d < 3; d++)
+    for (size_t k = 0; k < sizeof bs / sizeof *bs; k++)
+      for (int bc = 0; bc < 3; bc++, rot++) {
+        int e = (rot * 7) % 64;
+        GemmCase c = {dts[d], rot & 1, (rot >> 1) & 1, bs[k][0], bs[k][1], bs[k][2], bs[k][3], 2, 5, bc,
+                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+        T y = gemm_case(&c);
+        tfree(&y);
+        if (bc == 0 && bs[k][0] * bs[k][1] * bs[k][2] > 32768 && bs[k][0] * bs[k][1] * bs[k][2] < 2000000) {
+          c.direct = 1;
+          y = gemm_case(&c);
+          tfree(&y);
+        }
+      }
+  /* edge cases: K = 0 (the epilogue on zeros; A and B may be NULL), M = 0,
+   * N = 0, batch = 0 (nothing written) */
+  for (int d = 0; d < 3; d++) {
+    GemmCase c0 = {dts[d], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0};
+    T y = gemm_case(&c0);
+    tfree(&y);
+    static const int64_t z[][4] = {{0, 5, 3, 1}, {5, 0, 3, 1}, {0, 0, 0, 1}, {3, 4, 5, 0}};
+    for (int k = 0; k < 4; k++) {
+      GemmCase c = {dts[d], 1, 0, z[k][0], z[k][1], z[k][2], z[k][3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0};
+      y = gemm_case(&c);
+      tfree(&y);
+    }
+  }
+  {
+    float c1[4] = {1, 2, 3, 4};
+    tgm_gemm g = {.dt = TGM_F32, .M = 2, .N = 2, .K = 0, .batch = 1, .ldb = 2, .C = c1, .ldc = 2, .accumulate = 1};
+    check(tgm_cpu_gemm(&g) == 0 && c1[0] == 1 && c1[3] == 4, "gemm K=0 accumulate, A and B NULL: C unchanged");
+  }
+  /* bad arguments: -1, nothing written */
+  {
+    float a[16] = {0}, b[16] = {0}, c[16];
+    const tgm_gemm ok = {.dt = TGM_F32, .M = 2, .N = 2, .K = 2, .batch = 2, .A = a, .lda = 2, .sa = 4,
+                         .B = b, .ldb = 2, .sb = 4, .C = c, .ldc = 2, .sc = 4};
+    tgm_gemm bad[10];
+    for (int k = 0; k < 10; k++)
+      bad[k] = ok;
+    bad[0].dt = TGM_I32;
+    bad[1].ta = 2;
+    bad[2].lda = 1;
+    bad[3].ldc = 1;
+    bad[4].act = 4;
+    bad[5].sc = 0;
+    bad[6].C = NULL;
+    bad[7].B = NULL;
+    bad[8].K = -1;
+    bad[9].sa = -4;
+    for (int k = 0; k < 10; k++) {
+      for (int i = 0; i < 16; i++)
+        c[i] = 7;
+      int rc = tgm_cpu_gemm(&bad[k]);
+      int untouched = 1;
+      for (int i = 0; i < 16; i++)
+        untouched &= c[i] == 7;
+      check(rc == -1 && untouched, fmt("gemm refuses bad arguments (case %d): rc %d", k, rc));
+    }
+    check(tgm_cpu_gemm(NULL) == -1, "gemm refuses NULL");
+    tgm_gemm g = ok;
+    check(tgm_cpu_gemm(&g) == 0, "gemm accepts the well-formed call");
+  }
+#ifdef _OPENMP
+  /* the same bits at 1 and 3 threads (the built-in GEMM) */
+  if (omp_get_max_threads() != 1)
+    for (int d = 0; d < 3; d++) {
+      if (dts[d] == TGM_F32 && gemm_via_blas())
+        continue;
+      GemmCase c = {dts[d], 1, 1, 200, 150, 300, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0};
+      uint64_t seed = rng;
+      T y1 = gemm_case(&c);
+      int saved = omp_get_max_threads();
+      omp_set_num_threads(1);
+      rng = seed;
+      T y2 = gemm_case(&c);
+      omp_set_num_threads(saved);
+      check(y1.n == y2.n && memcmp(y1.p, y2.p, esize(dts[d]) * (size_t)y1.n) == 0,
+            fmt("gemm %s: the same bits at %d threads and 1", dtn[dts[d]], saved));
+      tfree(&y1);
+      tfree(&y2);
+    }
+#endif
+}
+
 /* ---------------------------------------------------------------- driver */
 
 static void run_all(void) {
@@ -1546,6 +1823,7 @@ static void run_gemm(void) {
   test_matmul();
   test_linear();
   test_attention();
+  test_gemm();
 }
 
 int main(void) {

@@ -1,0 +1,365 @@
+/* test_gemm_cuda.cu: tgm_cuda_gemm against tgm_cpu_gemm (which
+ * tests/unit/test_cpu_kernels.c checks against a double-precision reference)
+ * on the cases the CPU test runs: every shape in {1, 7, 33, 130}^3, every
+ * transpose pair, f32 / bf16 / f16, the 64 epilogues (bias x act x aux x
+ * residual x accumulate) in turn, padded leading dims, the residual being C
+ * itself; batches with A or B broadcast (stride 0) and gaps between batch
+ * elements; sizes that take several cuBLASLt pieces (the product scratch is
+ * cut to 64 KiB here, so the row and batch splitting runs); K = 0, M = 0,
+ * batch = 0; pointers one element off alignment (the unvectorised epilogue,
+ * cuBLASLt's low-alignment algorithms); a case run twice (the cached plan);
+ * and bad arguments (an error code and a message).
+ *
+ * Every element of C's and aux's buffers is compared, padding included (it
+ * must stay exactly as it was). Tolerance: rtol (|cpu| + scale), scale the
+ * size of what was summed into the output (the 2-norm of the K products plus
+ * |bias|, |residual|, |old C|), rtol f32 2e-5 (no TF32: both sides sum in
+ * f32, in different orders), bf16 1e-2, f16 2e-3 (one rounding each; they may
+ * differ by an ulp), plus 2^-24 for f16. Where cuBLASLt's own GELU epilogue
+ * runs (tanh-gelu without residual or accumulation) f32 gets 1e-3: its tanh
+ * may be a faster approximation than tanhf. Each line names the path taken:
+ * "lt" (cuBLASLt epilogue alone) or "lt+k" (product, then k_gemm_epilogue).
+ *
+ * Exit status: 0 all passed, 1 some failed, 77 no CUDA device (skip).
+ * Build and run: TEST=test_gemm_cuda sh tests/gpu/build_and_run.sh (it also
+ * compiles templates/runtime/tgm_cpu.c with the host C compiler and links
+ * -lcublasLt); by hand:
+ *   gcc -std=c11 -O2 -fopenmp -c templates/runtime/tgm_cpu.c -o tgm_cpu.o
+ *   nvcc -std=c++17 -O3 -arch=sm_90 -Xcompiler -fopenmp tests/gpu/test_gemm_cuda.cu tgm_cpu.o \
+ *        -lcublas -lcublasLt -o test_gemm_cuda && ./test_gemm_cuda */
+#define TGM_CUDA_GEMM_BUDGET ((size_t)64 << 10)
+#include "../../templates/runtime/tgm_cuda.cu"
+#include "../../templates/runtime/tgm_init.c"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+static tgm_cuda_ctx *CX;
+static int n_pass, n_fail;
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng_next(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double urand(double lo, double hi) { return lo + (hi - lo) * ((double)(rng_next() >> 11) * 0x1p-53); }
+
+static const char *DTN[] = {"f32", "bf16", "f16"};
+static const char *ACTN[] = {"none", "relu", "gelu", "gelu_tanh"};
+
+/* A host buffer of dtype dt (raw bytes) and its values as doubles. */
+struct Buf {
+  int dt = TGM_F32;
+  int64_t n = 0;
+  std::vector<unsigned char> raw;
+  std::vector<double> v;
+  void init(int dt_, int64_t n_) {
+    dt = dt_;
+    n = n_;
+    raw.assign((size_t)(n > 0 ? n : 1) * dt_size(dt), 0);
+    v.assign((size_t)(n > 0 ? n : 1), 0.0);
+  }
+  void set(int64_t i, double x) {
+    tgm_put(raw.data(), dt, i, x);
+    v[i] = tgm_get(raw.data(), dt, i);
+  }
+  size_t bytes() const { return raw.size(); }
+};
+
+/* nb matrices rows x cols, row stride ld, batch stride st: entries uniform
+ * in [-1, 1), the rest `fill`. */
+static void fill_buf(Buf &b, int dt, int64_t nb, int64_t rows, int64_t cols, int64_t ld, int64_t st, double fill) {
+  b.init(dt, nb > 0 ? (nb - 1) * st + rows * ld : 0);
+  for (int64_t i = 0; i < b.n; i++)
+    b.set(i, fill);
+  for (int64_t k = 0; k < nb; k++)
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++)
+        b.set(k * st + r * ld + c, urand(-1, 1));
+}
+
+/* Device copies, `skew` elements past a 256-byte boundary. */
+struct Dev {
+  void *base = nullptr;
+  char *p = nullptr;
+  Dev() {}
+  Dev(const Dev &) = delete;
+  Dev &operator=(const Dev &) = delete;
+  ~Dev() {
+    if (base)
+      cudaFree(base);
+  }
+  bool up(const Buf &b, int skew) {
+    size_t off = (size_t)skew * dt_size(b.dt);
+    if (cudaMalloc(&base, b.bytes() + off) != cudaSuccess)
+      return false;
+    p = (char *)base + off;
+    return put(b);
+  }
+  bool put(const Buf &b) { return cudaMemcpy(p, b.raw.data(), b.bytes(), cudaMemcpyHostToDevice) == cudaSuccess; }
+  bool down(Buf &b) const { return cudaMemcpy(b.raw.data(), p, b.bytes(), cudaMemcpyDeviceToHost) == cudaSuccess; }
+};
+
+struct Case {
+  int dt, ta, tb;
+  int64_t M, N, K, batch, pad, gap;
+  int bc, bias, act, aux, res, acc, inplace, skew;
+};
+
+static void result(bool ok, const std::string &label, const std::string &why) {
+  if (ok)
+    n_pass++;
+  else
+    n_fail++;
+  printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", label.c_str(), why.empty() ? "" : ": ", why.c_str());
+}
+
+/* got (device result) against want (tgm_cpu_gemm's): element i within
+ * rtol (|want| + scale[i]) + sub, exactly where scale[i] < 0 (padding; NaN
+ * meets NaN). `why` describes the worst element. */
+static bool within(const Buf &got, const Buf &want, const std::vector<double> &scale, double rtol, double sub,
+                   std::string &why) {
+  int64_t bad = 0, worst = -1;
+  double wr = 0;
+  for (int64_t i = 0; i < want.n; i++) {
+    double g = got.v[i], w = want.v[i], tol = scale[i] < 0 ? 0 : rtol * (std::fabs(w) + scale[i]) + sub;
+    bool ok = std::isnan(w) ? std::isnan(g) : tol == 0 ? g == w : std::fabs(g - w) <= tol;
+    double r = tol > 0 ? std::fabs(g - w) / tol : (ok ? 0 : 1e30);
+    if (!ok)
+      bad++;
+    if (r > wr || (std::isnan(g) && !std::isnan(w))) {
+      wr = r;
+      worst = i;
+    }
+  }
+  char b[200];
+  if (worst >= 0)
+    snprintf(b, sizeof b, "%lld bad; worst element %lld: got %.9g, want %.9g (error/tolerance %.3g)", (long long)bad,
+             (long long)worst, got.v[worst], want.v[worst], wr);
+  else
+    snprintf(b, sizeof b, "exact");
+  why = b;
+  return bad == 0;
+}
+
+/* One case on both sides. */
+static void run_case(const Case &c, int repeat = 1) {
+  const int dt = c.dt;
+  const int64_t M = c.M, N = c.N, K = c.K, B = c.batch;
+  const int64_t ar = c.ta ? K : M, ac = c.ta ? M : K, br = c.tb ? N : K, bcl = c.tb ? K : N;
+  const int64_t lda = ac + c.pad, ldb = bcl + c.pad, ldc = N + c.pad;
+  const int64_t sa = c.bc == 1 ? 0 : ar * lda + c.gap, sb = c.bc == 2 ? 0 : br * ldb + c.gap, sc = M * ldc + c.gap;
+  Buf a, b, bias, y, aux, res;
+  fill_buf(a, dt, c.bc == 1 ? 1 : B, ar, ac, lda, sa, NAN);
+  fill_buf(b, dt, c.bc == 2 ? 1 : B, br, bcl, ldb, sb, NAN);
+  fill_buf(bias, dt, 1, 1, N, N, 0, NAN);
+  fill_buf(y, dt, B, M, N, ldc, sc, 7.0);
+  fill_buf(aux, dt, B, M, N, ldc, sc, 7.0);
+  fill_buf(res, dt, B, M, N, ldc, sc, NAN);
+  for (int64_t i = 0; i < aux.n; i++)
+    if (aux.v[i] != 7.0)
+      aux.set(i, NAN);
+  if (!c.acc && !c.inplace)
+    for (int64_t k = 0; k < B; k++)
+      for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+          y.set(k * sc + m * ldc + n, NAN);
+  /* tolerances from the double sums */
+  const bool lt_gelu = c.act == TGM_ACT_GELU_TANH && !c.res && !c.acc && K > 0;
+  const double rtol = dt == TGM_BF16 ? 1e-2 : dt == TGM_F16 ? 2e-3 : lt_gelu ? 1e-3 : 2e-5;
+  const double sub = dt == TGM_F16 ? 0x1p-24 : 0;
+  std::vector<double> scale((size_t)(y.n > 0 ? y.n : 1), -1.0), ascale = scale;
+  for (int64_t k = 0; k < B; k++)
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) {
+        double s2 = 0;
+        for (int64_t l = 0; l < K; l++) {
+          double p =
+              a.v[k * sa + (c.ta ? l * lda + m : m * lda + l)] * b.v[k * sb + (c.tb ? n * ldb + l : l * ldb + n)];
+          s2 += p * p;
+        }
+        int64_t o = k * sc + m * ldc + n;
+        double s = std::sqrt(s2) + (c.bias ? std::fabs(bias.v[n]) : 0);
+        if (c.aux)
+          ascale[o] = s;
+        scale[o] = s + (c.res ? std::fabs(c.inplace ? y.v[o] : res.v[o]) : 0) + (c.acc ? std::fabs(y.v[o]) : 0);
+      }
+  Dev da, db, dbias, dy, daux, dres;
+  if (!da.up(a, c.skew) || !db.up(b, c.skew) || !dbias.up(bias, c.skew) || !dy.up(y, c.skew) ||
+      !daux.up(aux, c.skew) || !dres.up(res, c.skew)) {
+    result(false, "gemm", "cudaMalloc/cudaMemcpy failed");
+    return;
+  }
+  tgm_gemm h = {};
+  h.dt = dt;
+  h.ta = c.ta;
+  h.tb = c.tb;
+  h.M = M;
+  h.N = N;
+  h.K = K;
+  h.batch = B;
+  h.lda = lda;
+  h.sa = sa;
+  h.ldb = ldb;
+  h.sb = sb;
+  h.ldc = ldc;
+  h.sc = sc;
+  h.act = c.act;
+  h.accumulate = c.acc;
+  tgm_gemm d = h;
+  Buf ycpu = y, auxcpu = aux;
+  h.A = a.raw.data();
+  h.B = b.raw.data();
+  h.C = ycpu.raw.data();
+  h.bias = c.bias ? bias.raw.data() : NULL;
+  h.aux = c.aux ? auxcpu.raw.data() : NULL;
+  h.residual = c.res ? (c.inplace ? (const void *)ycpu.raw.data() : (const void *)res.raw.data()) : NULL;
+  d.A = da.p;
+  d.B = db.p;
+  d.C = dy.p;
+  d.bias = c.bias ? dbias.p : NULL;
+  d.aux = c.aux ? daux.p : NULL;
+  d.residual = c.res ? (c.inplace ? (const void *)dy.p : (const void *)dres.p) : NULL;
+  uint32_t epi;
+  float beta;
+  const void *cin;
+  const char *path = K > 0 && lt_epilogue_for(&d, &epi, &beta, &cin) ? "lt" : "lt+k";
+  char lab[300];
+  snprintf(lab, sizeof lab,
+           "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s acc=%d%s "
+           "[%s]",
+           DTN[dt], c.ta, c.tb, (long long)M, (long long)N, (long long)K, (long long)B, (long long)c.pad, c.bc,
+           c.bias, ACTN[c.act], c.aux, c.res, c.inplace ? "(=C)" : "", c.acc, c.skew ? " skew" : "", path);
+  int rc = tgm_cpu_gemm(&h);
+  if (rc) {
+    result(false, lab, "tgm_cpu_gemm returned " + std::to_string(rc));
+    return;
+  }
+  /* repeat > 1: run again from the same inputs (the second call uses the cached plan) */
+  for (int r = 0; r < repeat; r++) {
+    if (r > 0 && !dy.put(y)) {
+      result(false, lab, "cudaMemcpy failed");
+      return;
+    }
+    rc = tgm_cuda_gemm(CX, &d);
+    if (!rc)
+      rc = tgm_cuda_sync(CX);
+    if (rc) {
+      result(false, lab, std::string("tgm_cuda_gemm: ") + tgm_cuda_ctx_error(CX));
+      return;
+    }
+    Buf ygpu = y, auxgpu = aux;
+    if (!dy.down(ygpu) || !daux.down(auxgpu)) {
+      result(false, lab, "cudaMemcpy failed");
+      return;
+    }
+    for (int64_t i = 0; i < ygpu.n; i++) {
+      ygpu.v[i] = tgm_get(ygpu.raw.data(), dt, i);
+      auxgpu.v[i] = tgm_get(auxgpu.raw.data(), dt, i);
+      ycpu.v[i] = tgm_get(ycpu.raw.data(), dt, i);
+      auxcpu.v[i] = tgm_get(auxcpu.raw.data(), dt, i);
+    }
+    std::string w1, w2;
+    bool ok1 = within(ygpu, ycpu, scale, rtol, sub, w1), ok2 = within(auxgpu, auxcpu, ascale, rtol, sub, w2);
+    result(ok1 && ok2, std::string(lab) + (r ? " (again)" : ""), "C " + w1 + "; aux " + w2);
+  }
+}
+
+static void test_gemm(void) {
+  static const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  static const int64_t sz[] = {1, 7, 33, 130};
+  int rot = 0;
+  for (int di = 0; di < 3; di++)
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++)
+          for (int t = 0; t < 4; t++, rot++) {
+            int e = rot % 64;
+            Case c = {dts[di], t & 1, t >> 1, sz[i], sz[j], sz[k], 1, rot % 3 ? 3 : 0, 0, 0,
+                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, rot % 7 == 0};
+            c.inplace = c.res && !c.acc && rot % 5 == 0;
+            run_case(c);
+          }
+  static const int64_t bs[][4] = {{7, 33, 130, 3}, {33, 7, 33, 4}, {130, 33, 7, 2},   {200, 150, 300, 2},
+                                  {7, 3100, 9, 1}, {8, 8, 8, 40},  {300, 70, 520, 1}, {1, 257, 600, 3},
+                                  {64, 96, 128, 3}};
+  for (int di = 0; di < 3; di++)
+    for (size_t k = 0; k < sizeof bs / sizeof *bs; k++)
+      for (int bc = 0; bc < 3; bc++, rot++) {
+        int e = (rot * 7) % 64;
+        /* gap 8 keeps batch strides multiples of 8 where pad allows: GELU_AUX's batched path */
+        Case c = {dts[di], rot & 1, (rot >> 1) & 1, bs[k][0], bs[k][1], bs[k][2], bs[k][3], k == 8 ? 0 : 2,
+                  k == 8 ? 0 : 5, bc, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+        run_case(c);
+      }
+  /* every cuBLASLt epilogue on an aligned, batched shape (N, ldc multiples of 8) */
+  for (int di = 0; di < 3; di++)
+    for (int e = 0; e < 64; e++) {
+      Case c = {dts[di], e & 1, 1, 64, 96, 128, 2, 0, 0, 0, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1,
+                (e >> 5) & 1, 0, 0};
+      run_case(c);
+    }
+  /* edge cases, and the plan cache (a second run of the same case) */
+  for (int di = 0; di < 3; di++) {
+    run_case(Case{dts[di], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0});
+    static const int64_t z[][4] = {{0, 5, 3, 1}, {5, 0, 3, 1}, {0, 0, 0, 1}, {3, 4, 5, 0}};
+    for (auto &q : z)
+      run_case(Case{dts[di], 1, 0, q[0], q[1], q[2], q[3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0});
+    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0}, 2);
+    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0}, 2);
+  }
+}
+
+/* Bad arguments: an error code and a message naming the function. */
+static void test_errors(void) {
+  tgm_gemm ok = {};
+  ok.dt = TGM_F32;
+  ok.M = ok.N = ok.K = 2;
+  ok.batch = 2;
+  ok.lda = ok.ldb = ok.ldc = 2;
+  ok.sa = ok.sb = ok.sc = 4;
+  ok.A = ok.B = ok.C = (void *)(uintptr_t)256; /* never dereferenced: the calls fail before any launch */
+  tgm_gemm bad[8];
+  for (auto &g : bad)
+    g = ok;
+  bad[0].dt = TGM_I32;
+  bad[1].ta = 2;
+  bad[2].lda = 1;
+  bad[3].ldc = 1;
+  bad[4].act = 9;
+  bad[5].sc = 0;
+  bad[6].C = NULL;
+  bad[7].K = -1;
+  for (int k = 0; k < 8; k++) {
+    int rc = tgm_cuda_gemm(CX, &bad[k]);
+    const char *msg = tgm_cuda_ctx_error(CX);
+    result(rc != 0 && strstr(msg, "tgm_cuda_gemm") != NULL,
+           "gemm refuses bad arguments (case " + std::to_string(k) + ")", msg);
+  }
+  result(tgm_cuda_gemm(CX, NULL) != 0, "gemm refuses NULL", tgm_cuda_ctx_error(CX));
+}
+
+int main(void) {
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  char err[256];
+  if (tgm_cuda_ctx_create(&CX, err, sizeof err)) {
+    printf("FAIL: tgm_cuda_ctx_create: %s\n", err);
+    return 1;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  test_gemm();
+  test_errors();
+  tgm_cuda_ctx_destroy(CX);
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
