@@ -460,6 +460,15 @@ static const char *expr_text(R *r, const Node *n, const char **ops) {
 
 static const char *val(R *r, const Node *n, Ix *ix);
 
+/* A bf16/f16 value is rounded to its dtype where it is computed, as if it
+ * were stored: every reader sees the same value (a mask x == amax(x) must
+ * hold in the kernel that computes x and in one that loads it). */
+static const char *half_round(R *r, DType t, const char *e) {
+  if (t != DT_BF16 && t != DT_F16)
+    return e;
+  return arena_printf(r->a, "%s_round_%s(%s)", r->name, t == DT_BF16 ? "bf16" : "f16", e);
+}
+
 /* The result of a reduction this kernel computes, read at ix: only at the
  * kernel's own output element. */
 static const char *red_val(R *r, const Node *n, Ix *ix) {
@@ -570,7 +579,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
       ops[1] = conv(r, ops[1], n->in[1]->dtype, n->dtype);
       ops[2] = conv(r, ops[2], n->in[2]->dtype, n->dtype);
     }
-    v = bind(r, vtype(n->dtype), expr_text(r, n, ops));
+    v = bind(r, vtype(n->dtype), half_round(r, n->dtype, expr_text(r, n, ops)));
     break;
   }
   default:
@@ -826,7 +835,6 @@ static void loop_body(R *r) {
         last_full = d > last_full ? d : last_full;
       }
     }
-  Ix ro = ix_make(&rsh, "r");
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
     const char *accs[64];
     int na = 0, all_sum = 1;
@@ -852,7 +860,7 @@ static void loop_body(R *r) {
     r->d->r_loop(r);
     set_var_level(r, "r", 2);
     Ix ixF = ix_make(&k->full, NULL);
-    Ix oo = ix_make(r->outer_sh, "o");
+    Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(&rsh, "r"); /* fresh: their dims are this loop's locals */
     for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
       ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
     if (rows_layout(k))
@@ -896,7 +904,8 @@ static void loop_body(R *r) {
         continue;
       r->d->combine(r, red->op, accs[na]);
       const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
-      emit(r, 1, "const %s %s = (%s)%s;", vtype(red->dtype), v, vtype(red->dtype), accs[na]);
+      emit(r, 1, "const %s %s = %s;", vtype(red->dtype), v,
+           half_round(r, red->dtype, arena_printf(r->a, "(%s)%s", vtype(red->dtype), accs[na])));
       set_var_level(r, v, 1);
       r->acc[red->id] = v;
       na++;

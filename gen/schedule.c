@@ -97,6 +97,16 @@ static Kernel *new_kernel(S *s, KernelKind kind, Node *n) {
   return k;
 }
 
+/* Mark a value read from memory, and through a stored reshape (an alias),
+ * the value whose bytes it is. */
+static void mark_alias(const BPass *p, const Node *n, char *mark) {
+  mark[n->id] = 1;
+  while (is_alias_view(n) && p->kern[n->id] < 0 && n->in[0] && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
+    n = n->in[0];
+    mark[n->id] = 1;
+  }
+}
+
 static void loads_walk(const BPass *p, const Node *n, const Kernel *k, int top, char *seen, char *mark) {
   if (seen[n->id])
     return;
@@ -107,7 +117,7 @@ static void loads_walk(const BPass *p, const Node *n, const Kernel *k, int top, 
   for (int i = 0; i < k->nreds && !own; i++)
     own = k->reds[i] == n;
   if (!top && !own && (is_leaf(n) || p->realized[n->id])) {
-    mark[n->id] = 1;
+    mark_alias(p, n, mark);
     return;
   }
   if (!top && !own && is_call(n))
@@ -125,7 +135,7 @@ void kernel_loads(const BPass *p, const Kernel *k, char *mark) {
   if (k->kind != K_LOOP) {
     for (int j = 0; j < k->anchor->nin; j++)
       if (k->anchor->in[j])
-        mark[k->anchor->in[j]->id] = 1;
+        mark_alias(p, k->anchor->in[j], mark);
   } else {
     for (int i = 0; i < k->nouts; i++)
       loads_walk(p, k->outs[i], k, 1, seen, mark);
@@ -342,9 +352,11 @@ void schedule(BPass *p, int fuse) {
     p->k[p->nk++] = new_kernel(s, kind, n);
   }
   if (fuse) {
+    int limit = getenv("TGEN_FUSE_LIMIT") ? atoi(getenv("TGEN_FUSE_LIMIT")) : 1 << 30, merges = 0;
     for (int j = 1; j < p->nk; j++)
-      for (int i = j - 1; i >= 0 && i >= j - 64; i--)
+      for (int i = j - 1; i >= 0 && i >= j - 64 && (p->kind != PASS_TRAIN || merges < limit); i--)
         if (try_merge(s, i, j)) {
+          merges++;
           j = i; /* the merged kernel may take more */
           break;
         }

@@ -124,6 +124,23 @@ static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
   for (int i = 0; i < p->n; i++)
     if (stores[i] > 1 || (stores[i] && !p->realized[i]))
       ok = 0;
+  /* every value a kernel reads from memory is written by an earlier kernel */
+  char *mark = calloc((size_t)p->n + 1, 1);
+  int order_ok = 1;
+  for (int c = 0; c < p->nk && order_ok; c++) {
+    kernel_loads(p, p->k[c], mark);
+    for (int i = 0; i < p->n; i++)
+      if (mark[i] && p->kern[i] >= c) {
+        snprintf(err, sizeof err, "kernel %d reads %%%d (%s), written by kernel %d", c + 1, i,
+                 op_info[p->nodes[i]->op].name, p->kern[i] + 1);
+        order_ok = 0;
+        break;
+      }
+  }
+  free(mark);
+  snprintf(what, sizeof what, "%s %s %s: kernels read only what earlier kernels wrote", name, pass_names[p->kind],
+           fuse ? "fused" : "unfused");
+  check(order_ok, what, order_ok ? "" : err);
   snprintf(what, sizeof what, "%s %s %s: each stored value stored once (%d kernels)", name, pass_names[p->kind],
            fuse ? "fused" : "unfused", p->nk);
   check(ok, what, "");
