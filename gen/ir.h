@@ -250,6 +250,9 @@ typedef struct Kernel {
   Node **reds;       /* K_LOOP: the reductions it computes (stored or not) */
   int nreds;
   Node *anchor;      /* K_GEMM, K_EXTERN, K_CONCAT: the node */
+  Node *act, *add;   /* K_GEMM: the activation (relu, gelu) and the residual add its store applies, or NULL;
+                        outs[0] is the last of anchor, act, add */
+  Node *res;         /* K_GEMM: the residual add's other operand */
   /* K_LOOP's iteration space: with reductions, each output element o of
    * `outer` elements reduces `rnum` elements of `full` over the dims in
    * `axes`; without, `numel` elements */
@@ -293,6 +296,15 @@ BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd);
 /* schedule.c: realize values and group the nodes into kernels (fuse = 0: one
  * kernel per computed node). */
 void schedule(BPass *p, int fuse);
+/* A GEMM operand as memory: x itself, or the value x transposes (its last
+ * two dims swapped), with *trans = 1. */
+const Node *gemm_source(const Node *x, int *trans);
+/* Operand k of GEMM node n as the runtime GEMM reads it (gemm_source for
+ * the matrices of a strided GEMM; linear's x and bias as they are). */
+const Node *gemm_operand(const Node *n, int k, int *trans);
+/* Can GEMM node n run as one strided-batch GEMM over its operands' sources
+ * (both of rank >= 2, each operand's batch dims the result's or none)? */
+int gemm_strided(const Node *n);
 /* mark[id] = 1 for each value kernel k reads from memory (leaves and values
  * stored by other kernels), else 0. */
 void kernel_loads(const BPass *p, const Kernel *k, char *mark);

@@ -1104,7 +1104,7 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
 static const char *bname(BPass *p, const Node *n) {
   int bi = p->buf[n->id];
   if (bi < 0)
-    die("render: %s has no buffer", op_info[n->op].name);
+    die("render: %s (%%%d, pass %s) has no buffer", op_info[n->op].name, n->id, pass_names[p->kind]);
   return p->b[bi].name;
 }
 
@@ -1127,9 +1127,59 @@ static const char *prod(File *f, const Shape *s, int from, int to) {
   return c_dim(f->g, &d);
 }
 
+/* A GEMM as one strided-batch call of the runtime's GEMM: transposed views
+ * of stored values are transpose flags, a linear's bias and the epilogue the
+ * schedule fused (relu or gelu, then a residual add) are applied where the
+ * result is stored. */
+static void gemm_call(File *f, BPass *p, const Kernel *k, Buf *b) {
+  const Node *n = k->anchor, *out = k->outs[0];
+  int cuda = !strcmp(f->d->name, "cuda");
+  int ta, tb;
+  const Node *sa = gemm_operand(n, 0, &ta), *sb = gemm_operand(n, 1, &tb);
+  const Shape *ys = &n->shape;
+  const char *M, *N, *K, *batch, *lda, *ldb;
+  const Node *a = n->in[0], *bb = n->in[1];
+  if (n->op == OP_LINEAR) { /* x [..., in] @ w[out, in]^T: w is B transposed */
+    M = prod(f, &a->shape, 0, a->shape.rank - 1);
+    K = c_dim(f->g, &a->shape.d[a->shape.rank - 1]);
+    N = c_dim(f->g, &bb->shape.d[0]);
+    batch = "1";
+    tb = !tb;
+  } else {
+    M = c_dim(f->g, &a->shape.d[a->shape.rank - 2]);
+    K = c_dim(f->g, &a->shape.d[a->shape.rank - 1]);
+    N = c_dim(f->g, &bb->shape.d[bb->shape.rank - 1]);
+    batch = prod(f, ys, 0, ys->rank - 2);
+  }
+  /* leading dims: the stored matrix's last dim */
+  lda = c_dim(f->g, &sa->shape.d[sa->shape.rank - 1]);
+  ldb = c_dim(f->g, &sb->shape.d[sb->shape.rank - 1]);
+  int abatch = n->op == OP_MATMUL && a->shape.rank > 2, bbatch = n->op == OP_MATMUL && bb->shape.rank > 2;
+  static const char *const acts[] = {"NONE", "RELU", "GELU", "GELU_TANH"};
+  int act = !k->act ? 0 : k->act->op == OP_RELU ? 1 : k->act->flag ? 3 : 2;
+  buf_printf(b, "  {  /* %s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
+             k->add ? ", + residual" : "");
+  buf_printf(b, "    const %s_gemm g = {%s, %d, %d, %s, %s, %s, %s,\n", f->name, dt_c(f, n->dtype), ta, tb, M, N, K, batch);
+  buf_printf(b, "                       %s, %s, %s, %s, %s, %s,\n", bname(p, sa), lda,
+             abatch ? arena_printf(f->a, "(%s) * (%s)", M, K) : "0", bname(p, sb), ldb,
+             bbatch ? arena_printf(f->a, "(%s) * (%s)", K, N) : "0");
+  buf_printf(b, "                       %s, %s, (%s) * (%s), %s, %s_ACT_%s, NULL, %s, 0};\n", bname(p, out), N, M, N,
+             n->op == OP_LINEAR && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL", f->NAME, acts[act],
+             k->res ? bname(p, k->res) : "NULL");
+  if (cuda)
+    buf_printf(b, "    CK(%s_cuda_gemm(m->cx, &g));\n  }\n", f->name);
+  else
+    buf_printf(b, "    if (%s_cpu_gemm(&g))\n      return %s_fail(m, %s_EINVAL, \"GEMM of %s: bad arguments\");\n  }\n", f->name,
+               f->name, f->NAME, op_info[n->op].name);
+}
+
 /* A library call (GEMM, attention, embedding, dropout). */
 static void call_kernel(File *f, BPass *p, const Kernel *k, int ki, Buf *b) {
   const Node *n = k->anchor;
+  if (k->kind == K_GEMM && gemm_strided(n)) {
+    gemm_call(f, p, k, b);
+    return;
+  }
   int cuda = !strcmp(f->d->name, "cuda");
   const char *o = cuda ? "CK(" : "", *c = cuda ? ")" : "", *rt = cuda ? "cuda" : "cpu", *cx = cuda ? "m->cx, " : "";
   const char *dt = dt_c(f, n->dtype), *y = bname(p, n);

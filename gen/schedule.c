@@ -50,6 +50,54 @@ static int is_alias_view(const Node *n) {
   return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE;
 }
 
+const Node *gemm_source(const Node *x, int *trans) {
+  *trans = 0;
+  if (x->op == OP_INPUT || x->op == OP_PARAM)
+    return x;
+  int r = x->shape.rank;
+  if (r < 2)
+    return x;
+  int swap = 0;
+  if (x->op == OP_TRANSPOSE)
+    swap = (x->axis == r - 1 && x->axis2 == r - 2) || (x->axis == r - 2 && x->axis2 == r - 1);
+  else if (x->op == OP_PERMUTE) {
+    swap = x->perm[r - 1] == r - 2 && x->perm[r - 2] == r - 1;
+    for (int k = 0; k < r - 2; k++)
+      swap &= x->perm[k] == k;
+  }
+  if (!swap)
+    return x;
+  int t; /* a transpose of a transpose: follow it, flipping again */
+  const Node *y = gemm_source(x->in[0], &t);
+  *trans = !t;
+  return y;
+}
+
+static int batch_ok(const Node *x, const Node *y) {
+  int bx = x->shape.rank - 2, by = y->shape.rank - 2;
+  if (bx == 0)
+    return 1;
+  if (bx != by)
+    return 0;
+  for (int k = 0; k < bx; k++)
+    if (!dim_eq(&x->shape.d[k], &y->shape.d[k]))
+      return 0;
+  return 1;
+}
+
+const Node *gemm_operand(const Node *n, int k, int *trans) {
+  *trans = 0;
+  if (k >= 2 || (n->op == OP_LINEAR && k == 0) || !gemm_strided(n))
+    return n->in[k];
+  return gemm_source(n->in[k], trans);
+}
+
+int gemm_strided(const Node *n) {
+  if (n->op == OP_LINEAR)
+    return 1;
+  return n->in[0]->shape.rank >= 2 && n->in[1]->shape.rank >= 2 && batch_ok(n->in[0], n) && batch_ok(n->in[1], n);
+}
+
 static Dim numel_dim(const BPass *p, const Shape *s, uint32_t only, int want) {
   Dim d = dim_const(1);
   Loc none = {0, 0};
@@ -133,9 +181,14 @@ void kernel_loads(const BPass *p, const Kernel *k, char *mark) {
     die("out of memory");
   memset(mark, 0, (size_t)p->n + 1);
   if (k->kind != K_LOOP) {
-    for (int j = 0; j < k->anchor->nin; j++)
-      if (k->anchor->in[j])
-        mark_alias(p, k->anchor->in[j], mark);
+    const Node *a = k->anchor;
+    for (int j = 0; j < a->nin; j++)
+      if (a->in[j]) {
+        int t;
+        mark_alias(p, k->kind == K_GEMM ? gemm_operand(a, j, &t) : a->in[j], mark);
+      }
+    if (k->res)
+      mark_alias(p, k->res, mark);
   } else {
     for (int i = 0; i < k->nouts; i++)
       loads_walk(p, k->outs[i], k, 1, seen, mark);
@@ -318,13 +371,56 @@ void schedule(BPass *p, int fuse) {
     for (int k = 0; k < p->nodes[i]->nin; k++)
       if (p->nodes[i]->in[k] && p->nodes[i]->in[k]->id < p->nfwd)
         keep[p->nodes[i]->in[k]->id] = 1;
+  char *kept = arena_alloc(s->a, (size_t)p->n + 1); /* results and saved values */
+  memcpy(kept, keep, (size_t)p->n);
+  Node **user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the one consumer, if one */
+  for (int i = 0; i < p->n; i++)
+    for (int k = 0; k < p->nodes[i]->nin; k++)
+      if (p->nodes[i]->in[k])
+        user[p->nodes[i]->in[k]->id] = p->nodes[i];
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     if (is_call(n)) {
       keep[i] = 1;
       for (int k = 0; k < n->nin; k++)
-        if (n->in[k])
-          keep[n->in[k]->id] = 1;
+        if (n->in[k]) {
+          int t;
+          const Node *src = op_info[n->op].cls == C_GEMM ? gemm_operand(n, k, &t) : n->in[k];
+          keep[src->id] = 1;
+        }
+    }
+  }
+  /* a GEMM's epilogue: an activation, then a residual add, each the sole
+   * consumer of the value before it; the GEMM's store applies them */
+  Node **epi = arena_alloc(s->a, sizeof(Node *) * 3 * (size_t)(p->n + 1));
+  for (int i = 0; fuse && i < p->n; i++) {
+    Node *n = p->nodes[i], *tail = n, **e = &epi[3 * i];
+    if (op_info[n->op].cls != C_GEMM || !gemm_strided(n))
+      continue;
+    Node *c = p->nuse[i] == 1 && !kept[i] ? user[i] : NULL;
+    if (c && (c->op == OP_RELU || c->op == OP_GELU) && c->dtype == n->dtype && dtype_is_float(n->dtype)) {
+      e[0] = c;
+      tail = c;
+      c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
+    }
+    if (c && c->op == OP_ADD && c->dtype == n->dtype && shape_eq(&c->in[0]->shape, &c->in[1]->shape) &&
+        shape_eq(&c->shape, &tail->shape)) {
+      Node *r = c->in[0] == tail ? c->in[1] : c->in[0];
+      if (r != tail && r->id < n->id) { /* computed before the GEMM runs */
+        e[1] = c;
+        e[2] = r;
+        tail = c;
+      }
+    }
+    if (tail != n) {
+      keep[i] = 0;
+      keep[tail->id] = 1;
+      keep[e[2] ? e[2]->id : tail->id] = 1;
+      for (int k = 0; k < n->nin; k++) /* the operands stay stored */
+        if (n->in[k]) {
+          int t;
+          keep[gemm_operand(n, k, &t)->id] = 1;
+        }
     }
   }
   for (int i = 0; i < p->n; i++) {
@@ -350,6 +446,21 @@ void schedule(BPass *p, int fuse) {
     KernelKind kind = op_info[n->op].cls == C_GEMM ? K_GEMM : op_info[n->op].cls == C_EXTERN ? K_EXTERN : K_LOOP;
     p->kern[i] = p->nk;
     p->k[p->nk++] = new_kernel(s, kind, n);
+  }
+  /* GEMM epilogues: the tail is stored by the GEMM's kernel */
+  for (int i = 0; i < p->n; i++) {
+    Node **e = &epi[3 * i];
+    if (!e[0] && !e[1])
+      continue;
+    Node *tail = e[1] ? e[1] : e[0];
+    int c = p->kern[tail->id];
+    Kernel *k = p->k[c];
+    k->kind = K_GEMM;
+    k->anchor = p->nodes[i];
+    k->act = e[0];
+    k->add = e[1];
+    k->res = e[2];
+    k->nreds = 0;
   }
   if (fuse) {
     int limit = getenv("TGEN_FUSE_LIMIT") ? atoi(getenv("TGEN_FUSE_LIMIT")) : 1 << 30, merges = 0;
