@@ -670,6 +670,12 @@ static const char *readme(E *e, const char *golden_note) {
   for (int i = e->plan.nfwd; g->grads && i < e->plan.n; i++)
     if (e->plan.order[i] < g->nforward)
       recomputed[e->plan.order[i]] = 1;
+  buf_printf(&k, "Kernels and arena (every intermediate of a pass lives in its arena, at offsets tgen planned for each dynamic dim's max):\n\n| pass | kernels | arena |\n| --- | --- | --- |\n");
+  for (int q = 0; q < NPASS; q++)
+    if (e->pass[q])
+      buf_printf(&k, "| %s | %d | %lld bytes (%.1f MiB) |\n", pass_names[q], e->pass[q]->nk, (long long)e->pass[q]->arena,
+                 (double)e->pass[q]->arena / 1048576.0);
+  buf_printf(&k, "\nThe graph's ops (`tgen check MODEL --dump-after schedule` shows which kernel computes each):\n\n");
   buf_printf(&k, "| node | op | result | spec | part |\n| --- | --- | --- | --- | --- |\n");
   for (int i = 0; i < g->nnodes; i++) {
     Node *n = g->nodes[i];

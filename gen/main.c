@@ -197,6 +197,16 @@ static int cmd_check(int argc, char **argv) {
     }
     print_plan_summary(g, &plan, &b);
   }
+  if (!json) { /* the back end: kernels and the arena each pass needs */
+    BPass *ps[NPASS] = {0};
+    build_passes(g, trained ? &plan : NULL, !nofuse && g->spec->compile.fuse, 2, ps);
+    buf_printf(&b, "kernels and arena (at each dynamic dim's max):");
+    for (int k = 0; k < NPASS; k++)
+      if (ps[k])
+        buf_printf(&b, "%s %s %d kernel%s, %.1f MiB", k ? ";" : "", pass_names[k], ps[k]->nk, ps[k]->nk == 1 ? "" : "s",
+                   (double)ps[k]->arena / 1048576.0);
+    buf_printf(&b, "\n");
+  }
   if (dump && !json) {
     Graph fwd = *g; /* the forward graph, as written */
     if (trained)
