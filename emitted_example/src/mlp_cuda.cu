@@ -33,16 +33,16 @@ static __global__ void k2_cross_entropy(int64_t dim_B, const float *__restrict__
   for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
     for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t j1 = o * n_r + r;
-      const float v2 = logits[j1];
+      const int64_t ix1 = o * n_r + r;
+      const float v2 = logits[ix1];
       acc0 = mlp_max(acc0, v2);
     }
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
     for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t j5 = o * n_r + r;
-      const float v6 = logits[j5];
+      const int64_t ix5 = o * n_r + r;
+      const float v6 = logits[ix5];
       const float v7 = v6 - s3;
       const float v8 = mlp_exp(v7);
       acc4 += v8;
@@ -61,19 +61,19 @@ static __global__ void k3_cross_entropy(int64_t dim_B, const int32_t *__restrict
     float acc0 = 0;
     float acc1 = 0;
     for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int64_t j2 = o * n_r + r;
-      const int64_t j3 = y[j2];
-      const int v4 = j3 != -100;
-      const float v5 = loss_sum[j2];
+      const int64_t ix2 = o * n_r + r;
+      const int64_t ix3 = y[ix2];
+      const int v4 = ix3 != -100;
+      const float v5 = loss_sum[ix2];
       const float v6 = mlp_log(v5);
-      const float v7 = loss_amax[j2];
+      const float v7 = loss_amax[ix2];
       const float v8 = v6 + v7;
-      const int v9 = j3 >= 0 && j3 < 10;
-      if (!v9 && !(j3 == -100))
-        atomicMin(bad, (unsigned long long)(j2));
-      const int64_t j10 = v9 ? j3 : 0;
-      const int64_t j11 = r * (10) + j10;
-      const float v12 = logits[j11];
+      const int v9 = ix3 >= 0 && ix3 < 10;
+      if (!v9 && !(ix3 == -100))
+        atomicMin(bad, (unsigned long long)(ix2));
+      const int64_t ix10 = v9 ? ix3 : 0;
+      const int64_t ix11 = r * (10) + ix10;
+      const float v12 = logits[ix11];
       const float v13 = v8 - v12;
       const float v14 = v4 ? v13 : 0.0f;
       acc0 += v14;
@@ -105,9 +105,9 @@ static __global__ void k5_sum(int64_t dim_B, const int32_t *__restrict__ y, floa
   for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int64_t j1 = o * n_r + r;
-      const int64_t j2 = y[j1];
-      const int v3 = j2 != -100;
+      const int64_t ix1 = o * n_r + r;
+      const int64_t ix2 = y[ix1];
+      const int v3 = ix2 != -100;
       const float v4 = (float)v3;
       acc0 += v4;
     }
@@ -123,40 +123,40 @@ static __global__ void k6_softmax_mul(int64_t dim_B, const float *__restrict__ l
   for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
     for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t j1 = o * n_r + r;
-      const float v2 = logits[j1];
+      const int64_t ix1 = o * n_r + r;
+      const float v2 = logits[ix1];
       acc0 = mlp_max(acc0, v2);
     }
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
     for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t j5 = o * n_r + r;
-      const float v6 = logits[j5];
+      const int64_t ix5 = o * n_r + r;
+      const float v6 = logits[ix5];
       const float v7 = v6 - s3;
       const float v8 = mlp_exp(v7);
       acc4 += v8;
     }
     acc4 = mlp_warp_sum(acc4);
     const float s9 = (float)acc4;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-    const int64_t j15 = y[o];
-    const int v20 = j15 != -100;
+    const int64_t ix15 = y[o];
+    const int v20 = ix15 != -100;
     const float v21 = (float)v20;
     const float v22 = d_loss_sum[0];
     const float v23 = 1.0f / v22;
     const float v24 = v21 * v23;
-      const int64_t j10 = o * n_r + r;
-      const float v11 = logits[j10];
+    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int64_t ix10 = o * n_r + r;
+      const float v11 = logits[ix10];
       const float v12 = v11 - s3;
       const float v13 = mlp_exp(v12);
       const float v14 = v13 / s9;
-      const int64_t j16 = j10 % (10);
-      const int v17 = j15 == j16;
+      const int64_t ix16 = ix10 % (10);
+      const int v17 = ix15 == ix16;
       const float v18 = (float)v17;
       const float v19 = v14 - v18;
       const float v25 = v19 * v24;
-      d_loss[j10] = (float)v25;
+      d_loss[ix10] = (float)v25;
     }
   }
 }
@@ -165,10 +165,10 @@ static __global__ void k6_softmax_mul(int64_t dim_B, const float *__restrict__ l
 static __global__ void k7_transpose(int64_t dim_B, const float *__restrict__ d_loss, float *__restrict__ d_logits_transpose) {
   const int64_t n = 10 * dim_B;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t j0 = i / (dim_B);
-    const int64_t j1 = (i) % (dim_B);
-    const int64_t j2 = j1 * (10) + j0;
-    const float v3 = d_loss[j2];
+    const int64_t ix0 = i / (dim_B);
+    const int64_t ix1 = (i) % (dim_B);
+    const int64_t ix2 = ix1 * (10) + ix0;
+    const float v3 = d_loss[ix2];
     d_logits_transpose[i] = (float)v3;
   }
 }
@@ -179,24 +179,24 @@ static __global__ void k8_sum_relu_transpose(int64_t dim_B, const float *__restr
   for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {
     float acc0 = 0;
     for (int64_t r = 0; r < n_r; r++) {
-      const int64_t j1 = r * (128) + o;
-      const float v2 = d_logits_matmul[j1];
-      const float v3 = h_linear[j1];
+      const int64_t ix1 = r * (128) + o;
+      const float v2 = d_logits_matmul[ix1];
+      const float v3 = h_linear[ix1];
       const int v4 = v3 > 0.0f;
       const float v5 = (float)v4;
       const float v6 = v2 * v5;
       acc0 += v6;
       const float v7 = v3 < 0 ? 0 : v3;
-      h[j1] = (float)v7;
-      const int64_t j8 = j1 / (dim_B);
-      const int64_t j9 = (j1) % (dim_B);
-      const int64_t j10 = j9 * (128) + j8;
-      const float v11 = d_logits_matmul[j10];
-      const float v12 = h_linear[j10];
+      h[ix1] = (float)v7;
+      const int64_t ix8 = ix1 / (dim_B);
+      const int64_t ix9 = (ix1) % (dim_B);
+      const int64_t ix10 = ix9 * (128) + ix8;
+      const float v11 = d_logits_matmul[ix10];
+      const float v12 = h_linear[ix10];
       const int v13 = v12 > 0.0f;
       const float v14 = (float)v13;
       const float v15 = v11 * v14;
-      d_h_transpose[j1] = (float)v15;
+      d_h_transpose[ix1] = (float)v15;
     }
     const float s16 = (float)acc0;
     d_h_sum[o] = (float)s16;
@@ -209,8 +209,8 @@ static __global__ void k9_sum(int64_t dim_B, const float *__restrict__ d_loss, f
   for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {
     float acc0 = 0;
     for (int64_t r = 0; r < n_r; r++) {
-      const int64_t j1 = r * (10) + o;
-      const float v2 = d_loss[j1];
+      const int64_t ix1 = r * (10) + o;
+      const float v2 = d_loss[ix1];
       acc0 += v2;
     }
     const float s3 = (float)acc0;

@@ -1,5 +1,8 @@
-/* mlp_cuda.cu: the CUDA kernel library of the runtime (the "CUDA kernels"
- * section of mlp_rt.h).
+/* mlp_cuda.cu: the CUDA library calls of the runtime (the "CUDA kernels"
+ * section of mlp_rt.h): the context, the GEMMs (matmul, linear, gemm),
+ * attention, embedding and its backward, dropout, cast and fill; the
+ * pointwise, reduction, view and loss kernels are generated per model
+ * (NAME_cuda.cu).
  *
  * Template: copied into every emitted project as src/NAME_kernels_cuda.cu
  * with "mlp_" renamed; it needs only the CUDA Toolkit (cudart, cuBLAS,
@@ -9,24 +12,26 @@
  * in the context (mlp_cuda_ctx_error); nothing here exits or aborts.
  *
  * Semantics are PyTorch's, as gen/interp.c computes them in double: storage
- * f32 / bf16 / f16 / i32 / bool (uint8), arithmetic and accumulation in f32
- * (exact, wrapping, for i32), results rounded once to the storage dtype. No
- * fast-math: erf, tanh, exp, log are the precise library functions.
+ * f32 / bf16 / f16 (and i32 / bool for cast and fill), arithmetic and
+ * accumulation in f32, results rounded once to the storage dtype. No
+ * fast-math: the GEMM epilogue's gelu is mlp_math.h's (the generated
+ * kernels'), on CUDA's precise erfcf and tanhf.
  *
  * Layout of this file:
  *   the context, errors, scratch
- *   device helpers: dtype conversion, packed vectors, strided geometry
- *   kernels: pointwise, copies, reductions, row ops (softmax, norms, losses)
+ *   device helpers: dtype conversion, Philox, packed vectors, batch geometry
+ *   kernels: cast, row copies, fill, the attention softmax, embedding_backward,
+ *            dropout, the GEMM epilogue
  *   host helpers: geometry (broadcast strides, dim collapsing), GEMM,
- *                 cuBLASLt plans (mlp_cuda_gemm)
+ *                 cuBLASLt plans (mlp_cuda_gemm), attention
  *   the entry points, in the order of mlp_rt.h
  *
- * Strided geometry: an op over an output of shape S reads each operand p at
- * offset sum_k idx_k * st[p][k] (stride 0 = broadcast). Before a launch the
- * host collapses the geometry (drops size-1 dims, merges neighbours that are
- * contiguous for every operand), so most launches index a rank-1 space and do
- * no division at all. */
+ * Batch geometry: a batched call over batch shape S reads operand p at
+ * offset sum_k idx_k * st[p][k] (stride 0 = broadcast); the host collapses it
+ * (drops size-1 dims, merges neighbours that are contiguous for every
+ * operand), so that usually one strided-batched call covers the batch. */
 #include "mlp_rt.h"
+#include "mlp_math.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -219,99 +224,14 @@ __device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == INFINITY; }
 /* N elements moved as one aligned access (16 bytes at most per access). */
 template <class T, int N> struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec { T v[N]; };
 
-/* Strided geometry of up to 3 operands over an output shape (see the top). */
+/* Strided geometry of NOP operands over an output (batch) shape (see the top). */
 template <int NOP> struct Geo {
   int rank;
   int64_t shape[MLP_MAXRANK];
   int64_t st[NOP][MLP_MAXRANK];
 };
 
-/* Offsets of output element i in each operand. I is the index type of the
- * divisions (uint32_t when the output has fewer than 2^32 elements). */
-template <int NOP, class I> __device__ __forceinline__ void geo_offsets(const Geo<NOP> &g, I i, int64_t (&off)[NOP]) {
-#pragma unroll
-  for (int p = 0; p < NOP; p++)
-    off[p] = 0;
-#pragma unroll
-  for (int k = MLP_MAXRANK - 1; k >= 1; k--) {
-    if (k < g.rank) {
-      I s = (I)g.shape[k], q = i / s, r = i - q * s;
-#pragma unroll
-      for (int p = 0; p < NOP; p++)
-        off[p] += (int64_t)r * g.st[p][k];
-      i = q;
-    }
-  }
-#pragma unroll
-  for (int p = 0; p < NOP; p++)
-    off[p] += (int64_t)i * g.st[p][0];
-}
-
-__device__ __forceinline__ int64_t geo_off1(const Geo<1> &g, int64_t i) {
-  int64_t off[1];
-  geo_offsets<1, int64_t>(g, i, off);
-  return off[0];
-}
-
-/* ---------------------------------------------------------------- pointwise functors */
-
-/* PyTorch's unary functions in f32. */
-__device__ __forceinline__ float unary_f(int op, float x, float a, float b) {
-  switch (op) {
-  case MLP_NEG: return -x;
-  case MLP_ABS: return fabsf(x);
-  case MLP_EXP: return expf(x);
-  case MLP_LOG: return logf(x);
-  case MLP_SQRT: return sqrtf(x);
-  case MLP_RSQRT: return 1.0f / sqrtf(x);
-  case MLP_SIN: return sinf(x);
-  case MLP_COS: return cosf(x);
-  case MLP_TANH: return tanhf(x);
-  case MLP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-  case MLP_RELU: return x < 0.0f ? 0.0f : x; /* NaN stays NaN */
-  case MLP_SILU: return x / (1.0f + expf(-x));
-  case MLP_ERF: return erff(x);
-  case MLP_SQUARE: return x * x;
-  case MLP_RECIPROCAL: return 1.0f / x;
-  case MLP_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-  case MLP_GELU_TANH: {
-    float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
-  }
-  case MLP_POW: return powf(x, a);
-  case MLP_CLAMP: { /* min(max(x, a), b) as torch.clamp; NaN stays NaN */ float y = x < a ? a : x; return y > b ? b : y;
-  }
-  default: return x; /* MLP_COPY */
-  }
-}
-
-struct UnaryF {
-  int op;
-  float a, b;
-  template <class T> __device__ __forceinline__ T operator()(T x) const {
-    return from_f<T>(unary_f(op, to_f(x), a, b));
-  }
-};
-
-/* The unary ops defined on i32, exact and wrapping like torch's int32. */
-struct UnaryI {
-  int op;
-  int32_t lo, hi; /* clamp bounds */
-  __device__ __forceinline__ int32_t operator()(int32_t x) const {
-    uint32_t u = (uint32_t)x;
-    switch (op) {
-    case MLP_NEG: return (int32_t)(0u - u);
-    case MLP_ABS: return x < 0 ? (int32_t)(0u - u) : x;
-    case MLP_RELU: return x < 0 ? 0 : x;
-    case MLP_SQUARE: return (int32_t)(u * u);
-    case MLP_CLAMP: {
-      int32_t y = x < lo ? lo : x;
-      return y > hi ? hi : y;
-    }
-    default: return x;
-    }
-  }
-};
+/* ---------------------------------------------------------------- cast */
 
 /* Element conversion for cast: to i32 truncates toward zero (saturating, NaN
  * gives 0), to bool is x != 0, everything else goes through f32. */
@@ -339,66 +259,9 @@ template <class TO> struct CastF {
   }
 };
 
-/* Binary arithmetic in f32; maximum/minimum propagate NaN like torch. */
-__device__ __forceinline__ float binary_f(int op, float a, float b) {
-  switch (op) {
-  case MLP_ADD: return a + b;
-  case MLP_SUB: return a - b;
-  case MLP_MUL: return a * b;
-  case MLP_DIV: return a / b;
-  case MLP_MAX: return is_nan(a) || is_nan(b) ? a + b : a > b ? a : b;
-  case MLP_MIN: return is_nan(a) || is_nan(b) ? a + b : a < b ? a : b;
-  default: return 0.0f;
-  }
-}
-
-/* Binary arithmetic on i32, wrapping (no division: it is a floating op). */
-__device__ __forceinline__ int32_t binary_i(int op, int32_t a, int32_t b) {
-  uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
-  switch (op) {
-  case MLP_ADD: return (int32_t)(ua + ub);
-  case MLP_SUB: return (int32_t)(ua - ub);
-  case MLP_MUL: return (int32_t)(ua * ub);
-  case MLP_MAX: return a > b ? a : b;
-  case MLP_MIN: return a < b ? a : b;
-  default: return 0;
-  }
-}
-
-template <class V> __device__ __forceinline__ uint8_t compare(int op, V a, V b) {
-  switch (op) {
-  case MLP_GT: return a > b;
-  case MLP_GE: return a >= b;
-  case MLP_LT: return a < b;
-  case MLP_LE: return a <= b;
-  case MLP_EQ: return a == b;
-  default: return a != b; /* MLP_NE */
-  }
-}
-
-struct BinaryF {
-  int op;
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
-    if constexpr (std::is_same<T, int32_t>::value)
-      return binary_i(op, a, b);
-    else
-      return from_f<T>(binary_f(op, to_f(a), to_f(b)));
-  }
-};
-
-struct CompareF {
-  int op;
-  template <class T> __device__ __forceinline__ uint8_t operator()(T a, T b) const {
-    if constexpr (std::is_same<T, int32_t>::value)
-      return compare(op, a, b);
-    else
-      return compare(op, to_f(a), to_f(b));
-  }
-};
-
 /* ---------------------------------------------------------------- pointwise kernels */
 
-/* y[i] = f(x[i]); with vec, the bulk moves in 16-byte packs (pointers aligned
+/* y[i] = f(x[i]) (cast); with vec, the bulk moves in 16-byte packs (pointers aligned
  * for it, checked by the host) and the tail element by element. */
 template <class TI, class TO, class F>
 __global__ void k_map1(const TI *__restrict__ x, TO *__restrict__ y, int64_t n, int vec, F f) {
@@ -418,90 +281,6 @@ __global__ void k_map1(const TI *__restrict__ x, TO *__restrict__ y, int64_t n, 
   }
   for (int64_t i = done + t; i < n; i += step)
     y[i] = f(x[i]);
-}
-
-/* y[i] = f(a[i], b[i]) for operands of one shape, contiguous. */
-template <class T, class TO, class F>
-__global__ void k_map2(const T *__restrict__ a, const T *__restrict__ b, TO *__restrict__ y, int64_t n, int vec, F f) {
-  constexpr int V = 16 / sizeof(T);
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x, done = 0;
-  if (vec) {
-    int64_t nv = n / V;
-    for (int64_t i = t; i < nv; i += step) {
-      Vec<T, V> va = reinterpret_cast<const Vec<T, V> *>(a)[i], vb = reinterpret_cast<const Vec<T, V> *>(b)[i];
-      Vec<TO, V> r;
-#pragma unroll
-      for (int j = 0; j < V; j++)
-        r.v[j] = f(va.v[j], vb.v[j]);
-      reinterpret_cast<Vec<TO, V> *>(y)[i] = r;
-    }
-    done = nv * V;
-  }
-  for (int64_t i = done + t; i < n; i += step)
-    y[i] = f(a[i], b[i]);
-}
-
-/* y[i] = f(a[..], b[..]) with broadcasting through the geometry. */
-template <class T, class TO, class F, class I>
-__global__ void k_bcast2(const T *__restrict__ a, const T *__restrict__ b, TO *__restrict__ y, int64_t n, Geo<2> g,
-                         F f) {
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = t; i < n; i += step) {
-    int64_t off[2];
-    geo_offsets<2, I>(g, (I)i, off);
-    y[i] = f(a[off[0]], b[off[1]]);
-  }
-}
-
-/* where(c, a, b) on raw elements (any dtype), broadcasting. */
-template <class E, class I>
-__global__ void k_where(const uint8_t *__restrict__ c, const E *__restrict__ a, const E *__restrict__ b,
-                        E *__restrict__ y, int64_t n, Geo<3> g) {
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = t; i < n; i += step) {
-    int64_t off[3];
-    geo_offsets<3, I>(g, (I)i, off);
-    y[i] = c[off[0]] ? a[off[1]] : b[off[2]];
-  }
-}
-
-/* y[i] = x[offset of i]: broadcast_to and permute (raw elements). */
-template <class E, class I> __global__ void k_gather(const E *__restrict__ x, E *__restrict__ y, int64_t n, Geo<1> g) {
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = t; i < n; i += step) {
-    int64_t off[1];
-    geo_offsets<1, I>(g, (I)i, off);
-    y[i] = x[off[0]];
-  }
-}
-
-/* A permute that moves the input's contiguous dim A away from the end: the
- * output's last dim B (input stride inB) and A (output stride outA) are
- * exchanged through a 32x32 shared-memory tile so that both the reads (along
- * A) and the writes (along B) are coalesced. `bg` addresses the other dims
- * (st[0] input, st[1] output). Block 32x8. */
-template <class E>
-__global__ void k_transpose(const E *__restrict__ x, E *__restrict__ y, int64_t SA, int64_t SB, int64_t inB,
-                            int64_t outA, int64_t nbatch, Geo<2> bg) {
-  __shared__ E tile[32][33];
-  int64_t ta = (SA + 31) / 32, tb = (SB + 31) / 32, ntiles = nbatch * ta * tb;
-  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) { /* uniform per block */
-    int64_t bt = t / (ta * tb), r = t - bt * ta * tb, a0 = (r / tb) * 32, b0 = (r % tb) * 32;
-    int64_t off[2];
-    geo_offsets<2, int64_t>(bg, bt, off);
-    for (int j = threadIdx.y; j < 32; j += 8) { /* read: threadIdx.x along A (input stride 1) */
-      int64_t a = a0 + threadIdx.x, b = b0 + j;
-      if (a < SA && b < SB)
-        tile[j][threadIdx.x] = x[off[0] + a + b * inB];
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += 8) { /* write: threadIdx.x along B (output stride 1) */
-      int64_t a = a0 + j, b = b0 + threadIdx.x;
-      if (a < SA && b < SB)
-        y[off[1] + a * outA + b] = tile[threadIdx.x][j];
-    }
-    __syncthreads();
-  }
 }
 
 /* Row copies: dst row p (pitch dpitch units) = src row p, or src row idx[p]
@@ -534,54 +313,19 @@ template <class E> __global__ void k_fill(E *__restrict__ y, int64_t n, E v) {
     y[i] = v;
 }
 
-__global__ void k_arange(int32_t *__restrict__ y, int64_t n) {
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = t; i < n; i += step)
-    y[i] = (int32_t)i;
-}
-
 __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)INT64_MAX; }
 
-/* ---------------------------------------------------------------- reduction states */
+/* ---------------------------------------------------------------- the attention softmax */
 
-/* A reduction is a state that absorbs elements (push) and other states
- * (merge), then yields the result (fin). Floating ops keep up to three f32:
- *   sum, mean   a = sum
- *   amax        a = max (NaN sticks)
- *   logsumexp   a = max m, b = sum of exp(x - m) (online; infinities as torch)
- *   var         a = count, b = mean, c = sum of squared deviations (Welford, Chan) */
-struct RedF {
-  int op;
+/* Online log-sum-exp, the state of the attention softmax's row reductions:
+ * a = the running max m (NaN once any NaN), b = the sum of exp(x - m); with
+ * an infinite m the sum is not needed. */
+struct Lse {
   struct S {
-    float a, b, c;
+    float a, b;
   };
-  __device__ __forceinline__ S init() const {
-    S s = {0.0f, 0.0f, 0.0f};
-    if (op == MLP_AMAX || op == MLP_LOGSUMEXP)
-      s.a = -INFINITY;
-    return s;
-  }
-  template <class T> __device__ __forceinline__ void push(S &s, T v) const {
-    float x = to_f(v);
-    switch (op) {
-    case MLP_SUM:
-    case MLP_MEAN: s.a += x; break;
-    case MLP_AMAX:
-      if (x > s.a || is_nan(x))
-        s.a = is_nan(s.a) ? s.a : x;
-      break;
-    case MLP_LOGSUMEXP: lse_push(s, x); break;
-    default: { /* var */
-      s.a += 1.0f;
-      float d = x - s.b;
-      s.b += d / s.a;
-      s.c += d * (x - s.b);
-    }
-    }
-  }
-  /* Online log-sum-exp: m is the running max (NaN once any NaN), b the sum
-   * of exp(x - m); with an infinite m the sum is not needed (fin gives m). */
-  static __device__ __forceinline__ void lse_push(S &s, float x) {
+  __device__ __forceinline__ S init() const { return S{-INFINITY, 0.0f}; }
+  static __device__ __forceinline__ void push(S &s, float x) {
     if (x > s.a) {
       s.b = (s.a == -INFINITY ? 0.0f : s.b * expf(s.a - x)) + 1.0f;
       s.a = x;
@@ -591,7 +335,7 @@ struct RedF {
       s.b += expf(x - s.a);
     }
   }
-  static __device__ __forceinline__ void lse_merge(S &s, const S &o) {
+  __device__ __forceinline__ void merge(S &s, const S &o) const {
     if (is_nan(s.a) || is_nan(o.a)) {
       s.a = NAN;
     } else if (o.a > s.a) {
@@ -601,77 +345,12 @@ struct RedF {
       s.b += o.b * expf(o.a - s.a);
     }
   }
-  __device__ __forceinline__ void merge(S &s, const S &o) const {
-    switch (op) {
-    case MLP_SUM:
-    case MLP_MEAN: s.a += o.a; break;
-    case MLP_AMAX:
-      if (!is_nan(s.a) && (o.a > s.a || is_nan(o.a)))
-        s.a = o.a;
-      break;
-    case MLP_LOGSUMEXP: lse_merge(s, o); break;
-    default: { /* var: Chan et al. */
-      if (o.a == 0.0f)
-        break;
-      if (s.a == 0.0f) {
-        s = o;
-        break;
-      }
-      float n = s.a + o.a, d = o.b - s.b;
-      s.b += d * (o.a / n);
-      s.c += o.c + d * d * (s.a * o.a / n);
-      s.a = n;
-    }
-    }
-  }
   static __device__ __forceinline__ S shfl_down(const S &s, int d) {
-    S o;
-    o.a = __shfl_down_sync(0xffffffffu, s.a, d);
-    o.b = __shfl_down_sync(0xffffffffu, s.b, d);
-    o.c = __shfl_down_sync(0xffffffffu, s.c, d);
-    return o;
+    return S{__shfl_down_sync(0xffffffffu, s.a, d), __shfl_down_sync(0xffffffffu, s.b, d)};
   }
   static __device__ __forceinline__ S shfl0(const S &s) {
-    S o;
-    o.a = __shfl_sync(0xffffffffu, s.a, 0);
-    o.b = __shfl_sync(0xffffffffu, s.b, 0);
-    o.c = __shfl_sync(0xffffffffu, s.c, 0);
-    return o;
+    return S{__shfl_sync(0xffffffffu, s.a, 0), __shfl_sync(0xffffffffu, s.b, 0)};
   }
-  /* The result for a reduction of L elements (var divides by L - correction). */
-  template <class T> __device__ __forceinline__ T fin(const S &s, int64_t L, float correction) const {
-    float v;
-    switch (op) {
-    case MLP_SUM: v = s.a; break;
-    case MLP_MEAN: v = s.a / (float)L; break;
-    case MLP_AMAX: v = s.a; break;
-    case MLP_LOGSUMEXP: v = is_nan(s.a) || is_inf(s.a) ? s.a : logf(s.b) + s.a; break;
-    default: {
-      float div = (float)L - correction;
-      v = (L ? s.c : NAN) / (div > 0.0f ? div : 0.0f);
-    }
-    }
-    return from_f<T>(v);
-  }
-};
-
-/* Reductions of i32: sum wraps, amax exact. */
-struct RedI {
-  int op;
-  struct S {
-    int32_t a;
-  };
-  __device__ __forceinline__ S init() const { return S{op == MLP_AMAX ? INT32_MIN : 0}; }
-  __device__ __forceinline__ void push(S &s, int32_t x) const {
-    if (op == MLP_AMAX)
-      s.a = x > s.a ? x : s.a;
-    else
-      s.a = (int32_t)((uint32_t)s.a + (uint32_t)x);
-  }
-  __device__ __forceinline__ void merge(S &s, const S &o) const { push(s, o.a); }
-  static __device__ __forceinline__ S shfl_down(const S &s, int d) { return S{__shfl_down_sync(0xffffffffu, s.a, d)}; }
-  static __device__ __forceinline__ S shfl0(const S &s) { return S{__shfl_sync(0xffffffffu, s.a, 0)}; }
-  template <class T> __device__ __forceinline__ T fin(const S &s, int64_t, float) const { return s.a; }
 };
 
 /* The state of a whole warp, in every lane (deterministic: a fixed tree,
@@ -705,101 +384,6 @@ __device__ __forceinline__ typename R::S group_merge(const R &r, typename R::S s
     return block_merge(r, s, sh);
   else
     return warp_merge(r, s);
-}
-
-/* ---------------------------------------------------------------- reduction kernels */
-
-/* Reduced dims innermost: one group (a warp, or with BLOCK a block) per
- * (output o, chunk c) of the reduction; the lanes stride over the reduced
- * index. With part, the states go there ([M, nsplit]) for k_reduce_merge. */
-template <class T, class R, bool BLOCK>
-__global__ void __launch_bounds__(1024)
-    k_reduce_rows(const T *__restrict__ x, Geo<1> kept, Geo<1> red, int64_t M, int64_t L, int64_t chunk, int nsplit,
-                  R r, float corr, T *__restrict__ y, typename R::S *__restrict__ part) {
-  __shared__ typename R::S sh[32];
-  const int lane = BLOCK ? threadIdx.x : (threadIdx.x & 31);
-  const int nthr = BLOCK ? blockDim.x : 32;
-  const int64_t per = BLOCK ? 1 : blockDim.x / 32;
-  const int64_t ng = M * nsplit;
-  for (int64_t g = blockIdx.x * per + (BLOCK ? 0 : threadIdx.x / 32); g < ng; g += (int64_t)gridDim.x * per) {
-    int64_t o = g / nsplit, c = g - o * nsplit;
-    int64_t base = geo_off1(kept, o), lo = c * chunk, hi = lo + chunk < L ? lo + chunk : L;
-    typename R::S s = r.init();
-    if (red.rank == 1) {
-      int64_t st = red.st[0][0];
-      for (int64_t i = lo + lane; i < hi; i += nthr)
-        r.push(s, x[base + i * st]);
-    } else {
-      for (int64_t i = lo + lane; i < hi; i += nthr)
-        r.push(s, x[base + geo_off1(red, i)]);
-    }
-    s = group_merge<R, BLOCK>(r, s, sh);
-    if (lane == 0) {
-      if (part)
-        part[g] = s;
-      else
-        y[o] = r.template fin<T>(s, L, corr);
-    }
-  }
-}
-
-/* Kept dims innermost: threadIdx.x runs along 32 consecutive outputs (so the
- * reads are coalesced), threadIdx.y (8) and blockIdx.y (nsplit chunks) split
- * the reduction. */
-template <class T, class R>
-__global__ void k_reduce_cols(const T *__restrict__ x, Geo<1> kept, Geo<1> red, int64_t M, int64_t L, int64_t chunk,
-                              int nsplit, R r, float corr, T *__restrict__ y, typename R::S *__restrict__ part) {
-  __shared__ typename R::S sh[8][32];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = blockIdx.y, lo = c * chunk, hi = lo + chunk < L ? lo + chunk : L;
-  for (int64_t ob = blockIdx.x; ob * 32 < M; ob += gridDim.x) { /* uniform per block */
-    int64_t o = ob * 32 + tx;
-    typename R::S s = r.init();
-    if (o < M) {
-      int64_t base = geo_off1(kept, o), i = lo + ty;
-      if (red.rank == 1) { /* four loads in flight, pushed in the same order */
-        const int64_t st = red.st[0][0];
-        for (; i + 24 < hi; i += 32) {
-          T v0 = x[base + i * st], v1 = x[base + (i + 8) * st], v2 = x[base + (i + 16) * st],
-            v3 = x[base + (i + 24) * st];
-          r.push(s, v0);
-          r.push(s, v1);
-          r.push(s, v2);
-          r.push(s, v3);
-        }
-      }
-      for (; i < hi; i += 8)
-        r.push(s, x[base + geo_off1(red, i)]);
-    }
-    sh[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && o < M) {
-      for (int k = 1; k < 8; k++)
-        r.merge(s, sh[k][tx]);
-      if (part)
-        part[o * nsplit + c] = s;
-      else
-        y[o] = r.template fin<T>(s, L, corr);
-    }
-    __syncthreads();
-  }
-}
-
-/* Second stage of a split reduction: one warp per output merges its nsplit
- * partial states in a fixed order. */
-template <class T, class R>
-__global__ void k_reduce_merge(const typename R::S *__restrict__ part, int64_t M, int nsplit, R r, int64_t L,
-                               float corr, T *__restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < M;
-       o += (int64_t)gridDim.x * (blockDim.x / 32)) {
-    typename R::S s = r.init();
-    for (int k = lane; k < nsplit; k += 32)
-      r.merge(s, part[o * nsplit + k]);
-    s = warp_merge(r, s);
-    if (lane == 0)
-      y[o] = r.template fin<T>(s, L, corr);
-  }
 }
 
 /* ---------------------------------------------------------------- row kernels */
@@ -861,160 +445,25 @@ __device__ __forceinline__ void row_map(const TI *xr, TO *yr, int64_t n, int lan
   }
 }
 
-/* softmax / log_softmax along rows of n (inner == 1). With causal_t > 0 (the
- * attention scores), row r masks columns j > r % causal_t to -inf. x and y
- * may be the same buffer (row_map rewrites only what each thread read). */
+/* The attention softmax along rows of n. With causal_t > 0, row r masks
+ * columns j > r % causal_t to -inf. x and y may be the same buffer (row_map
+ * rewrites only what each thread read). */
 template <class TI, class TO, bool BLOCK>
 __global__ void __launch_bounds__(1024)
-    k_softmax_rows(const TI *x, TO *y, int64_t rows, int64_t n, int logsm, int64_t causal_t, int vec) {
-  __shared__ RedF::S sh[32];
-  const RedF r{MLP_LOGSUMEXP};
+    k_softmax_rows(const TI *x, TO *y, int64_t rows, int64_t n, int64_t causal_t, int vec) {
+  __shared__ Lse::S sh[32];
+  const Lse r;
   Rows<BLOCK> g;
   for (int64_t row = g.first; row < rows; row += g.step) {
     const TI *xr = x + row * n;
     int64_t lim = causal_t ? row % causal_t : n; /* columns j <= lim are kept */
-    RedF::S s = r.init();
-    row_read(xr, n, g.lane, g.nthr, vec, [&](int64_t j, float v) { RedF::lse_push(s, j <= lim ? v : -INFINITY); });
-    s = group_merge<RedF, BLOCK>(r, s, sh);
-    float m = s.a, sum = is_inf(m) ? NAN : s.b, lsum = logf(sum); /* an infinite max: NaN, as torch */
-    row_map(xr, y + row * n, n, g.lane, g.nthr, vec, [&](int64_t j, float v) {
-      float z = (j <= lim ? v : -INFINITY) - m;
-      return logsm ? z - lsum : expf(z) / sum;
-    });
+    Lse::S s = r.init();
+    row_read(xr, n, g.lane, g.nthr, vec, [&](int64_t j, float v) { Lse::push(s, j <= lim ? v : -INFINITY); });
+    s = group_merge<Lse, BLOCK>(r, s, sh);
+    float m = s.a, sum = is_inf(m) ? NAN : s.b; /* an infinite max: NaN, as torch */
+    row_map(xr, y + row * n, n, g.lane, g.nthr, vec,
+            [&](int64_t j, float v) { return expf((j <= lim ? v : -INFINITY) - m) / sum; });
   }
-}
-
-/* softmax along a strided dim (inner > 1): a thread per (outer, inner) column. */
-template <class T>
-__global__ void k_softmax_cols(const T *__restrict__ x, T *__restrict__ y, int64_t outer, int64_t n, int64_t inner,
-                               int logsm) {
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t col = t; col < outer * inner; col += step) {
-    int64_t o = col / inner, k = col - o * inner, base = o * n * inner + k;
-    RedF::S s = {-INFINITY, 0.0f, 0.0f};
-    for (int64_t j = 0; j < n; j++)
-      RedF::lse_push(s, to_f(x[base + j * inner]));
-    float m = s.a, sum = is_inf(m) ? NAN : s.b, lsum = logf(sum);
-    for (int64_t j = 0; j < n; j++) {
-      float z = to_f(x[base + j * inner]) - m;
-      y[base + j * inner] = from_f<T>(logsm ? z - lsum : expf(z) / sum);
-    }
-  }
-}
-
-/* layer_norm (biased variance, Welford) or rms_norm over rows of d; w and b
- * may be NULL. */
-template <class T, bool BLOCK, bool RMS>
-__global__ void __launch_bounds__(1024)
-    k_norm_rows(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b, T *__restrict__ y,
-                int64_t rows, int64_t d, float eps, int vec) {
-  __shared__ RedF::S sh[32];
-  const RedF r{RMS ? MLP_SUM : MLP_VAR};
-  Rows<BLOCK> g;
-  for (int64_t row = g.first; row < rows; row += g.step) {
-    const T *xr = x + row * d;
-    RedF::S s = r.init();
-    row_read(xr, d, g.lane, g.nthr, vec, [&](int64_t, float v) {
-      if (RMS)
-        s.a += v * v;
-      else
-        r.push(s, v);
-    });
-    s = group_merge<RedF, BLOCK>(r, s, sh);
-    float mean = RMS ? 0.0f : s.b, ms = RMS ? s.a / (float)d : s.c / (float)d;
-    float rstd = 1.0f / sqrtf(ms + eps);
-    row_map(xr, y + row * d, d, g.lane, g.nthr, vec, [&](int64_t j, float v) {
-      v = (v - mean) * rstd;
-      if (w)
-        v *= to_f(w[j]);
-      if (b)
-        v += to_f(b[j]);
-      return v;
-    });
-  }
-}
-
-/* cross-entropy rows: loss[i] = logsumexp(row) - row[t] and valid[i] = 1, or
- * 0 and 0 for an ignored row; a target outside [0, C) records i in *bad. */
-template <class T, bool BLOCK>
-__global__ void __launch_bounds__(1024)
-    k_xent_rows(const T *__restrict__ logits, const int32_t *__restrict__ target, int64_t N, int64_t C, int64_t ignore,
-                float *__restrict__ loss, float *__restrict__ valid, unsigned long long *bad, int vec) {
-  __shared__ RedF::S sh[32];
-  const RedF r{MLP_LOGSUMEXP};
-  Rows<BLOCK> g;
-  for (int64_t row = g.first; row < N; row += g.step) {
-    int64_t t = target[row];
-    if (t == ignore || t < 0 || t >= C) { /* uniform per group */
-      if (g.lane == 0) {
-        if (t != ignore)
-          atomicMin(bad, (unsigned long long)row);
-        loss[row] = 0.0f;
-        valid[row] = 0.0f;
-      }
-      continue;
-    }
-    const T *xr = logits + row * C;
-    RedF::S s = r.init();
-    row_read(xr, C, g.lane, g.nthr, vec, [&](int64_t, float v) { RedF::lse_push(s, v); });
-    s = group_merge<RedF, BLOCK>(r, s, sh);
-    if (g.lane == 0) {
-      float lse = is_nan(s.a) || is_inf(s.a) ? NAN : logf(s.b) + s.a; /* as torch: inf - inf */
-      loss[row] = lse - to_f(xr[t]);
-      valid[row] = 1.0f;
-    }
-  }
-}
-
-/* Block sum in double (all threads call; blockDim.x a multiple of 32). */
-__device__ double block_sum_d(double v, double *sh) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int d = 16; d >= 1; d >>= 1)
-    v += __shfl_down_sync(0xffffffffu, v, d);
-  __syncthreads();
-  if (lane == 0)
-    sh[warp] = v;
-  __syncthreads();
-  v = lane < nw ? sh[lane] : 0.0;
-  for (int d = 16; d >= 1; d >>= 1)
-    v += __shfl_down_sync(0xffffffffu, v, d);
-  return v; /* valid in thread 0 */
-}
-
-/* y[0] = sum(num) / sum(den) (den NULL: / count), one block, fixed order. */
-template <class T>
-__global__ void __launch_bounds__(1024) k_mean_final(const float *__restrict__ num, const float *__restrict__ den,
-                                                     int64_t n, double count, T *__restrict__ y) {
-  __shared__ double sh[32];
-  double s = 0.0, c = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    s += num[i];
-    if (den)
-      c += den[i];
-  }
-  s = block_sum_d(s, sh);
-  if (den)
-    c = block_sum_d(c, sh);
-  if (threadIdx.x == 0)
-    y[0] = from_f<T>((float)(s / (den ? c : count)));
-}
-
-/* mse_loss, first stage: part[block] = sum over its elements of (a - b)^2. */
-template <class T, class I>
-__global__ void k_mse_part(const T *__restrict__ a, const T *__restrict__ b, int64_t n, Geo<2> g,
-                           float *__restrict__ part) {
-  __shared__ double sh[32];
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  float s = 0.0f;
-  for (int64_t i = t; i < n; i += step) {
-    int64_t off[2];
-    geo_offsets<2, I>(g, (I)i, off);
-    float d = to_f(a[off[0]]) - to_f(b[off[1]]);
-    s += d * d;
-  }
-  double tot = block_sum_d((double)s, sh);
-  if (threadIdx.x == 0)
-    part[blockIdx.x] = (float)tot;
 }
 
 /* ---------------------------------------------------------------- embedding_backward, dropout */
@@ -1216,10 +665,9 @@ __global__ void k_gemm_epilogue(const float *G, int64_t gld, int64_t gs, const T
       *reinterpret_cast<Vec<T, V> *>(aux + o) = av;
     }
     if (act != MLP_ACT_NONE) {
-      const int op = act == MLP_ACT_RELU ? MLP_RELU : act == MLP_ACT_GELU ? MLP_GELU : MLP_GELU_TANH;
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] = unary_f(op, x[k], 0.0f, 0.0f);
+      for (int k = 0; k < V; k++) /* relu: NaN stays NaN */
+        x[k] = act == MLP_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : mlp_gelu(x[k], act == MLP_ACT_GELU_TANH);
     }
     if (res) {
       Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);
@@ -1335,54 +783,6 @@ template <class TI, class TO, class F> int launch_map1(mlp_cuda_ctx *cx, const v
 }
 
 /* Binary op: the contiguous same-shape fast path, or the broadcasting one. */
-template <class T, class TO, class F>
-int launch_binary(mlp_cuda_ctx *cx, const void *a, const void *b, void *y, int64_t n, const Geo<2> &g, F f) {
-  constexpr int V = 16 / sizeof(T);
-  if (g.rank == 1 && g.st[0][0] == 1 && g.st[1][0] == 1) {
-    int vec = aligned(a, 16) && aligned(b, 16) && aligned(y, alignof(Vec<TO, V>)) && n >= V;
-    k_map2<T, TO, F><<<grid_for(cx, vec ? n / V : n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b,
-                                                                                           (TO *)y, n, vec, f);
-  } else if (n <= (int64_t)UINT32_MAX) {
-    k_bcast2<T, TO, F, uint32_t>
-        <<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, (TO *)y, n, g, f);
-  } else {
-    k_bcast2<T, TO, F, int64_t>
-        <<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, (TO *)y, n, g, f);
-  }
-  MLP_CUDA_LAUNCHED("binary kernel");
-  return 0;
-}
-
-template <class T>
-int binary_typed(mlp_cuda_ctx *cx, int op, const void *a, const void *b, void *y, int64_t n, const Geo<2> &g) {
-  if (op >= MLP_GT)
-    return launch_binary<T, uint8_t>(cx, a, b, y, n, g, CompareF{op});
-  return launch_binary<T, T>(cx, a, b, y, n, g, BinaryF{op});
-}
-
-template <class E> int launch_gather(mlp_cuda_ctx *cx, const void *x, void *y, int64_t n, const Geo<1> &g) {
-  if (g.rank == 1 && g.st[0][0] == 1) {
-    MLP_CUDA_TRY(cudaMemcpyAsync(y, x, (size_t)n * sizeof(E), cudaMemcpyDeviceToDevice, cx->stream));
-    return 0;
-  }
-  if (n <= (int64_t)UINT32_MAX)
-    k_gather<E, uint32_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const E *)x, (E *)y, n, g);
-  else
-    k_gather<E, int64_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((const E *)x, (E *)y, n, g);
-  MLP_CUDA_LAUNCHED("k_gather");
-  return 0;
-}
-
-/* Strided copy of `n` elements of `es` bytes through a collapsed geometry. */
-int gather(mlp_cuda_ctx *cx, int es, const void *x, void *y, int64_t n, const Geo<1> &g) {
-  switch (es) {
-  case 1: return launch_gather<uint8_t>(cx, x, y, n, g);
-  case 2: return launch_gather<uint16_t>(cx, x, y, n, g);
-  default: return launch_gather<uint32_t>(cx, x, y, n, g);
-  }
-}
-
-/* The widest unit (1..16 bytes) dividing every given byte quantity. */
 int unit_for(const int64_t *v, int nv) {
   int u = 16;
   for (int i = 0; i < nv; i++)
@@ -1419,69 +819,6 @@ int copy_rows(mlp_cuda_ctx *cx, const void *src, int64_t spb, void *dst, int64_t
   case 2: return launch_rows<uint16_t>(cx, src, spb / 2, dst, dpb / 2, rows, wb / 2, idx, V);
   default: return launch_rows<uint8_t>(cx, src, spb, dst, dpb, rows, wb, idx, V);
   }
-}
-
-/* ---------------------------------------------------------------- host: reductions */
-
-/* Chooses the kernels of a reduction of M outputs over L elements (geometry
- * kept/red already collapsed) and launches them. */
-template <class T, class R>
-int reduce_typed(mlp_cuda_ctx *cx, R r, const T *x, const Geo<1> &kept, const Geo<1> &red, int64_t M, int64_t L,
-                 float corr, T *y) {
-  typedef typename R::S S;
-  bool rows_mode = red.st[0][red.rank - 1] == 1 || kept.st[0][kept.rank - 1] != 1;
-  int64_t target = (int64_t)cx->sms * 4; /* groups wanted to fill the machine */
-  int64_t nsplit = 1;
-  if (rows_mode) {
-    if (M < target && L > 16384) {
-      nsplit = (target + M - 1) / M;
-      int64_t maxs = (L + 4095) / 4096;
-      nsplit = nsplit < maxs ? nsplit : maxs;
-      nsplit = nsplit < 1024 ? nsplit : 1024;
-    }
-  } else {
-    int64_t bx = (M + 31) / 32;
-    if (bx < target && L > 256) {
-      nsplit = (target + bx - 1) / bx;
-      int64_t maxs = (L + 63) / 64;
-      nsplit = nsplit < maxs ? nsplit : maxs;
-      nsplit = nsplit < 1024 ? nsplit : 1024;
-    }
-  }
-  int64_t chunk = nsplit > 1 ? (L + nsplit - 1) / nsplit : L;
-  S *part = NULL;
-  if (nsplit > 1) {
-    void *p;
-    int rc = scratch(cx, sizeof(S) * (size_t)(M * nsplit), &p);
-    if (rc)
-      return rc;
-    part = (S *)p;
-  }
-  if (rows_mode) {
-    int64_t ng = M * nsplit, cap = (int64_t)cx->sms * 32;
-    if (chunk <= 1024) {
-      int64_t nb = (ng + 7) / 8;
-      k_reduce_rows<T, R, false><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(
-          x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
-    } else {
-      int threads = chunk >= 16384 ? 1024 : 256;
-      k_reduce_rows<T, R, true><<<(unsigned)(ng < cap ? ng : cap), threads, 0, cx->stream>>>(
-          x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
-    }
-    MLP_CUDA_LAUNCHED("k_reduce_rows");
-  } else {
-    int64_t bx = (M + 31) / 32, cap = (int64_t)cx->sms * 32;
-    dim3 grid((unsigned)(bx < cap ? bx : cap), (unsigned)nsplit);
-    k_reduce_cols<T, R><<<grid, dim3(32, 8), 0, cx->stream>>>(x, kept, red, M, L, chunk, (int)nsplit, r, corr, y, part);
-    MLP_CUDA_LAUNCHED("k_reduce_cols");
-  }
-  if (part) {
-    int64_t nb = (M + 7) / 8, cap = (int64_t)cx->sms * 32;
-    k_reduce_merge<T, R>
-        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(part, M, (int)nsplit, r, L, corr, y);
-    MLP_CUDA_LAUNCHED("k_reduce_merge");
-  }
-  return 0;
 }
 
 /* ---------------------------------------------------------------- host: GEMM */
@@ -1882,11 +1219,11 @@ int launch_softmax_rows(mlp_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
   if (BLOCK) {
     int threads = n >= 8192 ? 1024 : 256;
     k_softmax_rows<float, TO, true>
-        <<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(x, y, rows, n, 0, causal_t, vec);
+        <<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec);
   } else {
     int64_t nb = (rows + 7) / 8;
     k_softmax_rows<float, TO, false>
-        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, rows, n, 0, causal_t, vec);
+        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec);
   }
   MLP_CUDA_LAUNCHED("k_softmax_rows");
   return 0;
@@ -2122,46 +1459,6 @@ int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int 
   return 0;
 }
 
-/* ---------------------------------------------------------------- pointwise */
-
-int mlp_cuda_unary(mlp_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b) {
-  cx->op = "mlp_cuda_unary";
-  if (op < MLP_NEG || op > MLP_COPY)
-    return MLP_CUDA_BAD("unknown op %d", op);
-  if (!dt_ok(dt) || n < 0)
-    return MLP_CUDA_BAD("bad dtype %d or size %lld", dt, (long long)n);
-  if (n == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  if (op == MLP_COPY) {
-    if (x != y)
-      MLP_CUDA_TRY(cudaMemcpyAsync(y, x, (size_t)n * dt_size(dt), cudaMemcpyDeviceToDevice, cx->stream));
-    return 0;
-  }
-  UnaryF f = {op, (float)a, (float)b};
-  switch (dt) {
-  case MLP_F32: return launch_map1<float, float>(cx, x, y, n, f);
-  case MLP_BF16: return launch_map1<bf16, bf16>(cx, x, y, n, f);
-  case MLP_F16: return launch_map1<f16, f16>(cx, x, y, n, f);
-  case MLP_I32: {
-    if (op != MLP_NEG && op != MLP_ABS && op != MLP_RELU && op != MLP_SQUARE && op != MLP_CLAMP)
-      return MLP_CUDA_BAD("op %d is not defined on i32", op);
-    /* integer clamp bounds: ceil(min), floor(max), saturated to the i32 range */
-    double lo = ceil(a), hi = floor(b);
-    UnaryI fi = {op,
-                 lo <= (double)INT32_MIN   ? INT32_MIN
-                 : lo >= (double)INT32_MAX ? INT32_MAX
-                                           : (int32_t)lo,
-                 hi >= (double)INT32_MAX   ? INT32_MAX
-                 : hi <= (double)INT32_MIN ? INT32_MIN
-                                           : (int32_t)hi};
-    return launch_map1<int32_t, int32_t>(cx, x, y, n, fi);
-  }
-  default: return MLP_CUDA_BAD("op %d is not defined on bool", op);
-  }
-}
-
 template <class TI> static int cast_from(mlp_cuda_ctx *cx, int dt_out, const void *x, void *y, int64_t n) {
   switch (dt_out) {
   case MLP_F32: return launch_map1<TI, float>(cx, x, y, n, CastF<float>());
@@ -2192,346 +1489,6 @@ int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *
   case MLP_I32: return cast_from<int32_t>(cx, dt_out, x, y, n);
   default: return cast_from<uint8_t>(cx, dt_out, x, y, n);
   }
-}
-
-int mlp_cuda_binary(mlp_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy) {
-  cx->op = "mlp_cuda_binary";
-  int rc;
-  if (op < MLP_ADD || op > MLP_NE)
-    return MLP_CUDA_BAD("unknown op %d", op);
-  if (dt != MLP_F32 && dt != MLP_BF16 && dt != MLP_F16 && dt != MLP_I32)
-    return MLP_CUDA_BAD("dtype %s is not numeric", dt_name(dt));
-  if (dt == MLP_I32 && op == MLP_DIV)
-    return MLP_CUDA_BAD("div is not defined on i32");
-  if ((rc = check_shape(cx, "a", ra, sa)) || (rc = check_shape(cx, "b", rb, sb)) || (rc = check_shape(cx, "y", ry, sy)))
-    return rc;
-  Geo<2> g;
-  g.rank = ry;
-  for (int k = 0; k < ry; k++)
-    g.shape[k] = sy[k];
-  if (!bcast_strides(ra, sa, ry, sy, 1, g.st[0]) || !bcast_strides(rb, sb, ry, sy, 1, g.st[1]))
-    return MLP_CUDA_BAD("the operands do not broadcast to the result's shape");
-  int64_t n = numel_of(ry, sy);
-  if (n == 0)
-    return 0;
-  if (!a || !b || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  collapse(&g);
-  switch (dt) {
-  case MLP_F32: return binary_typed<float>(cx, op, a, b, y, n, g);
-  case MLP_BF16: return binary_typed<bf16>(cx, op, a, b, y, n, g);
-  case MLP_F16: return binary_typed<f16>(cx, op, a, b, y, n, g);
-  default: return binary_typed<int32_t>(cx, op, a, b, y, n, g);
-  }
-}
-
-int mlp_cuda_where(mlp_cuda_ctx *cx, int dt, const uint8_t *c, int rcnd, const int64_t *sc, const void *a, int ra,
-                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy) {
-  cx->op = "mlp_cuda_where";
-  int rc;
-  if (!dt_ok(dt))
-    return MLP_CUDA_BAD("bad dtype %d", dt);
-  if ((rc = check_shape(cx, "cond", rcnd, sc)) || (rc = check_shape(cx, "a", ra, sa)) ||
-      (rc = check_shape(cx, "b", rb, sb)) || (rc = check_shape(cx, "y", ry, sy)))
-    return rc;
-  Geo<3> g;
-  g.rank = ry;
-  for (int k = 0; k < ry; k++)
-    g.shape[k] = sy[k];
-  if (!bcast_strides(rcnd, sc, ry, sy, 1, g.st[0]) || !bcast_strides(ra, sa, ry, sy, 1, g.st[1]) ||
-      !bcast_strides(rb, sb, ry, sy, 1, g.st[2]))
-    return MLP_CUDA_BAD("the operands do not broadcast to the result's shape");
-  int64_t n = numel_of(ry, sy);
-  if (n == 0)
-    return 0;
-  if (!c || !a || !b || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  collapse(&g);
-  unsigned grid = grid_for(cx, n, kThreads);
-  bool small = n <= (int64_t)UINT32_MAX;
-#define MLP_WHERE(E)                                                                                                   \
-  if (small)                                                                                                           \
-    k_where<E, uint32_t><<<grid, kThreads, 0, cx->stream>>>(c, (const E *)a, (const E *)b, (E *)y, n, g);              \
-  else                                                                                                                 \
-    k_where<E, int64_t><<<grid, kThreads, 0, cx->stream>>>(c, (const E *)a, (const E *)b, (E *)y, n, g);
-  switch (dt_size(dt)) {
-  case 1: MLP_WHERE(uint8_t) break;
-  case 2: MLP_WHERE(uint16_t) break;
-  default: MLP_WHERE(uint32_t) break;
-  }
-#undef MLP_WHERE
-  MLP_CUDA_LAUNCHED("k_where");
-  return 0;
-}
-
-/* ---------------------------------------------------------------- reductions */
-
-int mlp_cuda_reduce(mlp_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
-                    void *y, double correction) {
-  cx->op = "mlp_cuda_reduce";
-  int rc;
-  if (op < MLP_SUM || op > MLP_LOGSUMEXP)
-    return MLP_CUDA_BAD("unknown op %d", op);
-  if (dt == MLP_I32 ? op != MLP_SUM && op != MLP_AMAX : !is_float_dt(dt))
-    return MLP_CUDA_BAD("op %d is not defined on %s", op, dt_name(dt));
-  if ((rc = check_shape(cx, "x", rank, shape)))
-    return rc;
-  int64_t st[MLP_MAXRANK];
-  Geo<1> kept, red;
-  kept.rank = red.rank = 0;
-  contiguous_strides(rank, shape, 1, st);
-  int64_t M = 1, L = 1;
-  for (int k = 0; k < rank; k++) {
-    Geo<1> *g = (axes >> k) & 1 ? &red : &kept;
-    g->shape[g->rank] = shape[k];
-    g->st[0][g->rank++] = st[k];
-    ((axes >> k) & 1 ? L : M) *= shape[k];
-  }
-  collapse(&kept);
-  collapse(&red);
-  if (M == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  float corr = (float)correction;
-  switch (dt) {
-  case MLP_F32: return reduce_typed(cx, RedF{op}, (const float *)x, kept, red, M, L, corr, (float *)y);
-  case MLP_BF16: return reduce_typed(cx, RedF{op}, (const bf16 *)x, kept, red, M, L, corr, (bf16 *)y);
-  case MLP_F16: return reduce_typed(cx, RedF{op}, (const f16 *)x, kept, red, M, L, corr, (f16 *)y);
-  default: return reduce_typed(cx, RedI{op}, (const int32_t *)x, kept, red, M, L, corr, (int32_t *)y);
-  }
-}
-
-template <class T>
-static int softmax_typed(mlp_cuda_ctx *cx, int log, const T *x, T *y, int64_t outer, int64_t n, int64_t inner) {
-  int64_t cap = (int64_t)cx->sms * 32;
-  const int V = 16 / sizeof(T);
-  int vec = n % V == 0 && aligned(x, 16) && aligned(y, 16);
-  if (inner == 1) {
-    if (n <= 1024) {
-      int64_t nb = (outer + 7) / 8;
-      k_softmax_rows<T, T, false>
-          <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, outer, n, log, 0, vec);
-    } else {
-      int threads = n >= 8192 ? 1024 : 256;
-      k_softmax_rows<T, T, true>
-          <<<(unsigned)(outer < cap ? outer : cap), threads, 0, cx->stream>>>(x, y, outer, n, log, 0, vec);
-    }
-    MLP_CUDA_LAUNCHED("k_softmax_rows");
-  } else {
-    k_softmax_cols<T><<<grid_for(cx, outer * inner, kThreads), kThreads, 0, cx->stream>>>(x, y, outer, n, inner, log);
-    MLP_CUDA_LAUNCHED("k_softmax_cols");
-  }
-  return 0;
-}
-
-int mlp_cuda_softmax(mlp_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n,
-                     int64_t inner) {
-  cx->op = "mlp_cuda_softmax";
-  if (!is_float_dt(dt))
-    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
-  if (outer < 0 || n < 0 || inner < 0)
-    return MLP_CUDA_BAD("negative size");
-  if (outer * n * inner == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  switch (dt) {
-  case MLP_F32: return softmax_typed(cx, log, (const float *)x, (float *)y, outer, n, inner);
-  case MLP_BF16: return softmax_typed(cx, log, (const bf16 *)x, (bf16 *)y, outer, n, inner);
-  default: return softmax_typed(cx, log, (const f16 *)x, (f16 *)y, outer, n, inner);
-  }
-}
-
-template <class T, bool RMS>
-static int norm_typed(mlp_cuda_ctx *cx, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                      float eps) {
-  int64_t cap = (int64_t)cx->sms * 32;
-  const int V = 16 / sizeof(T);
-  int vec = d % V == 0 && aligned(x, 16) && aligned(y, 16) && aligned(w, 16) && aligned(b, 16);
-  if (d <= 1024) {
-    int64_t nb = (rows + 7) / 8;
-    k_norm_rows<T, false, RMS><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(
-        (const T *)x, (const T *)w, (const T *)b, (T *)y, rows, d, eps, vec);
-  } else {
-    int threads = d >= 8192 ? 1024 : 256;
-    k_norm_rows<T, true, RMS><<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(
-        (const T *)x, (const T *)w, (const T *)b, (T *)y, rows, d, eps, vec);
-  }
-  MLP_CUDA_LAUNCHED("k_norm_rows");
-  return 0;
-}
-
-template <bool RMS>
-static int norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                double eps) {
-  if (!is_float_dt(dt))
-    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
-  if (rows < 0 || d < 0)
-    return MLP_CUDA_BAD("negative size");
-  if (rows * d == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  switch (dt) {
-  case MLP_F32: return norm_typed<float, RMS>(cx, x, w, b, y, rows, d, (float)eps);
-  case MLP_BF16: return norm_typed<bf16, RMS>(cx, x, w, b, y, rows, d, (float)eps);
-  default: return norm_typed<f16, RMS>(cx, x, w, b, y, rows, d, (float)eps);
-  }
-}
-
-int mlp_cuda_layer_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
-                        int64_t d, double eps) {
-  cx->op = "mlp_cuda_layer_norm";
-  return norm<false>(cx, dt, x, w, b, y, rows, d, eps);
-}
-
-int mlp_cuda_rms_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
-                      double eps) {
-  cx->op = "mlp_cuda_rms_norm";
-  return norm<true>(cx, dt, x, w, NULL, y, rows, d, eps);
-}
-
-/* ---------------------------------------------------------------- shape ops */
-
-template <class E>
-static int launch_transpose(mlp_cuda_ctx *cx, const void *x, void *y, int64_t SA, int64_t SB, int64_t inB, int64_t outA,
-                            int64_t nbatch, const Geo<2> &bg) {
-  int64_t tiles = nbatch * ((SA + 31) / 32) * ((SB + 31) / 32), cap = (int64_t)cx->sms * 16;
-  k_transpose<E><<<(unsigned)(tiles < cap ? tiles : cap), dim3(32, 8), 0, cx->stream>>>((const E *)x, (E *)y, SA, SB,
-                                                                                        inB, outA, nbatch, bg);
-  MLP_CUDA_LAUNCHED("k_transpose");
-  return 0;
-}
-
-int mlp_cuda_permute(mlp_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm,
-                     void *y) {
-  cx->op = "mlp_cuda_permute";
-  int rc;
-  if (!dt_ok(dt))
-    return MLP_CUDA_BAD("bad dtype %d", dt);
-  if ((rc = check_shape(cx, "x", rank, shape)))
-    return rc;
-  if (rank && !perm)
-    return MLP_CUDA_BAD("perm is NULL");
-  int64_t ist[MLP_MAXRANK];
-  unsigned seen = 0;
-  contiguous_strides(rank, shape, 1, ist);
-  Geo<1> g;
-  g.rank = rank;
-  for (int k = 0; k < rank; k++) {
-    if (perm[k] < 0 || perm[k] >= rank || (seen >> perm[k]) & 1)
-      return MLP_CUDA_BAD("perm is not a permutation of 0..%d", rank - 1);
-    seen |= 1u << perm[k];
-    g.shape[k] = shape[perm[k]];
-    g.st[0][k] = ist[perm[k]];
-  }
-  int64_t n = numel_of(rank, shape);
-  if (n == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  collapse(&g);
-  int r = g.rank, es = dt_size(dt);
-  int A = -1; /* the output dim that reads the input's contiguous dim */
-  for (int k = 0; k < r; k++)
-    if (g.st[0][k] == 1)
-      A = k;
-  if (r >= 2 && A >= 0 && A != r - 1) {
-    /* tiled transpose of (A, last); the other dims form the batch */
-    int64_t ost[MLP_MAXRANK];
-    contiguous_strides(r, g.shape, 1, ost);
-    Geo<2> bg;
-    bg.rank = 0;
-    int64_t nbatch = 1;
-    for (int k = 0; k < r; k++)
-      if (k != A && k != r - 1) {
-        bg.shape[bg.rank] = g.shape[k];
-        bg.st[0][bg.rank] = g.st[0][k];
-        bg.st[1][bg.rank++] = ost[k];
-        nbatch *= g.shape[k];
-      }
-    if (bg.rank == 0) {
-      bg.rank = 1;
-      bg.shape[0] = 1;
-      bg.st[0][0] = bg.st[1][0] = 0;
-    }
-    switch (es) {
-    case 1: return launch_transpose<uint8_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
-    case 2: return launch_transpose<uint16_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
-    default:
-      return launch_transpose<uint32_t>(cx, x, y, g.shape[A], g.shape[r - 1], g.st[0][r - 1], ost[A], nbatch, bg);
-    }
-  }
-  return gather(cx, es, x, y, n, g);
-}
-
-int mlp_cuda_slice(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
-                   int64_t hi, void *y) {
-  cx->op = "mlp_cuda_slice";
-  if (!dt_ok(dt))
-    return MLP_CUDA_BAD("bad dtype %d", dt);
-  if (outer < 0 || n < 0 || inner < 0 || lo < 0 || lo > hi || hi > n)
-    return MLP_CUDA_BAD("[%lld, %lld) is not a range of a dim of size %lld", (long long)lo, (long long)hi,
-                        (long long)n);
-  if (outer * (hi - lo) * inner == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  int64_t es = dt_size(dt);
-  if (outer == 1 || hi - lo == n) {
-    MLP_CUDA_TRY(cudaMemcpyAsync(y, (const char *)x + lo * inner * es, (size_t)(outer * (hi - lo) * inner * es),
-                                 cudaMemcpyDeviceToDevice, cx->stream));
-    return 0;
-  }
-  return copy_rows(cx, (const char *)x + lo * inner * es, n * inner * es, y, (hi - lo) * inner * es, outer,
-                   (hi - lo) * inner * es, NULL, 0);
-}
-
-int mlp_cuda_copy_into(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
-                       int64_t ny, int64_t at) {
-  cx->op = "mlp_cuda_copy_into";
-  if (!dt_ok(dt))
-    return MLP_CUDA_BAD("bad dtype %d", dt);
-  if (outer < 0 || nx < 0 || inner < 0 || at < 0 || at + nx > ny)
-    return MLP_CUDA_BAD("[%lld, %lld) does not fit in a dim of size %lld", (long long)at, (long long)(at + nx),
-                        (long long)ny);
-  if (outer * nx * inner == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  int64_t es = dt_size(dt);
-  if (outer == 1 || nx == ny) {
-    MLP_CUDA_TRY(cudaMemcpyAsync((char *)y + at * inner * es, x, (size_t)(outer * nx * inner * es),
-                                 cudaMemcpyDeviceToDevice, cx->stream));
-    return 0;
-  }
-  return copy_rows(cx, x, nx * inner * es, (char *)y + at * inner * es, ny * inner * es, outer, nx * inner * es, NULL,
-                   0);
-}
-
-int mlp_cuda_broadcast(mlp_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
-                       const int64_t *sy) {
-  cx->op = "mlp_cuda_broadcast";
-  int rc;
-  if (!dt_ok(dt))
-    return MLP_CUDA_BAD("bad dtype %d", dt);
-  if ((rc = check_shape(cx, "x", rx, sx)) || (rc = check_shape(cx, "y", ry, sy)))
-    return rc;
-  Geo<1> g;
-  g.rank = ry;
-  for (int k = 0; k < ry; k++)
-    g.shape[k] = sy[k];
-  if (!bcast_strides(rx, sx, ry, sy, 1, g.st[0]))
-    return MLP_CUDA_BAD("x does not broadcast to the result's shape");
-  int64_t n = numel_of(ry, sy);
-  if (n == 0)
-    return 0;
-  if (!x || !y)
-    return MLP_CUDA_BAD("NULL pointer");
-  collapse(&g);
-  return gather(cx, dt_size(dt), x, y, n, g);
 }
 
 /* ---------------------------------------------------------------- linear algebra */
@@ -2851,125 +1808,6 @@ int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const in
     return attention_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (f16 *)y, bw, Tq, Tk, D, Dv, causal,
                            (float)scale);
   }
-}
-
-/* ---------------------------------------------------------------- losses */
-
-template <class T>
-static int xent_typed(mlp_cuda_ctx *cx, const T *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
-                      T *y) {
-  void *p;
-  int rc = scratch(cx, sizeof(float) * 2 * (size_t)N, &p);
-  if (rc)
-    return rc;
-  float *loss = (float *)p, *valid = loss + N;
-  int64_t cap = (int64_t)cx->sms * 32;
-  int vec = C % (int64_t)(16 / sizeof(T)) == 0 && aligned(logits, 16);
-  if (C <= 1024) {
-    int64_t nb = (N + 7) / 8;
-    k_xent_rows<T, false><<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(logits, target, N, C, ignore,
-                                                                                        loss, valid, cx->d_bad, vec);
-  } else {
-    int threads = C >= 8192 ? 1024 : 256;
-    k_xent_rows<T, true><<<(unsigned)(N < cap ? N : cap), threads, 0, cx->stream>>>(logits, target, N, C, ignore, loss,
-                                                                                    valid, cx->d_bad, vec);
-  }
-  MLP_CUDA_LAUNCHED("k_xent_rows");
-  k_mean_final<T><<<1, 1024, 0, cx->stream>>>(loss, valid, N, 0.0, y);
-  MLP_CUDA_LAUNCHED("k_mean_final");
-  return 0;
-}
-
-int mlp_cuda_cross_entropy(mlp_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
-                           int64_t ignore, void *y) {
-  cx->op = "mlp_cuda_cross_entropy";
-  if (!is_float_dt(dt))
-    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
-  if (N < 0 || C < 0)
-    return MLP_CUDA_BAD("negative size");
-  if (!y || (N && (!target || (C && !logits))))
-    return MLP_CUDA_BAD("NULL pointer");
-  if (N == 0) { /* the mean over no rows: 0/0 */
-    const float nan = NAN;
-    return mlp_cuda_fill(cx, dt, y, 1, (double)nan);
-  }
-  switch (dt) {
-  case MLP_F32: return xent_typed(cx, (const float *)logits, target, N, C, ignore, (float *)y);
-  case MLP_BF16: return xent_typed(cx, (const bf16 *)logits, target, N, C, ignore, (bf16 *)y);
-  default: return xent_typed(cx, (const f16 *)logits, target, N, C, ignore, (f16 *)y);
-  }
-}
-
-template <class T>
-static int mse_typed(mlp_cuda_ctx *cx, const void *a, const void *b, int64_t n, const Geo<2> &g, void *y) {
-  unsigned blocks = grid_for(cx, n, kThreads);
-  void *p;
-  int rc = scratch(cx, sizeof(float) * blocks, &p);
-  if (rc)
-    return rc;
-  if (n <= (int64_t)UINT32_MAX)
-    k_mse_part<T, uint32_t><<<blocks, kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, n, g, (float *)p);
-  else
-    k_mse_part<T, int64_t><<<blocks, kThreads, 0, cx->stream>>>((const T *)a, (const T *)b, n, g, (float *)p);
-  MLP_CUDA_LAUNCHED("k_mse_part");
-  k_mean_final<T><<<1, 1024, 0, cx->stream>>>((const float *)p, NULL, blocks, (double)n, (T *)y);
-  MLP_CUDA_LAUNCHED("k_mean_final");
-  return 0;
-}
-
-int mlp_cuda_mse_loss(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                      const int64_t *sb, void *y) {
-  cx->op = "mlp_cuda_mse_loss";
-  int rc;
-  if (!is_float_dt(dt))
-    return MLP_CUDA_BAD("dtype %s is not floating", dt_name(dt));
-  if ((rc = check_shape(cx, "a", ra, sa)) || (rc = check_shape(cx, "b", rb, sb)))
-    return rc;
-  int r = ra > rb ? ra : rb;
-  int64_t sh[MLP_MAXRANK] = {0};
-  for (int k = 0; k < r; k++) {
-    int ka = k - (r - ra), kb = k - (r - rb);
-    int64_t da = ka >= 0 ? sa[ka] : 1, db = kb >= 0 ? sb[kb] : 1;
-    if (da != db && da != 1 && db != 1)
-      return MLP_CUDA_BAD("the operands do not broadcast");
-    sh[k] = da == 1 ? db : da;
-  }
-  Geo<2> g;
-  g.rank = r;
-  for (int k = 0; k < r; k++)
-    g.shape[k] = sh[k];
-  bcast_strides(ra, sa, r, sh, 1, g.st[0]);
-  bcast_strides(rb, sb, r, sh, 1, g.st[1]);
-  int64_t n = numel_of(r, sh);
-  if (!y)
-    return MLP_CUDA_BAD("NULL pointer");
-  if (n == 0) {
-    const float nan = NAN;
-    return mlp_cuda_fill(cx, dt, y, 1, (double)nan);
-  }
-  if (!a || !b)
-    return MLP_CUDA_BAD("NULL pointer");
-  collapse(&g);
-  switch (dt) {
-  case MLP_F32: return mse_typed<float>(cx, a, b, n, g, y);
-  case MLP_BF16: return mse_typed<bf16>(cx, a, b, n, g, y);
-  default: return mse_typed<f16>(cx, a, b, n, g, y);
-  }
-}
-
-/* ---------------------------------------------------------------- creation */
-
-int mlp_cuda_arange(mlp_cuda_ctx *cx, int32_t *y, int64_t n) {
-  cx->op = "mlp_cuda_arange";
-  if (n < 0)
-    return MLP_CUDA_BAD("negative size");
-  if (n == 0)
-    return 0;
-  if (!y)
-    return MLP_CUDA_BAD("NULL pointer");
-  k_arange<<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(y, n);
-  MLP_CUDA_LAUNCHED("k_arange");
-  return 0;
 }
 
 /* Every element = v rounded to dt (via f32 for bf16/f16, as the host's

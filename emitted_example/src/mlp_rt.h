@@ -194,41 +194,10 @@ void mlp_st_free(mlp_st_file *f);
 
 /* ---------------------------------------------------------------- CPU kernels (mlp_cpu.c) */
 
-/* unary ops: y[i] = f(x[i]) */
-enum { MLP_NEG, MLP_ABS, MLP_EXP, MLP_LOG, MLP_SQRT, MLP_RSQRT, MLP_SIN, MLP_COS, MLP_TANH, MLP_SIGMOID,
-       MLP_RELU, MLP_SILU, MLP_ERF, MLP_SQUARE, MLP_RECIPROCAL, MLP_GELU, MLP_GELU_TANH,
-       MLP_POW,    /* x^a */
-       MLP_CLAMP,  /* a <= x <= b (a = -inf / b = +inf when absent); NaN stays NaN */
-       MLP_COPY };
-/* binary ops, broadcasting; compares write bool (uint8 0/1) */
-enum { MLP_ADD, MLP_SUB, MLP_MUL, MLP_DIV, MLP_MAX, MLP_MIN, MLP_GT, MLP_GE, MLP_LT, MLP_LE, MLP_EQ, MLP_NE };
-/* reductions */
-enum { MLP_SUM, MLP_MEAN, MLP_AMAX, MLP_VAR, MLP_LOGSUMEXP };
-
-void mlp_cpu_unary(int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+/* The library calls of the generated passes (GEMMs, attention, embedding,
+ * dropout) and the cast the model object uses; the pointwise, reduction, view
+ * and loss kernels are generated per model (NAME_cpu.c, NAME_cuda.cu). */
 void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
-void mlp_cpu_binary(int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy); /* dt: operands' dtype */
-void mlp_cpu_where(int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra, const int64_t *sa,
-                   const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
-/* Reduce the dims whose bit is set in `axes`; y holds the remaining dims in
- * order (keepdim changes only the shape). var divides by (N - correction). */
-void mlp_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes, void *y,
-                    double correction);
-/* x viewed as [outer, n, inner], softmax (or log_softmax) along n */
-void mlp_cpu_softmax(int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
-/* over the last dim d of x [rows, d]; w, b may be NULL; biased variance */
-void mlp_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                        double eps);
-void mlp_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps);
-/* y dim i = x dim perm[i] (transpose is a permute) */
-void mlp_cpu_permute(int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
-/* x [outer, n, inner] -> y [outer, hi - lo, inner] */
-void mlp_cpu_slice(int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo, int64_t hi, void *y);
-/* x [outer, nx, inner] into y [outer, ny, inner] at [., at:at+nx, .] (concat) */
-void mlp_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y, int64_t ny,
-                       int64_t at);
-void mlp_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y, int ry, const int64_t *sy);
 /* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
 void mlp_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
                     void *y, int ry, const int64_t *sy);
@@ -290,14 +259,6 @@ void mlp_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
 void mlp_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
                        double scale);
-/* mean over rows with target != ignore of logsumexp(row) - row[target];
- * returns -1, or the first row whose target is outside [0, C) and not ignore */
-int64_t mlp_cpu_cross_entropy(int dt, const void *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
-                              void *y);
-void mlp_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
-                      void *y);
-void mlp_cpu_arange(int32_t *y, int64_t n);
-void mlp_cpu_fill(int dt, void *y, int64_t n, double v);
 
 /* The optimizer step (mlp_optim_cpu.c), PyTorch 2.x semantics (torch.optim
  * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
@@ -339,26 +300,8 @@ int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n);
 void mlp_cuda_free(mlp_cuda_ctx *cx, void *p);
 int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
 
-int mlp_cuda_unary(mlp_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b);
 int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
-int mlp_cuda_binary(mlp_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy);
-int mlp_cuda_where(mlp_cuda_ctx *cx, int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra,
-                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
-int mlp_cuda_reduce(mlp_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
-                    void *y, double correction);
-int mlp_cuda_softmax(mlp_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
-int mlp_cuda_layer_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
-                        int64_t d, double eps);
-int mlp_cuda_rms_norm(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
-                      double eps);
-int mlp_cuda_permute(mlp_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
-int mlp_cuda_slice(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
-                   int64_t hi, void *y);
-int mlp_cuda_copy_into(mlp_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
-                       int64_t ny, int64_t at);
-int mlp_cuda_broadcast(mlp_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
-                       const int64_t *sy);
+int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v); /* every element = v rounded to dt */
 int mlp_cuda_matmul(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
                     const int64_t *sb, void *y, int ry, const int64_t *sy);
 int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
@@ -383,12 +326,6 @@ int mlp_cuda_dropout(mlp_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
 int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
                        int causal, double scale);
-int mlp_cuda_cross_entropy(mlp_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
-                           int64_t ignore, void *y);
-int mlp_cuda_mse_loss(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                      const int64_t *sb, void *y);
-int mlp_cuda_arange(mlp_cuda_ctx *cx, int32_t *y, int64_t n);
-int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v);
 
 /* The optimizer step on device pointers (mlp_optim_cuda.cu): the same
  * semantics and arguments as mlp_cpu_adamw / mlp_cpu_sgd, enqueued on the

@@ -1,5 +1,8 @@
-/* tgm_cpu.c: the CPU kernel library of the runtime (the "CPU kernels" section
- * of tgm_rt.h), one function per op, OpenMP-parallel and vectorisable.
+/* tgm_cpu.c: the CPU library calls of the runtime (the "CPU kernels" section
+ * of tgm_rt.h): the GEMMs (matmul, linear, gemm), attention, embedding and
+ * its backward, dropout and the dtype cast; the pointwise, reduction, view
+ * and loss kernels are generated per model (NAME_cpu.c). OpenMP-parallel and
+ * vectorisable.
  *
  * Template: copied into every emitted project with "tgm_" renamed. Plain C11
  * plus OpenMP pragmas (ignored without -fopenmp); needs libm, and a CBLAS when
@@ -8,35 +11,29 @@
  * (tgm_ld_bf16, tgm_st_bf16, tgm_ld_f16, tgm_st_f16, shared with
  * tgm_optim_cpu.c), written so that loops over them vectorise, bit-identical
  * to those (round to nearest even; the unit test checks every half and a
- * sweep of floats).
+ * sweep of floats). exp and gelu are tgm_math.h's (the generated kernels'),
+ * vectorisable polynomials.
  *
  * Numerics: floating ops compute in f32 (bf16/f16 are loaded to f32 and the
- * result rounded once on store); long reductions (sum, mean, var, logsumexp,
- * softmax and norm statistics, losses) accumulate in double, in an order that
- * does not depend on the thread count; i32 ops are exact (int64
- * intermediates, results wrap to 32 bits). exp, tanh, erf and gelu are
- * vectorisable polynomials written here (exp 1.4 ulp; tanh, erf, erfc within
- * 4e-7 relative; inf, NaN and subnormals as libm); log, sqrt, sin, cos, pow
- * are libm's. On x86 with gcc or clang the hot loops are also compiled for
- * AVX2 and AVX-512 and picked at load time (target_clones), as are the GEMM
- * micro-kernels (at run time); -DTGM_NO_ISA_DISPATCH turns both off.
+ * result rounded once on store); softmax sums accumulate in double. On x86
+ * with gcc or clang the hot loops are also compiled for AVX2 and AVX-512 and
+ * picked at load time (target_clones), as are the GEMM micro-kernels (at run
+ * time); -DTGM_NO_ISA_DISPATCH turns both off.
  *
  * The layout of the file:
  *   helpers      threads, pragmas, dtype loads and stores (on tgm_rt.h's
- *                inline conversions and bit selects), exp and tanh
- *   broadcast    Bc: a result shape with each operand's strides, collapsed to
- *                the fewest dims, walked in contiguous runs by several threads
- *   pointwise    unary, cast, binary, where, broadcast, fill, arange, dropout
- *   reductions   reduce (any axes), softmax, layer_norm, rms_norm, losses
- *   data movement  permute (tiled transposes), slice, copy_into, embedding
- *                and its backward (a stable counting sort, then rows)
+ *                inline conversions and bit selects)
+ *   cast, dropout
+ *   embedding    and its backward (a stable counting sort, then rows)
  *   GEMM         a packed, cache-blocked GEMM with register-blocked micro-
  *                kernels (AVX-512 / AVX2 chosen at run time on x86, else
- *                plain C), or cblas_sgemm; matmul, linear, attention on top
+ *                plain C), or cblas_sgemm; matmul, linear on top
  *   gemm         tgm_cpu_gemm: the same blocks and micro-kernels on any
  *                dtype, transposes, strides and batches, with the fused
- *                epilogue applied as micro-tiles are stored. */
+ *                epilogue applied as micro-tiles are stored
+ *   attention    on the GEMM. */
 #include "tgm_rt.h"
+#include "tgm_math.h"
 
 #include <limits.h>
 #include <math.h>
@@ -101,9 +98,6 @@ static int nthreads(void) { return 1; }
 
 /* Work below this many elements runs on one thread. */
 #define PAR_MIN 32768
-/* Partial results of a parallel sum: a fixed number of chunks summed in
- * order, so a result does not depend on the thread count. */
-#define NCHUNK 64
 /* f32 scratch blocks (elements) for bf16/f16 pointwise work. */
 #define BLK 256
 
@@ -192,289 +186,6 @@ static float *f32_copy(int dt, const void *x, int64_t n) {
   return p;
 }
 
-/* exp(x) = 2^n e^r with n = round(x log2 e) (taken from the bits of x log2 e +
- * 1.5 * 2^23, no float-to-int conversion), r reduced in two steps (Cody-Waite)
- * and e^r from Cephes' expf polynomial; 2^n applied as two factors so
- * subnormal results round once. Above 88.75 is inf, below -104 is 0, NaN
- * stays NaN. Max error 1.4 ulp. */
-HOT float exp_f32(float x) {
-  float t = x * 1.44269504088896341f + 12582912.0f;
-  float n = t - 12582912.0f;
-  int32_t ni = (int32_t)(tgm_f_bits(t) - 0x4b400000u), h = ni / 2;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-              1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f;
-  float e = p * tgm_bits_f((uint32_t)(h + 127) << 23) * tgm_bits_f((uint32_t)(ni - h + 127) << 23);
-  uint32_t big = tgm_mask(x > 88.75f), small = tgm_mask(x < -104.0f);
-  return tgm_bits_f(((tgm_f_bits(e) & ~big) | (0x7f800000u & big)) & ~small);
-}
-
-/* tanh: Cephes' odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1)
- * with the sign of x (both computed, one selected). */
-HOT float tanh_f32(float x) {
-  float z = x * x;
-  float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
-                 3.33332819422e-1f) * z * x + x;
-  float ax = tgm_bits_f(tgm_f_bits(x) & 0x7fffffffu);
-  float big = 1.0f - 2.0f / (exp_f32(2.0f * ax) + 1.0f);
-  big = tgm_bits_f(tgm_f_bits(big) | (tgm_f_bits(x) & 0x80000000u));
-  return tgm_sel(tgm_mask(ax < 0.625f), small, big);
-}
-
-/* erfc(z) for z >= 0: libm's erfcf (correctly rounded to within an ulp; it
- * does not vectorise, which costs GELU(erf) some speed until a polynomial of
- * our own derivation replaces it). */
-HOT float erfc_pos(float z) { return erfcf(z); }
-
-/* erf: the Taylor series to x^11 below |x| = 0.5 (relative error 3e-8),
- * else 1 - erfc(|x|); the sign of x. */
-HOT float erf_f32(float x) {
-  float ax = tgm_bits_f(tgm_f_bits(x) & 0x7fffffffu), z = ax * ax;
-  float small = ax * (1.12837916709551257f +
-                      z * (-0.37612638903183752f +
-                           z * (0.11283791670955126f +
-                                z * (-0.02686617064513125f + z * (0.00522397762544218f + z * -0.00085483270234508f)))));
-  float r = tgm_sel(tgm_mask(ax < 0.5f), small, 1.0f - erfc_pos(ax));
-  return tgm_bits_f(tgm_f_bits(r) | (tgm_f_bits(x) & 0x80000000u));
-}
-
-/* gelu(x) = x/2 (1 + erf(x / sqrt 2)) = x/2 erfc(|x| / sqrt 2) for x < 0 (no
- * cancellation there), x/2 (2 - erfc(x / sqrt 2)) otherwise. */
-HOT float gelu_f32(float x) {
-  float e = erfc_pos(tgm_bits_f(tgm_f_bits(x) & 0x7fffffffu) * 0.70710678118654752440f);
-  return 0.5f * x * tgm_sel(tgm_mask(x < 0), e, 2.0f - e);
-}
-
-/* NaN-propagating max (torch.amax, torch.maximum), as a bitwise select. */
-HOT float max_nan(float m, float v) { return tgm_sel(tgm_mask((v > m) | (v != v)), v, m); }
-static inline double max_nan_d(double m, double v) {
-  if (m != m)
-    return m;
-  return v > m || v != v ? v : m;
-}
-
-/* ---------------------------------------------------------------- broadcast */
-
-/* The result's shape with, for each operand, the element strides that read it
- * at the result's coordinates (0 along broadcast dims). Size-1 dims are
- * dropped and neighbours merged wherever every operand allows, so a same-shape
- * op is one dim, a bias add two. The innermost stride of each operand is then
- * 0 or 1. */
-typedef struct Bc {
-  int rank, nop;
-  int64_t n;
-  int64_t shape[TGM_MAXRANK];
-  int64_t st[4][TGM_MAXRANK];
-} Bc;
-
-static void bc_init(Bc *b, int ry, const int64_t *sy, int nop, const int *r, const int64_t *const *s) {
-  int64_t st[4][TGM_MAXRANK];
-  b->nop = nop;
-  b->n = 1;
-  for (int k = 0; k < ry; k++)
-    b->n *= sy[k];
-  for (int p = 0; p < nop; p++) {
-    int64_t c = 1;
-    for (int k = ry - 1; k >= 0; k--) {
-      int kk = k - (ry - r[p]);
-      st[p][k] = kk < 0 || s[p][kk] == 1 ? 0 : c;
-      if (kk >= 0)
-        c *= s[p][kk];
-    }
-  }
-  b->rank = 0;
-  for (int k = 0; k < ry; k++) {
-    if (sy[k] == 1)
-      continue;
-    int merge = b->rank > 0;
-    for (int p = 0; p < nop && merge; p++)
-      merge = b->st[p][b->rank - 1] == st[p][k] * sy[k];
-    if (merge) {
-      b->shape[b->rank - 1] *= sy[k];
-      for (int p = 0; p < nop; p++)
-        b->st[p][b->rank - 1] = st[p][k];
-    } else {
-      b->shape[b->rank] = sy[k];
-      for (int p = 0; p < nop; p++)
-        b->st[p][b->rank] = st[p][k];
-      b->rank++;
-    }
-  }
-  if (b->rank == 0) {
-    b->rank = 1;
-    b->shape[0] = 1;
-    for (int p = 0; p < nop; p++)
-      b->st[p][0] = 0;
-  }
-}
-
-/* The coordinates and operand offsets of flat result index i. */
-static void bc_seek(const Bc *b, int64_t i, int64_t *idx, int64_t *off) {
-  for (int p = 0; p < b->nop; p++)
-    off[p] = 0;
-  for (int k = b->rank - 1; k >= 0; k--) {
-    idx[k] = i % b->shape[k];
-    i /= b->shape[k];
-    for (int p = 0; p < b->nop; p++)
-      off[p] += idx[k] * b->st[p][k];
-  }
-}
-
-/* Moves m elements along the innermost dim (not past its end), carrying. */
-static void bc_step(const Bc *b, int64_t *idx, int64_t *off, int64_t m) {
-  int k = b->rank - 1;
-  idx[k] += m;
-  for (int p = 0; p < b->nop; p++)
-    off[p] += m * b->st[p][k];
-  while (k >= 0 && idx[k] == b->shape[k]) {
-    for (int p = 0; p < b->nop; p++)
-      off[p] -= b->shape[k] * b->st[p][k];
-    idx[k] = 0;
-    if (--k >= 0) {
-      idx[k]++;
-      for (int p = 0; p < b->nop; p++)
-        off[p] += b->st[p][k];
-    }
-  }
-}
-
-/* fn(ctx, chunk, off, i, len): elements i .. i+len-1 of the result, a run
- * along the innermost dim, operand p starting at element off[p]. */
-typedef void (*run_fn)(void *ctx, int chunk, const int64_t *off, int64_t i, int64_t len);
-
-/* Calls fn on every run of the result, the flat range split into nch chunks
- * (0: as many as suit the threads) run in parallel. */
-static void bc_run(const Bc *b, run_fn fn, void *ctx, int nch) {
-  int64_t n = b->n;
-  if (n <= 0)
-    return;
-  if (nch <= 0)
-    nch = n >= PAR_MIN ? 4 * nthreads() : 1;
-  OMP(parallel for schedule(static) if (nch > 1 && n >= PAR_MIN))
-  for (int c = 0; c < nch; c++) {
-    int64_t lo = n / nch * c + min64(c, n % nch), hi = lo + n / nch + (c < n % nch);
-    int64_t idx[TGM_MAXRANK], off[4];
-    if (lo >= hi)
-      continue;
-    bc_seek(b, lo, idx, off);
-    for (int64_t i = lo; i < hi;) {
-      int64_t len = min64(b->shape[b->rank - 1] - idx[b->rank - 1], hi - i);
-      fn(ctx, c, off, i, len);
-      i += len;
-      bc_step(b, idx, off, len);
-    }
-  }
-}
-
-/* ---------------------------------------------------------------- unary */
-
-static const float SQRT_2_OVER_PI = 0.79788456080286535588f;
-
-/* y[i] = op(x[i]) in f32; the switch is outside the loops. */
-CLONES static void unary_f32(int op, const float *restrict x, float *restrict y, int64_t n, float a, float b) {
-#define LOOP(EXPR)                                                                                                     \
-  SIMD for (int64_t i = 0; i < n; i++) {                                                                               \
-    const float v = x[i];                                                                                              \
-    y[i] = (EXPR);                                                                                                     \
-  }                                                                                                                    \
-  break;
-  switch (op) {
-  case TGM_NEG: LOOP(-v)
-  case TGM_ABS: LOOP(tgm_bits_f(tgm_f_bits(v) & 0x7fffffffu))
-  case TGM_EXP: LOOP(exp_f32(v))
-  case TGM_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); break;
-  case TGM_SQRT: for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]); break; /* libm (errno): no simd */
-  case TGM_RSQRT: for (int64_t i = 0; i < n; i++) y[i] = 1.0f / sqrtf(x[i]); break;
-  case TGM_SIN: for (int64_t i = 0; i < n; i++) y[i] = sinf(x[i]); break;
-  case TGM_COS: for (int64_t i = 0; i < n; i++) y[i] = cosf(x[i]); break;
-  case TGM_TANH: LOOP(tanh_f32(v))
-  case TGM_SIGMOID: LOOP(1.0f / (1.0f + exp_f32(-v)))
-  case TGM_RELU: LOOP(v < 0 ? 0.0f : v) /* NaN stays NaN */
-  case TGM_SILU: LOOP(v / (1.0f + exp_f32(-v)))
-  case TGM_ERF: LOOP(erf_f32(v))
-  case TGM_SQUARE: LOOP(v * v)
-  case TGM_RECIPROCAL: LOOP(1.0f / v)
-  case TGM_GELU: LOOP(gelu_f32(v))
-  case TGM_GELU_TANH: LOOP(0.5f * v * (1.0f + tanh_f32(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))))
-  case TGM_POW:
-    if (a == 2.0f) {
-      LOOP(v * v)
-    } else if (a == 1.0f) {
-      LOOP(v)
-    } else if (a == 0.5f) { /* pow(-0, 0.5) = +0, pow(-inf, 0.5) = inf */
-      for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] == -INFINITY ? INFINITY : sqrtf(x[i]) + 0.0f;
-      break;
-    }
-    for (int64_t i = 0; i < n; i++)
-      y[i] = powf(x[i], a);
-    break;
-  case TGM_CLAMP: LOOP((v < a ? a : v) > b ? b : (v < a ? a : v)) /* NaN stays NaN */
-  default: LOOP(v)
-  }
-#undef LOOP
-}
-
-/* Exact i32 versions of the integer-valued unary ops (wrapping like int32). */
-static void unary_i32(int op, const int32_t *restrict x, int32_t *restrict y, int64_t n, double a, double b) {
-  switch (op) {
-  case TGM_NEG: SIMD for (int64_t i = 0; i < n; i++) y[i] = (int32_t)(0u - (uint32_t)x[i]); break;
-  case TGM_ABS: SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0 ? (int32_t)(0u - (uint32_t)x[i]) : x[i]; break;
-  case TGM_RELU: SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0 ? 0 : x[i]; break;
-  case TGM_SQUARE: SIMD for (int64_t i = 0; i < n; i++) y[i] = (int32_t)(uint32_t)((uint64_t)((int64_t)x[i] * x[i])); break;
-  case TGM_CLAMP:
-    for (int64_t i = 0; i < n; i++) {
-      double v = x[i];
-      v = v < a ? a : v;
-      v = v > b ? b : v;
-      y[i] = sat_i32(v);
-    }
-    break;
-  case TGM_COPY: memcpy(y, x, sizeof(int32_t) * (size_t)n); break;
-  default: { /* not integer-valued (tgen does not emit these on i32) */
-    float xf[BLK], yf[BLK];
-    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
-      int64_t m = min64(BLK, n - i0);
-      for (int64_t i = 0; i < m; i++)
-        xf[i] = (float)x[i0 + i];
-      unary_f32(op, xf, yf, m, (float)a, (float)b);
-      for (int64_t i = 0; i < m; i++)
-        y[i0 + i] = sat_i32(yf[i]);
-    }
-  }
-  }
-}
-
-void tgm_cpu_unary(int op, int dt, const void *x, void *y, int64_t n, double a, double b) {
-  if (n <= 0)
-    return;
-  size_t es = esize(dt);
-  int64_t nb = (n + 4095) / 4096;
-  if (op == TGM_COPY || dt == TGM_BOOL) {
-    if (x != y)
-      memcpy(y, x, es * (size_t)n);
-    return;
-  }
-  OMP(parallel for schedule(static) if (n >= PAR_MIN))
-  for (int64_t c = 0; c < nb; c++) {
-    int64_t lo = c * 4096, m = min64(4096, n - lo);
-    if (dt == TGM_F32) {
-      unary_f32(op, (const float *)x + lo, (float *)y + lo, m, (float)a, (float)b);
-    } else if (dt == TGM_I32) {
-      unary_i32(op, (const int32_t *)x + lo, (int32_t *)y + lo, m, a, b);
-    } else {
-      float xf[BLK], yf[BLK];
-      for (int64_t i0 = lo; i0 < lo + m; i0 += BLK) {
-        int64_t k = min64(BLK, lo + m - i0);
-        to_f32(dt, (const char *)x + i0 * 2, xf, k);
-        unary_f32(op, xf, yf, k, (float)a, (float)b);
-        from_f32(dt, yf, (char *)y + i0 * 2, k);
-      }
-    }
-  }
-}
-
 /* ---------------------------------------------------------------- cast */
 
 void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
@@ -512,232 +223,6 @@ void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
         stval(dt_out, ys, i, ldd(dt_in, xs, i));
     }
   }
-}
-
-/* ---------------------------------------------------------------- binary */
-
-/* One run of y = a op b: a and b advance by sa, sb (0 or 1) per element. The
- * compares write uint8 to yb; everything else writes y. */
-#define BIN_LOOPS(T, Y, EXPR)                                                                                          \
-  if (sa && sb) {                                                                                                      \
-    SIMD for (int64_t i = 0; i < n; i++) {                                                                             \
-      const T u = a[i], v = b[i];                                                                                      \
-      Y[i] = (EXPR);                                                                                                   \
-    }                                                                                                                  \
-  } else if (sa) {                                                                                                     \
-    const T v = b[0];                                                                                                  \
-    SIMD for (int64_t i = 0; i < n; i++) {                                                                             \
-      const T u = a[i];                                                                                                \
-      Y[i] = (EXPR);                                                                                                   \
-    }                                                                                                                  \
-  } else if (sb) {                                                                                                     \
-    const T u = a[0];                                                                                                  \
-    SIMD for (int64_t i = 0; i < n; i++) {                                                                             \
-      const T v = b[i];                                                                                                \
-      Y[i] = (EXPR);                                                                                                   \
-    }                                                                                                                  \
-  } else {                                                                                                             \
-    const T u = a[0], v = b[0];                                                                                        \
-    for (int64_t i = 0; i < n; i++)                                                                                    \
-      Y[i] = (EXPR);                                                                                                   \
-  }                                                                                                                    \
-  break;
-
-CLONES static void bin_f32(int op, const float *restrict a, int64_t sa, const float *restrict b, int64_t sb,
-                    float *restrict y, uint8_t *restrict yb, int64_t n) {
-  switch (op) {
-  case TGM_ADD: BIN_LOOPS(float, y, u + v)
-  case TGM_SUB: BIN_LOOPS(float, y, u - v)
-  case TGM_MUL: BIN_LOOPS(float, y, u * v)
-  case TGM_DIV: BIN_LOOPS(float, y, u / v)
-  case TGM_MAX: BIN_LOOPS(float, y, (u != u || v != v) ? u + v : u > v ? u : v)
-  case TGM_MIN: BIN_LOOPS(float, y, (u != u || v != v) ? u + v : u < v ? u : v)
-  case TGM_GT: BIN_LOOPS(float, yb, u > v)
-  case TGM_GE: BIN_LOOPS(float, yb, u >= v)
-  case TGM_LT: BIN_LOOPS(float, yb, u < v)
-  case TGM_LE: BIN_LOOPS(float, yb, u <= v)
-  case TGM_EQ: BIN_LOOPS(float, yb, u == v)
-  default: BIN_LOOPS(float, yb, u != v)
-  }
-}
-
-/* Exact: int64 intermediates, wrapped to 32 bits on store. */
-static void bin_i32(int op, const int32_t *restrict a, int64_t sa, const int32_t *restrict b, int64_t sb,
-                    int32_t *restrict y, uint8_t *restrict yb, int64_t n) {
-  switch (op) {
-  case TGM_ADD: BIN_LOOPS(int64_t, y, (int32_t)(uint32_t)(uint64_t)(u + v))
-  case TGM_SUB: BIN_LOOPS(int64_t, y, (int32_t)(uint32_t)(uint64_t)(u - v))
-  case TGM_MUL: BIN_LOOPS(int64_t, y, (int32_t)(uint32_t)(uint64_t)(u * v))
-  case TGM_DIV: BIN_LOOPS(int64_t, y, sat_i32((double)u / (double)v)) /* not emitted for i32 */
-  case TGM_MAX: BIN_LOOPS(int64_t, y, (int32_t)(u > v ? u : v))
-  case TGM_MIN: BIN_LOOPS(int64_t, y, (int32_t)(u < v ? u : v))
-  case TGM_GT: BIN_LOOPS(int64_t, yb, u > v)
-  case TGM_GE: BIN_LOOPS(int64_t, yb, u >= v)
-  case TGM_LT: BIN_LOOPS(int64_t, yb, u < v)
-  case TGM_LE: BIN_LOOPS(int64_t, yb, u <= v)
-  case TGM_EQ: BIN_LOOPS(int64_t, yb, u == v)
-  default: BIN_LOOPS(int64_t, yb, u != v)
-  }
-}
-
-static int is_compare(int op) { return op >= TGM_GT; }
-
-typedef struct BinCtx {
-  int op, dt;
-  const void *a, *b;
-  void *y;
-  int64_t sa, sb; /* innermost strides */
-} BinCtx;
-
-static void bin_run(void *vc, int chunk, const int64_t *off, int64_t i, int64_t n) {
-  const BinCtx *c = vc;
-  int cmp = is_compare(c->op);
-  (void)chunk;
-  if (c->dt == TGM_F32) {
-    const float *a = (const float *)c->a + off[0], *b = (const float *)c->b + off[1];
-    bin_f32(c->op, a, c->sa, b, c->sb, cmp ? NULL : (float *)c->y + i, cmp ? (uint8_t *)c->y + i : NULL, n);
-  } else if (c->dt == TGM_I32) {
-    const int32_t *a = (const int32_t *)c->a + off[0], *b = (const int32_t *)c->b + off[1];
-    bin_i32(c->op, a, c->sa, b, c->sb, cmp ? NULL : (int32_t *)c->y + i, cmp ? (uint8_t *)c->y + i : NULL, n);
-  } else if (is_half(c->dt)) {
-    float af[BLK], bf[BLK], yf[BLK];
-    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
-      int64_t k = min64(BLK, n - i0);
-      to_f32(c->dt, (const uint16_t *)c->a + off[0] + i0 * c->sa, af, c->sa ? k : 1);
-      to_f32(c->dt, (const uint16_t *)c->b + off[1] + i0 * c->sb, bf, c->sb ? k : 1);
-      if (cmp) {
-        bin_f32(c->op, af, c->sa, bf, c->sb, NULL, (uint8_t *)c->y + i + i0, k);
-      } else {
-        bin_f32(c->op, af, c->sa, bf, c->sb, yf, NULL, k);
-        from_f32(c->dt, yf, (uint16_t *)c->y + i + i0, k);
-      }
-    }
-  } else { /* bool: not emitted; through double */
-    for (int64_t j = 0; j < n; j++) {
-      float u = ldf(c->dt, c->a, off[0] + j * c->sa), v = ldf(c->dt, c->b, off[1] + j * c->sb), r;
-      bin_f32(c->op, &u, 0, &v, 0, &r, (uint8_t *)c->y + i + j, 1);
-      if (!cmp)
-        ((uint8_t *)c->y)[i + j] = r != 0;
-    }
-  }
-}
-
-void tgm_cpu_binary(int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy) {
-  Bc bc;
-  const int r[2] = {ra, rb};
-  const int64_t *s[2] = {sa, sb};
-  bc_init(&bc, ry, sy, 2, r, s);
-  BinCtx c = {op, dt, a, b, y, bc.st[0][bc.rank - 1], bc.st[1][bc.rank - 1]};
-  bc_run(&bc, bin_run, &c, 0);
-}
-
-/* ---------------------------------------------------------------- where, broadcast */
-
-typedef struct SelCtx {
-  size_t es;
-  const uint8_t *c;
-  const void *a, *b;
-  void *y;
-  int64_t sc, sa, sb;
-} SelCtx;
-
-#define SEL_LOOP(T)                                                                                                    \
-  do {                                                                                                                 \
-    const T *restrict a = (const T *)x->a + off[1], *restrict b = (const T *)x->b + off[2];                           \
-    T *restrict y = (T *)x->y + i;                                                                                     \
-    SIMD for (int64_t j = 0; j < n; j++) y[j] = c[j * x->sc] ? a[j * x->sa] : b[j * x->sb];                            \
-  } while (0)
-
-/* y = c ? a : b moves bits, so one loop per element size serves every dtype. */
-static void sel_run(void *vc, int chunk, const int64_t *off, int64_t i, int64_t n) {
-  const SelCtx *x = vc;
-  const uint8_t *restrict c = x->c + off[0];
-  (void)chunk;
-  if (x->es == 4)
-    SEL_LOOP(uint32_t);
-  else if (x->es == 2)
-    SEL_LOOP(uint16_t);
-  else
-    SEL_LOOP(uint8_t);
-}
-
-void tgm_cpu_where(int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra, const int64_t *sa,
-                   const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy) {
-  Bc bc;
-  const int r[3] = {rc, ra, rb};
-  const int64_t *s[3] = {sc, sa, sb};
-  bc_init(&bc, ry, sy, 3, r, s);
-  int l = bc.rank - 1;
-  SelCtx x = {esize(dt), c, a, b, y, bc.st[0][l], bc.st[1][l], bc.st[2][l]};
-  bc_run(&bc, sel_run, &x, 0);
-}
-
-typedef struct CopyCtx {
-  size_t es;
-  const void *x;
-  void *y;
-  int64_t sx;
-} CopyCtx;
-
-/* A run of y from x: contiguous (memcpy) or one repeated element. */
-static void copy_run(void *vc, int chunk, const int64_t *off, int64_t i, int64_t n) {
-  const CopyCtx *c = vc;
-  const char *x = (const char *)c->x + off[0] * (int64_t)c->es;
-  char *y = (char *)c->y + i * (int64_t)c->es;
-  (void)chunk;
-  if (c->sx) {
-    memcpy(y, x, c->es * (size_t)n);
-  } else if (c->es == 4) {
-    uint32_t v;
-    memcpy(&v, x, 4);
-    SIMD for (int64_t j = 0; j < n; j++) ((uint32_t *)(void *)y)[j] = v;
-  } else if (c->es == 2) {
-    uint16_t v;
-    memcpy(&v, x, 2);
-    SIMD for (int64_t j = 0; j < n; j++) ((uint16_t *)(void *)y)[j] = v;
-  } else {
-    memset(y, *x, (size_t)n);
-  }
-}
-
-void tgm_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y, int ry, const int64_t *sy) {
-  Bc bc;
-  bc_init(&bc, ry, sy, 1, &rx, &sx);
-  CopyCtx c = {esize(dt), x, y, bc.st[0][bc.rank - 1]};
-  bc_run(&bc, copy_run, &c, 0);
-}
-
-void tgm_cpu_fill(int dt, void *y, int64_t n, double v) {
-  uint32_t bits = 0;
-  switch (dt) {
-  case TGM_BF16: bits = tgm_st_bf16((float)v); break;
-  case TGM_F16: bits = tgm_st_f16((float)v); break;
-  case TGM_I32: bits = (uint32_t)sat_i32(v); break;
-  case TGM_BOOL: bits = v != 0; break;
-  default: bits = tgm_f_bits((float)v); break;
-  }
-  size_t es = esize(dt);
-  unsigned char one[4];
-  if (es == 4) {
-    memcpy(one, &bits, 4);
-  } else if (es == 2) {
-    uint16_t h = (uint16_t)bits;
-    memcpy(one, &h, 2);
-  } else {
-    one[0] = (unsigned char)bits;
-  }
-  int64_t s1 = 1;
-  Bc bc;
-  bc_init(&bc, 1, &n, 1, (const int[]){1}, (const int64_t *const[]){&s1});
-  CopyCtx c = {es, one, y, 0};
-  bc_run(&bc, copy_run, &c, 0);
-}
-
-void tgm_cpu_arange(int32_t *y, int64_t n) {
-  OMP(parallel for schedule(static) if (n >= PAR_MIN))
-  for (int64_t i = 0; i < n; i++)
-    y[i] = (int32_t)i;
 }
 
 /* ---------------------------------------------------------------- dropout */
@@ -795,204 +280,6 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
     dropout_run(dt, x, y, b * 4096, min64(n, (b + 1) * 4096), t, s, k0, k1, s0, s1);
 }
 
-/* ---------------------------------------------------------------- mse_loss */
-
-typedef struct MseCtx {
-  int dt;
-  const void *a, *b;
-  int64_t sa, sb;
-  double part[NCHUNK];
-} MseCtx;
-
-static void mse_run(void *vc, int chunk, const int64_t *off, int64_t i, int64_t n) {
-  MseCtx *c = vc;
-  double s = 0;
-  int64_t sa = c->sa, sb = c->sb;
-  (void)i;
-#define M_(LD, ST)                                                                                                     \
-  {                                                                                                                    \
-    const void *a = (const char *)c->a + off[0] * (int64_t)esize(c->dt);                                               \
-    const void *b = (const char *)c->b + off[1] * (int64_t)esize(c->dt);                                               \
-    SIMD_SUM(s) for (int64_t j = 0; j < n; j++) {                                                                      \
-      float d = LD(a, j * sa) - LD(b, j * sb);                                                                         \
-      s += (double)(d * d);                                                                                            \
-    }                                                                                                                  \
-  }
-  DT_CASES(c->dt, M_)
-#undef M_
-  c->part[chunk] += s;
-}
-
-void tgm_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
-                      void *y) {
-  int64_t sy[TGM_MAXRANK];
-  int ry = ra > rb ? ra : rb;
-  for (int k = 0; k < ry; k++) {
-    int ka = k - (ry - ra), kb = k - (ry - rb);
-    int64_t da = ka >= 0 ? sa[ka] : 1, db = kb >= 0 ? sb[kb] : 1;
-    sy[k] = da == 1 ? db : da;
-  }
-  Bc bc;
-  const int r[2] = {ra, rb};
-  const int64_t *s[2] = {sa, sb};
-  bc_init(&bc, ry, sy, 2, r, s);
-  MseCtx *c = malloc(sizeof *c);
-  double total = 0;
-  if (c) {
-    memset(c, 0, sizeof *c);
-    c->dt = dt;
-    c->a = a;
-    c->b = b;
-    c->sa = bc.st[0][bc.rank - 1];
-    c->sb = bc.st[1][bc.rank - 1];
-    bc_run(&bc, mse_run, c, NCHUNK);
-    for (int k = 0; k < NCHUNK; k++)
-      total += c->part[k];
-    free(c);
-  } else { /* serial, element by element */
-    int64_t idx[TGM_MAXRANK], off[4];
-    bc_seek(&bc, 0, idx, off);
-    for (int64_t i = 0; i < bc.n; i++) {
-      double d = (double)(ldf(dt, a, off[0]) - ldf(dt, b, off[1]));
-      total += d * d;
-      bc_step(&bc, idx, off, 1);
-    }
-  }
-  stval(dt, y, 0, bc.n ? total / (double)bc.n : NAN);
-}
-
-/* ---------------------------------------------------------------- reductions */
-
-/* Runs: statistics of n contiguous elements (double accumulators). */
-enum { P_SUM, P_MAX, P_SQDEV, P_EXP };
-
-/* The NaN-propagating max of n contiguous elements (-inf for none): with gcc
- * and OpenMP an OpenMP max reduction plus a NaN flag (vectorised at every -O
- * level), else 16 independent lanes (what clang vectorises). */
-CLONES static float run_max(int dt, const void *x, int64_t n) {
-#if defined(_OPENMP) && !defined(__clang__)
-  float m = -INFINITY;
-  int nan = 0;
-#define M_(LD, ST)                                                                                                     \
-  PRAGMA_(omp simd reduction(max : m) reduction(| : nan))                                                              \
-  for (int64_t i = 0; i < n; i++) {                                                                                    \
-    const float v = LD(x, i);                                                                                          \
-    m = v > m ? v : m;                                                                                                 \
-    nan |= v != v;                                                                                                     \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-  return nan ? NAN : m;
-#else
-  float lane[16], m = -INFINITY;
-  int64_t i = 0;
-  for (int l = 0; l < 16; l++)
-    lane[l] = -INFINITY;
-#define M_(LD, ST)                                                                                                     \
-  for (; i + 16 <= n; i += 16)                                                                                         \
-    for (int l = 0; l < 16; l++)                                                                                       \
-      lane[l] = max_nan(lane[l], LD(x, i + l));                                                                        \
-  for (; i < n; i++)                                                                                                   \
-    lane[0] = max_nan(lane[0], LD(x, i));
-  DT_CASES(dt, M_)
-#undef M_
-  for (int l = 0; l < 16; l++)
-    m = max_nan(m, lane[l]);
-  return m;
-#endif
-}
-
-CLONES static double run_pass(int pass, int dt, const void *x, int64_t n, double c) {
-  double s = 0;
-  float cf = (float)c;
-#define M_(LD, ST)                                                                                                     \
-  switch (pass) {                                                                                                      \
-  case P_SUM: SIMD_SUM(s) for (int64_t i = 0; i < n; i++) s += (double)LD(x, i); break;                                \
-  case P_MAX: s = run_max(dt, x, n); break;                                                                            \
-  case P_SQDEV:                                                                                                        \
-    SIMD_SUM(s) for (int64_t i = 0; i < n; i++) {                                                                      \
-      double d = (double)LD(x, i) - c;                                                                                 \
-      s += d * d;                                                                                                      \
-    }                                                                                                                  \
-    break;                                                                                                             \
-  default: SIMD_SUM(s) for (int64_t i = 0; i < n; i++) s += (double)exp_f32(LD(x, i) - cf); break;                     \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-  return s;
-}
-
-/* Columns: acc[j] accumulates element j of n contiguous ones (a row of a
- * reduction along an outer dim); mx is the per-column max or shift. */
-CLONES static void col_pass(int pass, int dt, const void *x, int64_t n, double *restrict acc, float *restrict mx,
-                     const double *restrict c) {
-#define M_(LD, ST)                                                                                                     \
-  switch (pass) {                                                                                                      \
-  case P_SUM: SIMD for (int64_t j = 0; j < n; j++) acc[j] += (double)LD(x, j); break;                                  \
-  case P_MAX: SIMD for (int64_t j = 0; j < n; j++) mx[j] = max_nan(mx[j], LD(x, j)); break;                            \
-  case P_SQDEV:                                                                                                        \
-    SIMD for (int64_t j = 0; j < n; j++) {                                                                             \
-      double d = (double)LD(x, j) - c[j];                                                                              \
-      acc[j] += d * d;                                                                                                 \
-    }                                                                                                                  \
-    break;                                                                                                             \
-  default: SIMD for (int64_t j = 0; j < n; j++) acc[j] += (double)exp_f32(LD(x, j) - mx[j]); break;                    \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-}
-
-/* A tensor's dims split into kept (output) and reduced ones: size-1 dims
- * dropped, neighbours of the same kind merged (the tensor is contiguous, so
- * that is always valid), strides in elements. */
-typedef struct Rd {
-  int nk, nr;
-  int64_t ks[TGM_MAXRANK], kst[TGM_MAXRANK], rs[TGM_MAXRANK], rst[TGM_MAXRANK];
-  int inner_red; /* the innermost dim is a reduced one (else a kept one, or none) */
-  int64_t nout, len;
-} Rd;
-
-static void rd_init(Rd *d, int rank, const int64_t *shape, uint32_t axes) {
-  int64_t sz[TGM_MAXRANK], st[TGM_MAXRANK];
-  int kind[TGM_MAXRANK], m = 0;
-  d->nout = d->len = 1;
-  for (int k = 0; k < rank; k++) {
-    int red = (int)((axes >> k) & 1u);
-    if (red)
-      d->len *= shape[k];
-    else
-      d->nout *= shape[k];
-    if (shape[k] == 1)
-      continue;
-    if (m > 0 && kind[m - 1] == red) {
-      sz[m - 1] *= shape[k];
-    } else {
-      sz[m] = shape[k];
-      kind[m++] = red;
-    }
-  }
-  int64_t s = 1;
-  for (int k = m - 1; k >= 0; k--) {
-    st[k] = s;
-    s *= sz[k];
-  }
-  d->nk = d->nr = 0;
-  for (int k = 0; k < m; k++) {
-    if (kind[k]) {
-      d->rs[d->nr] = sz[k];
-      d->rst[d->nr++] = st[k];
-    } else {
-      d->ks[d->nk] = sz[k];
-      d->kst[d->nk++] = st[k];
-    }
-  }
-  d->inner_red = m > 0 && kind[m - 1];
-  if (m == 0) { /* one element: a kept dim of size 1 */
-    d->ks[0] = d->kst[0] = 1;
-    d->nk = 1;
-  }
-}
-
 /* Offset of index i over n dims of sizes sz, strides st. */
 static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) {
   int64_t off = 0;
@@ -1003,469 +290,7 @@ static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) 
   return off;
 }
 
-/* Odometer step over n dims; returns the new offset. */
-static int64_t dims_next(int n, const int64_t *sz, const int64_t *st, int64_t *idx, int64_t off) {
-  for (int k = n - 1; k >= 0; k--) {
-    idx[k]++;
-    off += st[k];
-    if (idx[k] < sz[k])
-      return off;
-    off -= st[k] * sz[k];
-    idx[k] = 0;
-  }
-  return off;
-}
-
-/* A pass over elements [lo, hi) of one output's reduced set, when the
- * innermost dim is reduced: runs of L contiguous elements at the offsets of
- * the outer reduced dims. */
-static double red_range(const Rd *d, int pass, int dt, const void *x, int64_t base, int64_t lo, int64_t hi, double c) {
-  int64_t L = d->rs[d->nr - 1], idx[TGM_MAXRANK], q = lo / L, pos = lo % L;
-  int no = d->nr - 1;
-  double acc = pass == P_MAX ? -INFINITY : 0;
-  for (int k = no - 1; k >= 0; k--) {
-    idx[k] = q % d->rs[k];
-    q /= d->rs[k];
-  }
-  int64_t roff = dims_off(no, d->rs, d->rst, lo / L);
-  size_t es = esize(dt);
-  for (int64_t i = lo; i < hi;) {
-    int64_t n = min64(L - pos, hi - i);
-    double v = run_pass(pass, dt, (const char *)x + (base + roff + pos) * (int64_t)es, n, c);
-    acc = pass == P_MAX ? max_nan_d(acc, v) : acc + v;
-    i += n;
-    pos = 0;
-    roff = dims_next(no, d->rs, d->rst, idx, roff);
-  }
-  return acc;
-}
-
-/* The statistic of one output from its passes. */
-static double red_final(int op, double s, double s2, double shift, double len, double correction) {
-  switch (op) {
-  case TGM_SUM: return s;
-  case TGM_AMAX: return s;
-  case TGM_MEAN: return len > 0 ? s / len : NAN;
-  case TGM_VAR: {
-    double div = len - correction;
-    return div > 0 ? s2 / div : s2 > 0 ? INFINITY : NAN;
-  }
-  default: return log(s2) + shift;
-  }
-}
-
-/* Case A (innermost dim reduced): one output at a time, or, for few outputs,
- * each output's reduction split into NCHUNK parallel pieces. */
-static void reduce_inner(int op, int dt, const void *x, const Rd *d, void *y, double corr) {
-  int split = d->nout < 2 * nthreads() && d->len >= PAR_MIN;
-  int first = op == TGM_AMAX || op == TGM_LOGSUMEXP ? P_MAX : P_SUM;
-  int second = op == TGM_VAR ? P_SQDEV : op == TGM_LOGSUMEXP ? P_EXP : -1;
-  double len = (double)d->len;
-  if (split) {
-    for (int64_t o = 0; o < d->nout; o++) {
-      int64_t base = dims_off(d->nk, d->ks, d->kst, o);
-      double part[NCHUNK], s = first == P_MAX ? -INFINITY : 0, s2 = 0, c = 0;
-      for (int pass = 0; pass < 2; pass++) {
-        int p = pass ? second : first;
-        if (p < 0)
-          break;
-        if (pass)
-          c = op == TGM_VAR ? s / len : (isinf(s) ? 0 : s);
-        OMP(parallel for schedule(static))
-        for (int k = 0; k < NCHUNK; k++)
-          part[k] = red_range(d, p, dt, x, base, d->len * k / NCHUNK, d->len * (k + 1) / NCHUNK, c);
-        for (int k = 0; k < NCHUNK; k++) {
-          if (!pass)
-            s = p == P_MAX ? max_nan_d(s, part[k]) : s + part[k];
-          else
-            s2 += part[k];
-        }
-      }
-      stval(dt, y, o, red_final(op, s, s2, c, len, corr));
-    }
-    return;
-  }
-  OMP(parallel for schedule(static) if (d->nout * d->len >= PAR_MIN && d->nout > 1))
-  for (int64_t o = 0; o < d->nout; o++) {
-    int64_t base = dims_off(d->nk, d->ks, d->kst, o);
-    double s = red_range(d, first, dt, x, base, 0, d->len, 0), s2 = 0, c = 0;
-    if (second >= 0) {
-      c = op == TGM_VAR ? s / len : (isinf(s) ? 0 : s);
-      s2 = red_range(d, second, dt, x, base, 0, d->len, c);
-    }
-    stval(dt, y, o, red_final(op, s, s2, c, len, corr));
-  }
-}
-
-/* Case B (innermost dim kept, W wide): tiles of up to CBLK outputs of one
- * output row, accumulated over every reduced index with vector loops. */
-#define CBLK 1024
-static void reduce_outer(int op, int dt, const void *x, const Rd *d, void *y, double corr) {
-  int64_t W = d->ks[d->nk - 1], nrow = d->nout / W;
-  /* tiles as wide as CBLK, or narrower (not below 64) when there are too few
-   * to keep the threads busy */
-  int64_t cw = nrow >= 2 * nthreads() ? CBLK : (W / (2 * nthreads()) + 15) / 16 * 16;
-  cw = cw < 64 ? 64 : cw > CBLK ? CBLK : cw;
-  int64_t ntile = (W + cw - 1) / cw;
-  int nko = d->nk - 1;
-  size_t es = esize(dt);
-  double len = (double)d->len;
-  OMP(parallel for schedule(static) if (d->nout * d->len >= PAR_MIN && nrow * ntile > 1))
-  for (int64_t t = 0; t < nrow * ntile; t++) {
-    int64_t row = t / ntile, j0 = (t % ntile) * cw, n = min64(cw, W - j0);
-    int64_t base = dims_off(nko, d->ks, d->kst, row) + j0, idx[TGM_MAXRANK] = {0}, roff = 0;
-    double acc[CBLK], acc2[CBLK], c[CBLK];
-    float mx[CBLK];
-    for (int64_t j = 0; j < n; j++) {
-      acc[j] = acc2[j] = 0;
-      mx[j] = -INFINITY;
-    }
-    int first = op == TGM_AMAX || op == TGM_LOGSUMEXP ? P_MAX : P_SUM;
-    for (int64_t r = 0; r < d->len; r++) {
-      col_pass(first, dt, (const char *)x + (base + roff) * (int64_t)es, n, acc, mx, NULL);
-      roff = dims_next(d->nr, d->rs, d->rst, idx, roff);
-    }
-    if (op == TGM_VAR || op == TGM_LOGSUMEXP) {
-      for (int64_t j = 0; j < n; j++) {
-        c[j] = op == TGM_VAR ? acc[j] / len : isinf(mx[j]) ? 0 : mx[j];
-        mx[j] = (float)c[j];
-      }
-      for (int64_t r = 0; r < d->len; r++) {
-        col_pass(op == TGM_VAR ? P_SQDEV : P_EXP, dt, (const char *)x + (base + roff) * (int64_t)es, n, acc2, mx, c);
-        roff = dims_next(d->nr, d->rs, d->rst, idx, roff);
-      }
-    }
-    for (int64_t j = 0; j < n; j++) {
-      double s = first == P_MAX ? (double)mx[j] : acc[j];
-      if (op == TGM_LOGSUMEXP)
-        s = c[j];
-      stval(dt, y, row * W + j0 + j, red_final(op, s, acc2[j], c[j], len, corr));
-    }
-  }
-}
-
-/* i32 sum and amax, exact (int64), one output at a time. */
-static void reduce_i32(int op, const int32_t *x, const Rd *d, int32_t *y) {
-  OMP(parallel for schedule(static) if (d->nout * d->len >= PAR_MIN && d->nout > 1))
-  for (int64_t o = 0; o < d->nout; o++) {
-    int64_t idx[TGM_MAXRANK] = {0}, base = 0, roff = 0, s = op == TGM_AMAX ? INT64_MIN : 0;
-    /* the output's offset: kept dims, innermost first */
-    base = dims_off(d->nk, d->ks, d->kst, o);
-    for (int64_t r = 0; r < d->len; r++) {
-      int64_t v = x[base + roff];
-      s = op == TGM_AMAX ? (v > s ? v : s) : s + v;
-      roff = dims_next(d->nr, d->rs, d->rst, idx, roff);
-    }
-    y[o] = (int32_t)(uint32_t)(uint64_t)s;
-  }
-}
-
-void tgm_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes, void *y,
-                    double correction) {
-  Rd d;
-  rd_init(&d, rank, shape, axes);
-  if (d.nout <= 0)
-    return;
-  if (dt == TGM_I32)
-    reduce_i32(op, x, &d, y);
-  else if (d.len == 0) /* empty reductions: sum 0, amax -inf, mean/var NaN, logsumexp -inf */
-    for (int64_t o = 0; o < d.nout; o++)
-      stval(dt, y, o, op == TGM_SUM ? 0 : op == TGM_AMAX || op == TGM_LOGSUMEXP ? -INFINITY : NAN);
-  else if (d.inner_red)
-    reduce_inner(op, dt, x, &d, y, correction);
-  else
-    reduce_outer(op, dt, x, &d, y, correction);
-}
-
-/* ---------------------------------------------------------------- softmax */
-
-/* One contiguous row of n: shift by the max (NaN-propagating, as torch), sum
- * of exp in double, then y = e / s or (x - m) - log s. */
-CLONES static void softmax_row(int logsm, int dt, const void *x, void *y, int64_t n) {
-  float m = (float)run_pass(P_MAX, dt, x, n, 0);
-  double s = 0;
-  if (dt == TGM_F32 && !logsm) {
-    const float *restrict xf = x;
-    float *restrict yf = y;
-    SIMD_SUM(s) for (int64_t i = 0; i < n; i++) {
-      float e = exp_f32(xf[i] - m);
-      yf[i] = e;
-      s += (double)e;
-    }
-    float inv = (float)(1.0 / s);
-    SIMD for (int64_t i = 0; i < n; i++) yf[i] *= inv;
-    return;
-  }
-  s = run_pass(P_EXP, dt, x, n, m);
-  float inv = (float)(1.0 / s), ls = (float)log(s);
-#define M_(LD, ST)                                                                                                     \
-  if (logsm) {                                                                                                         \
-    SIMD for (int64_t i = 0; i < n; i++) ST(y, i, (LD(x, i) - m) - ls);                                                \
-  } else {                                                                                                             \
-    SIMD for (int64_t i = 0; i < n; i++) ST(y, i, exp_f32(LD(x, i) - m) * inv);                                        \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-}
-
-/* w columns (at most BLK) of a softmax along an outer dim: element r of
- * column j at x[r * inner + j]. */
-CLONES static void softmax_cols(int logsm, int dt, const void *x, void *y, int64_t n, int64_t inner, int64_t w) {
-  int64_t es = (int64_t)esize(dt);
-  double acc[BLK];
-  float mx[BLK], inv[BLK], ls[BLK];
-  for (int64_t j = 0; j < w; j++) {
-    acc[j] = 0;
-    mx[j] = -INFINITY;
-  }
-  for (int64_t r = 0; r < n; r++)
-    col_pass(P_MAX, dt, (const char *)x + r * inner * es, w, acc, mx, NULL);
-  for (int64_t r = 0; r < n; r++)
-    col_pass(P_EXP, dt, (const char *)x + r * inner * es, w, acc, mx, NULL);
-  for (int64_t j = 0; j < w; j++) {
-    inv[j] = (float)(1.0 / acc[j]);
-    ls[j] = (float)log(acc[j]);
-  }
-  for (int64_t r = 0; r < n; r++) {
-    const void *xr = (const char *)x + r * inner * es;
-    void *yr = (char *)y + r * inner * es;
-#define M_(LD, ST)                                                                                                     \
-  if (logsm) {                                                                                                         \
-    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, (LD(xr, j) - mx[j]) - ls[j]);                                       \
-  } else {                                                                                                             \
-    SIMD for (int64_t j = 0; j < w; j++) ST(yr, j, exp_f32(LD(xr, j) - mx[j]) * inv[j]);                               \
-  }
-    DT_CASES(dt, M_)
-#undef M_
-  }
-}
-
-void tgm_cpu_softmax(int logsm, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner) {
-  size_t es = esize(dt);
-  if (outer <= 0 || n <= 0 || inner <= 0)
-    return;
-  if (inner == 1) {
-    OMP(parallel for schedule(static) if (outer * n >= PAR_MIN && outer > 1))
-    for (int64_t o = 0; o < outer; o++)
-      softmax_row(logsm, dt, (const char *)x + o * n * (int64_t)es, (char *)y + o * n * (int64_t)es, n);
-    return;
-  }
-  /* along an outer dim: tiles of columns, vector loops across them */
-  int64_t ntile = (inner + BLK - 1) / BLK;
-  OMP(parallel for schedule(static) if (outer * n * inner >= PAR_MIN && outer * ntile > 1))
-  for (int64_t t = 0; t < outer * ntile; t++) {
-    int64_t o = t / ntile, j0 = (t % ntile) * BLK, base = (o * n * inner + j0) * (int64_t)es;
-    softmax_cols(logsm, dt, (const char *)x + base, (char *)y + base, n, inner, min64(BLK, inner - j0));
-  }
-}
-
-/* ---------------------------------------------------------------- norms */
-
-/* One row: mean and (biased) variance in double, two passes; then
- * y = (x - mean) rstd w + b in f32. */
-CLONES static void ln_row(int dt, const void *xr, const void *w, const void *b, void *yr, int64_t d, double eps) {
-  double mean = run_pass(P_SUM, dt, xr, d, 0) / (double)d;
-  double var = run_pass(P_SQDEV, dt, xr, d, mean) / (double)d;
-  const float mf = (float)mean, rs = (float)(1.0 / sqrt(var + eps));
-#define M_(LD, ST)                                                                                                     \
-  if (w && b) {                                                                                                        \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs * LD(w, j) + LD(b, j));                       \
-  } else if (w) {                                                                                                      \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs * LD(w, j));                                  \
-  } else if (b) {                                                                                                      \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs + LD(b, j));                                  \
-  } else {                                                                                                             \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, (LD(xr, j) - mf) * rs);                                             \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-}
-
-/* One row: y = x / sqrt(mean x^2 + eps) w. */
-CLONES static void rms_row(int dt, const void *xr, const void *w, void *yr, int64_t d, double eps) {
-  const float rs = (float)(1.0 / sqrt(run_pass(P_SQDEV, dt, xr, d, 0) / (double)d + eps));
-#define M_(LD, ST)                                                                                                     \
-  if (w) {                                                                                                             \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, LD(xr, j) * rs * LD(w, j));                                         \
-  } else {                                                                                                             \
-    SIMD for (int64_t j = 0; j < d; j++) ST(yr, j, LD(xr, j) * rs);                                                    \
-  }
-  DT_CASES(dt, M_)
-#undef M_
-}
-
-void tgm_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                        double eps) {
-  int64_t es = (int64_t)esize(dt);
-  if (rows <= 0 || d <= 0)
-    return;
-  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
-  for (int64_t r = 0; r < rows; r++)
-    ln_row(dt, (const char *)x + r * d * es, w, b, (char *)y + r * d * es, d, eps);
-}
-
-void tgm_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps) {
-  int64_t es = (int64_t)esize(dt);
-  if (rows <= 0 || d <= 0)
-    return;
-  OMP(parallel for schedule(static) if (rows * d >= PAR_MIN && rows > 1))
-  for (int64_t r = 0; r < rows; r++)
-    rms_row(dt, (const char *)x + r * d * es, w, (char *)y + r * d * es, d, eps);
-}
-
-/* ---------------------------------------------------------------- losses */
-
-int64_t tgm_cpu_cross_entropy(int dt, const void *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
-                              void *y) {
-  for (int64_t i = 0; i < N; i++)
-    if (target[i] != ignore && (target[i] < 0 || target[i] >= C))
-      return i;
-  size_t es = esize(dt);
-  double part[NCHUNK], cnt[NCHUNK];
-  OMP(parallel for schedule(static) if (N * C >= PAR_MIN))
-  for (int k = 0; k < NCHUNK; k++) {
-    double s = 0, c = 0;
-    for (int64_t i = N * k / NCHUNK; i < N * (k + 1) / NCHUNK; i++) {
-      if (target[i] == ignore)
-        continue;
-      const void *row = (const char *)logits + i * C * (int64_t)es;
-      double m = run_pass(P_MAX, dt, row, C, 0);
-      double se = run_pass(P_EXP, dt, row, C, m);
-      s += log(se) + m - (double)ldf(dt, row, target[i]);
-      c += 1;
-    }
-    part[k] = s;
-    cnt[k] = c;
-  }
-  double s = 0, c = 0;
-  for (int k = 0; k < NCHUNK; k++) {
-    s += part[k];
-    c += cnt[k];
-  }
-  stval(dt, y, 0, c > 0 ? s / c : NAN);
-  return -1;
-}
-
-/* ---------------------------------------------------------------- data movement */
-
-/* rows of `row` elements from src (rows `ss` apart) to dst (`ds` apart),
- * split across threads by rows, or within rows when there are few. */
-static void copy_rows(size_t es, const void *src, int64_t ss, void *dst, int64_t ds, int64_t rows, int64_t row) {
-  if (rows <= 0 || row <= 0)
-    return;
-  int64_t bytes = row * (int64_t)es, per = bytes > (1 << 16) && rows < 4 * nthreads() ? (bytes + 65535) / 65536 : 1;
-  int64_t piece = (bytes + per - 1) / per;
-  OMP(parallel for schedule(static) if (rows * row >= PAR_MIN))
-  for (int64_t t = 0; t < rows * per; t++) {
-    int64_t r = t / per, p = t % per, lo = p * piece, n = min64(piece, bytes - lo);
-    if (n > 0)
-      memcpy((char *)dst + r * ds * (int64_t)es + lo, (const char *)src + r * ss * (int64_t)es + lo, (size_t)n);
-  }
-}
-
-void tgm_cpu_slice(int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo, int64_t hi, void *y) {
-  size_t es = esize(dt);
-  copy_rows(es, (const char *)x + lo * inner * (int64_t)es, n * inner, y, (hi - lo) * inner, outer, (hi - lo) * inner);
-}
-
-void tgm_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y, int64_t ny,
-                       int64_t at) {
-  size_t es = esize(dt);
-  copy_rows(es, x, nx * inner, (char *)y + at * inner * (int64_t)es, ny * inner, outer, nx * inner);
-}
-
-/* 64 x 64 tiles of a transpose: y[a * ya + b] = x[a + b * xb] (a along the
- * dim that is contiguous in x, b along the one contiguous in y). */
-#define TILE 64
-#define TR_TILE(T)                                                                                                     \
-  do {                                                                                                                 \
-    const T *restrict xs = (const T *)x;                                                                               \
-    T *restrict ys = (T *)y;                                                                                           \
-    for (int64_t a = 0; a < na; a++)                                                                                   \
-      for (int64_t b = 0; b < nb; b++)                                                                                 \
-        ys[a * ya + b] = xs[a + b * xb];                                                                               \
-  } while (0)
-
-static void tr_tile(size_t es, const void *x, int64_t xb, void *y, int64_t ya, int64_t na, int64_t nb) {
-  if (es == 4)
-    TR_TILE(uint32_t);
-  else if (es == 2)
-    TR_TILE(uint16_t);
-  else
-    TR_TILE(uint8_t);
-}
-
-void tgm_cpu_permute(int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y) {
-  size_t es = esize(dt);
-  int64_t xst[TGM_MAXRANK], ysh[TGM_MAXRANK], sh[TGM_MAXRANK], st[TGM_MAXRANK], s = 1, n = 1;
-  for (int k = rank - 1; k >= 0; k--) {
-    xst[k] = s;
-    s *= shape[k];
-  }
-  /* y's dims with x's strides; size-1 dims dropped, neighbours merged */
-  int m = 0;
-  for (int k = 0; k < rank; k++) {
-    ysh[k] = shape[perm[k]];
-    n *= ysh[k];
-    if (ysh[k] == 1)
-      continue;
-    if (m > 0 && st[m - 1] == xst[perm[k]] * ysh[k]) {
-      sh[m - 1] *= ysh[k];
-      st[m - 1] = xst[perm[k]];
-    } else {
-      sh[m] = ysh[k];
-      st[m++] = xst[perm[k]];
-    }
-  }
-  if (n <= 0)
-    return;
-  if (m <= 1) { /* the same order: a copy */
-    memcpy(y, x, es * (size_t)n);
-    return;
-  }
-  /* y's innermost dim is contiguous in x: copy runs */
-  if (st[m - 1] == 1) {
-    Bc bc;
-    bc.rank = m;
-    bc.nop = 1;
-    bc.n = n;
-    for (int k = 0; k < m; k++) {
-      bc.shape[k] = sh[k];
-      bc.st[0][k] = st[k];
-    }
-    CopyCtx c = {es, x, y, 1};
-    bc_run(&bc, copy_run, &c, 0);
-    return;
-  }
-  /* else the dim j contiguous in x is some outer dim of y: tiles over (j, last) */
-  int j = 0;
-  while (j < m - 1 && st[j] != 1)
-    j++;
-  int64_t yst[TGM_MAXRANK], L = sh[m - 1], J = sh[j];
-  s = 1;
-  for (int k = m - 1; k >= 0; k--) {
-    yst[k] = s;
-    s *= sh[k];
-  }
-  /* the other dims, as one odometer */
-  int64_t osh[TGM_MAXRANK], oxs[TGM_MAXRANK], oys[TGM_MAXRANK], nout = 1;
-  int no = 0;
-  for (int k = 0; k < m - 1; k++)
-    if (k != j) {
-      osh[no] = sh[k];
-      oxs[no] = st[k];
-      oys[no++] = yst[k];
-      nout *= sh[k];
-    }
-  int64_t tj = (J + TILE - 1) / TILE, tl = (L + TILE - 1) / TILE;
-  OMP(parallel for schedule(static) if (n >= PAR_MIN))
-  for (int64_t t = 0; t < nout * tj * tl; t++) {
-    int64_t o = t / (tj * tl), a0 = (t / tl) % tj * TILE, b0 = t % tl * TILE;
-    int64_t xo = dims_off(no, osh, oxs, o), yo = dims_off(no, osh, oys, o);
-    tr_tile(es, (const char *)x + (xo + a0 + b0 * st[m - 1]) * (int64_t)es, st[m - 1],
-            (char *)y + (yo + a0 * yst[j] + b0) * (int64_t)es, yst[j], min64(TILE, J - a0), min64(TILE, L - b0));
-  }
-}
+/* ---------------------------------------------------------------- embedding */
 
 int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y) {
   for (int64_t i = 0; i < n; i++)
@@ -1928,8 +753,6 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
  * once. No buffer the size of C: the f32 sums of one mc x nc block are kept
  * across K slices only when K needs more than one slice. */
 
-HOT float gelu_tanh_f32(float v) { return 0.5f * v * (1.0f + tanh_f32(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))); }
-
 /* One GEMM of the batch: its operands, with the batch offsets applied. */
 typedef struct GemmOne {
   const void *A, *B;
@@ -1958,8 +781,8 @@ CLONES static void gemm_epilogue(const tgm_gemm *g, const GemmOne *o, int64_t m,
   }
   switch (g->act) {
   case TGM_ACT_RELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = t[j] < 0 ? 0.0f : t[j]; break; /* NaN stays NaN */
-  case TGM_ACT_GELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = gelu_f32(t[j]); break;
-  case TGM_ACT_GELU_TANH: SIMD for (int64_t j = 0; j < nv; j++) t[j] = gelu_tanh_f32(t[j]); break;
+  case TGM_ACT_GELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = tgm_gelu(t[j], 0); break;
+  case TGM_ACT_GELU_TANH: SIMD for (int64_t j = 0; j < nv; j++) t[j] = tgm_gelu(t[j], 1); break;
   default: break;
   }
   if (res) {
@@ -2268,13 +1091,43 @@ int tgm_cpu_gemm(const tgm_gemm *g) {
 
 /* ---------------------------------------------------------------- attention */
 
+/* The NaN-propagating max of n contiguous floats (-inf for none): with gcc
+ * and OpenMP an OpenMP max reduction plus a NaN flag (vectorised at every -O
+ * level), else 16 independent lanes (what clang vectorises). */
+HOT float run_max(const float *restrict x, int64_t n) {
+#if defined(_OPENMP) && !defined(__clang__)
+  float m = -INFINITY;
+  int nan = 0;
+  PRAGMA_(omp simd reduction(max : m) reduction(| : nan))
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    m = v > m ? v : m;
+    nan |= v != v;
+  }
+  return nan ? NAN : m;
+#else
+  float lane[16], m = -INFINITY;
+  int64_t i = 0;
+  for (int l = 0; l < 16; l++)
+    lane[l] = -INFINITY;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++)
+      lane[l] = tgm_max(lane[l], x[i + l]);
+  for (; i < n; i++)
+    lane[0] = tgm_max(lane[0], x[i]);
+  for (int l = 0; l < 16; l++)
+    m = tgm_max(m, lane[l]);
+  return m;
+#endif
+}
+
 /* Softmax of the first n of the Tk scores in r, in place; the rest (masked)
  * become 0. */
 CLONES static void att_softmax_row(float *restrict r, int64_t n, int64_t Tk) {
-  float m = (float)run_pass(P_MAX, TGM_F32, r, n, 0);
+  float m = run_max(r, n);
   double sum = 0;
   SIMD_SUM(sum) for (int64_t j = 0; j < n; j++) {
-    float e = exp_f32(r[j] - m);
+    float e = tgm_exp(r[j] - m);
     r[j] = e;
     sum += (double)e;
   }
@@ -2310,9 +1163,9 @@ static void attention_noscratch(int dt, const void *q, const void *k, const void
         for (int64_t e = 0; e < D; e++)
           d += ldf(dt, q, i * D + e) * ldf(dt, k, j * D + e);
         if (pass)
-          sum += (double)exp_f32(scale * d - m);
+          sum += (double)tgm_exp(scale * d - m);
         else
-          m = max_nan(m, scale * d);
+          m = tgm_max(m, scale * d);
       }
     for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
       float acc[64] = {0};
@@ -2321,7 +1174,7 @@ static void attention_noscratch(int dt, const void *q, const void *k, const void
         float d = 0;
         for (int64_t e = 0; e < D; e++)
           d += ldf(dt, q, i * D + e) * ldf(dt, k, j * D + e);
-        float p = (float)(exp_f32(scale * d - m) / sum);
+        float p = (float)(tgm_exp(scale * d - m) / sum);
         for (int64_t e = 0; e < w; e++)
           acc[e] += p * ldf(dt, v, j * Dv + e0 + e);
       }
@@ -2345,8 +1198,8 @@ void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
   if (nbatch <= 0 || Tq <= 0 || Dv <= 0)
     return;
   int64_t ny = nbatch * Tq * Dv;
-  if (Tk <= 0) { /* softmax over nothing: y = 0 */
-    tgm_cpu_fill(dt, y, ny, 0.0);
+  if (Tk <= 0) { /* softmax over nothing: y = 0 (all-zero bits in every floating dtype) */
+    memset(y, 0, esize(dt) * (size_t)ny);
     return;
   }
   const float *fq = q, *fk = k, *fv = v;

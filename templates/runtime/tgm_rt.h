@@ -194,41 +194,10 @@ void tgm_st_free(tgm_st_file *f);
 
 /* ---------------------------------------------------------------- CPU kernels (tgm_cpu.c) */
 
-/* unary ops: y[i] = f(x[i]) */
-enum { TGM_NEG, TGM_ABS, TGM_EXP, TGM_LOG, TGM_SQRT, TGM_RSQRT, TGM_SIN, TGM_COS, TGM_TANH, TGM_SIGMOID,
-       TGM_RELU, TGM_SILU, TGM_ERF, TGM_SQUARE, TGM_RECIPROCAL, TGM_GELU, TGM_GELU_TANH,
-       TGM_POW,    /* x^a */
-       TGM_CLAMP,  /* a <= x <= b (a = -inf / b = +inf when absent); NaN stays NaN */
-       TGM_COPY };
-/* binary ops, broadcasting; compares write bool (uint8 0/1) */
-enum { TGM_ADD, TGM_SUB, TGM_MUL, TGM_DIV, TGM_MAX, TGM_MIN, TGM_GT, TGM_GE, TGM_LT, TGM_LE, TGM_EQ, TGM_NE };
-/* reductions */
-enum { TGM_SUM, TGM_MEAN, TGM_AMAX, TGM_VAR, TGM_LOGSUMEXP };
-
-void tgm_cpu_unary(int op, int dt, const void *x, void *y, int64_t n, double a, double b);
+/* The library calls of the generated passes (GEMMs, attention, embedding,
+ * dropout) and the cast the model object uses; the pointwise, reduction, view
+ * and loss kernels are generated per model (NAME_cpu.c, NAME_cuda.cu). */
 void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
-void tgm_cpu_binary(int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy); /* dt: operands' dtype */
-void tgm_cpu_where(int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra, const int64_t *sa,
-                   const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
-/* Reduce the dims whose bit is set in `axes`; y holds the remaining dims in
- * order (keepdim changes only the shape). var divides by (N - correction). */
-void tgm_cpu_reduce(int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes, void *y,
-                    double correction);
-/* x viewed as [outer, n, inner], softmax (or log_softmax) along n */
-void tgm_cpu_softmax(int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
-/* over the last dim d of x [rows, d]; w, b may be NULL; biased variance */
-void tgm_cpu_layer_norm(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t d,
-                        double eps);
-void tgm_cpu_rms_norm(int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d, double eps);
-/* y dim i = x dim perm[i] (transpose is a permute) */
-void tgm_cpu_permute(int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
-/* x [outer, n, inner] -> y [outer, hi - lo, inner] */
-void tgm_cpu_slice(int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo, int64_t hi, void *y);
-/* x [outer, nx, inner] into y [outer, ny, inner] at [., at:at+nx, .] (concat) */
-void tgm_cpu_copy_into(int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y, int64_t ny,
-                       int64_t at);
-void tgm_cpu_broadcast(int dt, const void *x, int rx, const int64_t *sx, void *y, int ry, const int64_t *sy);
 /* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
 void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
                     void *y, int ry, const int64_t *sy);
@@ -290,14 +259,6 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
 void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
                        double scale);
-/* mean over rows with target != ignore of logsumexp(row) - row[target];
- * returns -1, or the first row whose target is outside [0, C) and not ignore */
-int64_t tgm_cpu_cross_entropy(int dt, const void *logits, const int32_t *target, int64_t N, int64_t C, int64_t ignore,
-                              void *y);
-void tgm_cpu_mse_loss(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
-                      void *y);
-void tgm_cpu_arange(int32_t *y, int64_t n);
-void tgm_cpu_fill(int dt, void *y, int64_t n, double v);
 
 /* The optimizer step (tgm_optim_cpu.c), PyTorch 2.x semantics (torch.optim
  * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
@@ -339,26 +300,8 @@ int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n);
 void tgm_cuda_free(tgm_cuda_ctx *cx, void *p);
 int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
 
-int tgm_cuda_unary(tgm_cuda_ctx *cx, int op, int dt, const void *x, void *y, int64_t n, double a, double b);
 int tgm_cuda_cast(tgm_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
-int tgm_cuda_binary(tgm_cuda_ctx *cx, int op, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy);
-int tgm_cuda_where(tgm_cuda_ctx *cx, int dt, const uint8_t *c, int rc, const int64_t *sc, const void *a, int ra,
-                   const int64_t *sa, const void *b, int rb, const int64_t *sb, void *y, int ry, const int64_t *sy);
-int tgm_cuda_reduce(tgm_cuda_ctx *cx, int op, int dt, const void *x, int rank, const int64_t *shape, uint32_t axes,
-                    void *y, double correction);
-int tgm_cuda_softmax(tgm_cuda_ctx *cx, int log, int dt, const void *x, void *y, int64_t outer, int64_t n, int64_t inner);
-int tgm_cuda_layer_norm(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
-                        int64_t d, double eps);
-int tgm_cuda_rms_norm(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, void *y, int64_t rows, int64_t d,
-                      double eps);
-int tgm_cuda_permute(tgm_cuda_ctx *cx, int dt, const void *x, int rank, const int64_t *shape, const int *perm, void *y);
-int tgm_cuda_slice(tgm_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t n, int64_t inner, int64_t lo,
-                   int64_t hi, void *y);
-int tgm_cuda_copy_into(tgm_cuda_ctx *cx, int dt, const void *x, int64_t outer, int64_t nx, int64_t inner, void *y,
-                       int64_t ny, int64_t at);
-int tgm_cuda_broadcast(tgm_cuda_ctx *cx, int dt, const void *x, int rx, const int64_t *sx, void *y, int ry,
-                       const int64_t *sy);
+int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v); /* every element = v rounded to dt */
 int tgm_cuda_matmul(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
                     const int64_t *sb, void *y, int ry, const int64_t *sy);
 int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
@@ -383,12 +326,6 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
 int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
                        int causal, double scale);
-int tgm_cuda_cross_entropy(tgm_cuda_ctx *cx, int dt, const void *logits, const int32_t *target, int64_t N, int64_t C,
-                           int64_t ignore, void *y);
-int tgm_cuda_mse_loss(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                      const int64_t *sb, void *y);
-int tgm_cuda_arange(tgm_cuda_ctx *cx, int32_t *y, int64_t n);
-int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v);
 
 /* The optimizer step on device pointers (tgm_optim_cuda.cu): the same
  * semantics and arguments as tgm_cpu_adamw / tgm_cpu_sgd, enqueued on the
