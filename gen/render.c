@@ -77,7 +77,12 @@ static const char *flit(Arena *a, double v) {
 /* ---------------------------------------------------------------- the dialects */
 
 typedef struct R R;
-enum { M_PW, M_SERIAL, M_WARP, M_BLOCK }; /* how a kernel's elements map to threads */
+/* how a kernel's elements map to threads: pointwise; a loop per output
+ * element; a warp or a block per output element (rows: the reduced dims are
+ * innermost); a tile of 32 output elements per block, its 32 rows of
+ * threads splitting the reduced elements (columns: the kept dims innermost,
+ * so the 32 threads of a row read 32 neighbours) */
+enum { M_PW, M_SERIAL, M_WARP, M_BLOCK, M_COLUMN };
 
 typedef struct Dialect {
   const char *name;       /* "cpu", "cuda" */
@@ -640,7 +645,11 @@ static void cuda_o_loop(R *r) {
     head(r, "for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {");
   else if (r->mode == M_BLOCK)
     head(r, "for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {");
-  else
+  else if (r->mode == M_COLUMN) {
+    head(r, "for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {");
+    head(r, "  const int live = o0 + threadIdx.x %% 32 < n_o;  /* the tile's last columns may be past the end */");
+    head(r, "  const int64_t o = live ? o0 + threadIdx.x %% 32 : n_o - 1;");
+  } else
     head(r, "for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {");
 }
 static void cuda_r_loop(R *r) {
@@ -648,6 +657,8 @@ static void cuda_r_loop(R *r) {
     head(r, "for (int64_t r = threadIdx.x %% 32; r < n_r; r += 32) {");
   else if (r->mode == M_BLOCK)
     head(r, "for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {");
+  else if (r->mode == M_COLUMN)
+    head(r, "for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {");
   else
     head(r, "for (int64_t r = 0; r < n_r; r++) {");
 }
@@ -657,11 +668,16 @@ static void cuda_combine(R *r, Op op, const char *acc) {
     emit(r, r->level, "%s = %s_warp_%s(%s);", acc, r->name, f, acc);
   else if (r->mode == M_BLOCK)
     emit(r, r->level, "%s = %s_block_%s(%s);", acc, r->name, f, acc);
+  else if (r->mode == M_COLUMN)
+    emit(r, r->level, "%s = %s_column_%s(%s);", acc, r->name, f, acc);
 }
 static void cuda_bad(R *r, const char *pos) { emit(r, r->level, "  atomicMin(bad, (unsigned long long)(%s));", pos); }
 static void cuda_close(R *r) { (void)r; }
 static const char *cuda_one_lane(R *r) {
-  return r->mode == M_WARP ? "threadIdx.x % 32 == 0" : r->mode == M_BLOCK ? "threadIdx.x == 0" : "";
+  return r->mode == M_WARP    ? "threadIdx.x % 32 == 0"
+         : r->mode == M_BLOCK  ? "threadIdx.x == 0"
+         : r->mode == M_COLUMN ? "threadIdx.x / 32 == 0 && live"
+                               : "";
 }
 
 static const Dialect dl_cuda = {"cuda", "static __global__", "__restrict__", "float", cuda_pw_loop, cuda_o_loop,
@@ -933,11 +949,11 @@ static void choose_mode(R *r) {
     return;
   }
   r->mode = M_SERIAL;
-  if (!strcmp(r->d->name, "cuda") && rows_layout(k)) {
+  if (!strcmp(r->d->name, "cuda")) {
     int64_t rn = 0;
     const char *err;
     dim_eval(r->g, &k->rnum, r->p->sym, &rn, &err);
-    r->mode = rn > 1024 ? M_BLOCK : M_WARP;
+    r->mode = !rows_layout(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
   }
 }
 
@@ -1072,7 +1088,8 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
     vec_push(f->a, &f->bodies, (void *)text);
     vec_push(f->a, &f->names, (void *)kn);
     static const char *const modes[] = {"one thread per element", "one thread per output element",
-                                        "one warp per output element", "one block per output element"};
+                                        "one warp per output element", "one block per output element",
+                                        "32 output elements per block, 32 threads each"};
     buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, covers(f, p, k),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
@@ -1082,6 +1099,7 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), 512", f->name, n)
+                       : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
                                             : arena_printf(f->a, "%s_blocks(%s, 256), 256", f->name, n);
     buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {

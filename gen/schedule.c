@@ -235,6 +235,17 @@ static void absorb(Kernel *into, const Kernel *from) {
   }
 }
 
+/* Are the reduced dims of k the innermost ones (rows, not columns)? */
+static int rows_inner(const Kernel *k) {
+  int seen_kept = 0;
+  for (int j = k->full.rank - 1; j >= 0; j--)
+    if (!(k->axes >> j & 1))
+      seen_kept = 1;
+    else if (seen_kept)
+      return 0;
+  return 1;
+}
+
 static int in_backward(const BPass *p, const Kernel *k) {
   for (int i = 0; i < k->nouts; i++)
     if (k->outs[i]->id >= p->nfwd)
@@ -318,6 +329,22 @@ static int try_merge(S *s, int i, int j) {
   m->stop = NULL;
   absorb(m, ki);
   absorb(m, kj);
+  /* a reduction over leading dims (bias gradients) runs as tiles of 32
+   * output columns, so few outputs means few thread blocks: work over its
+   * whole input is not put there unless the tiles fill the GPU */
+  if (m->nreds && !rows_inner(m)) {
+    int64_t o = 0;
+    const char *e;
+    int full_work = 0;
+    for (int q = 0; q < m->nouts; q++) {
+      Dim nn = numel_dim(p, &m->outs[q]->shape, 0, 0);
+      full_work |= !is_reduce(m->outs[q]) && dim_eq(&nn, &m->numel) && !dim_eq(&m->numel, &m->outer);
+    }
+    if (full_work && dim_eval(p->g, &m->outer, p->sym, &o, &e) && o / 32 < 132) {
+      ki->stop = "a reduction over leading dims with few outputs takes no work over its whole input";
+      return 0;
+    }
+  }
   int *saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   memcpy(saved, p->kern, sizeof(int) * (size_t)p->n);
   int pos = at_i ? i : j;
