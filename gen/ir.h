@@ -305,6 +305,8 @@ const Node *gemm_operand(const Node *n, int k, int *trans);
 /* Can GEMM node n run as one strided-batch GEMM over its operands' sources
  * (both of rank >= 2, each operand's batch dims the result's or none)? */
 int gemm_strided(const Node *n);
+/* Are loop kernel k's reduced dims the innermost ones (rows, not columns)? */
+int kernel_rows(const Kernel *k);
 /* mark[id] = 1 for each value kernel k reads from memory (leaves and values
  * stored by other kernels), else 0. */
 void kernel_loads(const BPass *p, const Kernel *k, char *mark);

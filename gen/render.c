@@ -787,20 +787,6 @@ static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
   return r;
 }
 
-/* Does the reduction reduce the innermost dims of its input? */
-static int rows_layout(const Kernel *k) {
-  int seen_kept = 0;
-  for (int j = k->full.rank - 1; j >= 0; j--) {
-    if (k->axes >> j & 1) {
-      if (seen_kept)
-        return 0;
-    } else {
-      seen_kept = 1;
-    }
-  }
-  return 1;
-}
-
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
@@ -879,7 +865,7 @@ static void loop_body(R *r) {
     Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(&rsh, "r"); /* fresh: their dims are this loop's locals */
     for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
       ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
-    if (rows_layout(k))
+    if (kernel_rows(k))
       ixF.flat = bind(r, "int64_t", "o * n_r + r");
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
@@ -953,7 +939,7 @@ static void choose_mode(R *r) {
     int64_t rn = 0;
     const char *err;
     dim_eval(r->g, &k->rnum, r->p->sym, &rn, &err);
-    r->mode = !rows_layout(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
+    r->mode = !kernel_rows(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
   }
 }
 

@@ -235,8 +235,7 @@ static void absorb(Kernel *into, const Kernel *from) {
   }
 }
 
-/* Are the reduced dims of k the innermost ones (rows, not columns)? */
-static int rows_inner(const Kernel *k) {
+int kernel_rows(const Kernel *k) {
   int seen_kept = 0;
   for (int j = k->full.rank - 1; j >= 0; j--)
     if (!(k->axes >> j & 1))
@@ -332,7 +331,7 @@ static int try_merge(S *s, int i, int j) {
   /* a reduction over leading dims (bias gradients) runs as tiles of 32
    * output columns, so few outputs means few thread blocks: work over its
    * whole input is not put there unless the tiles fill the GPU */
-  if (m->nreds && !rows_inner(m)) {
+  if (m->nreds && !kernel_rows(m)) {
     int64_t o = 0;
     const char *e;
     int full_work = 0;

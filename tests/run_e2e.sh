@@ -4,6 +4,7 @@
 # compiled when nvcc is present: CI has nvcc but no GPU), and run the emitted
 # CTest suite (CPU golden test, API test, runner; the CUDA golden test skips
 # without a GPU). Also checks that generating twice gives identical files.
+# E2E_TGEN_ARGS: extra tgen options (e.g. --no-fuse, the unfused baseline).
 set -e
 tgen=$1
 spec=$2
@@ -14,10 +15,10 @@ out="$work/$name"
 rm -rf "$out" "$out.again" "$out-build"
 mkdir -p "$work"
 t0=$(date +%s.%N)
-"$tgen" "$spec" -o "$out"
+"$tgen" "$spec" -o "$out" ${E2E_TGEN_ARGS:-}
 t1=$(date +%s.%N)
 echo "generated in $(echo "$t1 - $t0" | bc) s"
-"$tgen" "$spec" -o "$out.again" >/dev/null
+"$tgen" "$spec" -o "$out.again" ${E2E_TGEN_ARGS:-} >/dev/null
 diff -r "$out" "$out.again" >/dev/null || { echo "FAIL: two generations differ"; diff -r "$out" "$out.again" | head -20; exit 1; }
 rm -rf "$out.again"
 # the model's name (the emitted options are NAME_CUDA, NAME_BLAS); "TGM_" in

@@ -1,7 +1,7 @@
 /* mlp_bench: times the forward pass, or the training step.
  *   mlp_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1]
  * Prints the median, min and max milliseconds per call over N timed
- * iterations after the warm-up (each CUDA call ends with a sync), and the
+ * iterations after the warm-up (each timed call is followed by a sync), and the
  * workspace the pass needs at these dims. --train 1 times train_step
  * (forward, backward, optimizer) on a fixed batch. */
 #define _POSIX_C_SOURCE 200809L
@@ -62,6 +62,10 @@ int main(int argc, char **argv) {
     float loss;
     if (train ? mlp_train_step_v(m, dyn, (const void *const *)din, &loss) : mlp_forward_v(m, dyn, (const void *const *)din, dout))
       return fprintf(stderr, "mlp_bench: %s\n", mlp_error(m)), 1;
+#ifdef MLP_HAVE_CUDA
+    if (m->device == 1 && mlp_cuda_sync(m->cx)) /* the passes do not wait for the GPU; the timing must */
+      return fprintf(stderr, "mlp_bench: %s\n", mlp_cuda_ctx_error(m->cx)), 1;
+#endif
     if (i >= warmup)
       t[i - warmup] = now_ms() - t0;
   }

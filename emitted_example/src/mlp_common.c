@@ -70,7 +70,7 @@ const char *const mlp_input_dim_text[][8] = {
 
 /* The arena of each pass (forward, loss, train) in bytes, planned by tgen
  * for each dynamic dim's max; the passes place every intermediate in it. */
-const int64_t mlp_pass_arena[MLP_NPASS] = {2097152, 2097152, 4358912};
+const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276480};
 
 /* dims and inputs as arrays */
 #define DIMS_INPUTS(what) \

@@ -15,19 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* k1_relu: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k1_relu(int64_t dim_B, const float *restrict h_linear, float *restrict h) {
-  const int64_t n = 128 * dim_B;
-  MLP_OMP(parallel for simd if (n > 16384) schedule(static))
-  for (int64_t i = 0; i < n; i++) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h[i] = (float)v1;
-  }
-}
-
-/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k2_cross_entropy(int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
+/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
+static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
   const int64_t n_o = dim_B, n_r = 10;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -53,8 +42,8 @@ static void k2_cross_entropy(int64_t dim_B, const float *restrict logits, float 
   }
 }
 
-/* k3_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element) */
-static int64_t k3_cross_entropy(int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
+/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element) */
+static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
   int64_t bad = INT64_MAX;
   const int64_t n_o = 1, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
@@ -90,8 +79,8 @@ static int64_t k3_cross_entropy(int64_t dim_B, const int32_t *restrict y, const 
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k4_relu: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k4_relu(int64_t dim_B, const float *restrict h_linear, float *restrict h_relu) {
+/* k3_relu: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
+static void k3_relu(int64_t dim_B, const float *restrict h_linear, float *restrict h_relu) {
   const int64_t n = 128 * dim_B;
   MLP_OMP(parallel for simd if (n > 16384) schedule(static))
   for (int64_t i = 0; i < n; i++) {
@@ -101,8 +90,8 @@ static void k4_relu(int64_t dim_B, const float *restrict h_linear, float *restri
   }
 }
 
-/* k5_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
-static void k5_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+/* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
+static void k4_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
   const int64_t n_o = 1, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -120,8 +109,8 @@ static void k5_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
   }
 }
 
-/* k6_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k6_softmax_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss) {
+/* k5_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (a loop per output element) */
+static void k5_softmax_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss) {
   const int64_t n_o = dim_B, n_r = 10;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -164,53 +153,24 @@ static void k6_softmax_mul(int64_t dim_B, const float *restrict logits, const in
   }
 }
 
-/* k7_transpose: spec/examples/mlp.yaml:31 'd_logits'  (a loop over the elements) */
-static void k7_transpose(int64_t dim_B, const float *restrict d_loss, float *restrict d_logits_transpose) {
-  const int64_t n = 10 * dim_B;
+/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
+static void k6_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+  const int64_t n = 128 * dim_B;
   MLP_OMP(parallel for simd if (n > 16384) schedule(static))
   for (int64_t i = 0; i < n; i++) {
-    const int64_t ix0 = i / (dim_B);
-    const int64_t ix1 = (i) % (dim_B);
-    const int64_t ix2 = ix1 * (10) + ix0;
-    const float v3 = d_loss[ix2];
-    d_logits_transpose[i] = (float)v3;
+    const float v0 = h_linear[i];
+    const float v1 = v0 < 0 ? 0 : v0;
+    h[i] = (float)v1;
+    const float v2 = d_logits_matmul[i];
+    const int v3 = v0 > 0.0f;
+    const float v4 = (float)v3;
+    const float v5 = v2 * v4;
+    d_h[i] = (float)v5;
   }
 }
 
-/* k8_sum_relu_transpose: spec/examples/mlp.yaml:30 'h'; reduces dim_B of [B, 128]  (a loop per output element) */
-static void k8_sum_relu_transpose(int64_t dim_B, const float *restrict d_logits_matmul, const float *restrict h_linear, float *restrict h, float *restrict d_h_transpose, float *restrict d_h_sum) {
-  const int64_t n_o = 128, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
-    double acc0 = 0;
-    MLP_OMP(simd reduction(+ : acc0))
-    for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix1 = r * (128) + o;
-      const float v2 = d_logits_matmul[ix1];
-      const float v3 = h_linear[ix1];
-      const int v4 = v3 > 0.0f;
-      const float v5 = (float)v4;
-      const float v6 = v2 * v5;
-      acc0 += v6;
-      const float v7 = v3 < 0 ? 0 : v3;
-      h[ix1] = (float)v7;
-      const int64_t ix8 = ix1 / (dim_B);
-      const int64_t ix9 = (ix1) % (dim_B);
-      const int64_t ix10 = ix9 * (128) + ix8;
-      const float v11 = d_logits_matmul[ix10];
-      const float v12 = h_linear[ix10];
-      const int v13 = v12 > 0.0f;
-      const float v14 = (float)v13;
-      const float v15 = v11 * v14;
-      d_h_transpose[ix1] = (float)v15;
-    }
-    const float s16 = (float)acc0;
-    d_h_sum[o] = (float)s16;
-  }
-}
-
-/* k9_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (a loop per output element) */
-static void k9_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_logits_sum) {
+/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (a loop per output element) */
+static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_logits_sum) {
   const int64_t n_o = 10, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -226,7 +186,24 @@ static void k9_sum(int64_t dim_B, const float *restrict d_loss, float *restrict 
   }
 }
 
-/* the forward pass: 3 kernels, arena 2097152 bytes at the dims' maxima */
+/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (a loop per output element) */
+static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_h_sum) {
+  const int64_t n_o = 128, n_r = dim_B;
+  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
+  for (int64_t o = 0; o < n_o; o++) {
+    double acc0 = 0;
+    MLP_OMP(simd reduction(+ : acc0))
+    for (int64_t r = 0; r < n_r; r++) {
+      const int64_t ix1 = r * (128) + o;
+      const float v2 = d_h[ix1];
+      acc0 += v2;
+    }
+    const float s3 = (float)acc0;
+    d_h_sum[o] = (float)s3;
+  }
+}
+
+/* the forward pass: 2 kernels, arena 1048576 bytes at the dims' maxima */
 int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -237,17 +214,27 @@ int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *
   MLP_UNUSED const float *b1 = (const float *)(P + 32768);  /* f32[128] */
   MLP_UNUSED const float *w2 = (const float *)(P + 33280);  /* f32[10, 128] */
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
-  MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *h = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *logits = (float *)(out[0]);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
 
-  mlp_cpu_linear(MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128);
-  k1_relu(dim_B, h_linear, h);
-  mlp_cpu_linear(MLP_F32, h, w2, b2, logits, dim_B, 128, 10);
+  {  /* linear, relu */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
   return MLP_OK;
 }
 
-/* the loss pass: 5 kernels, arena 2097152 bytes at the dims' maxima */
+/* the loss pass: 4 kernels, arena 1130496 bytes at the dims' maxima */
 int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -259,25 +246,35 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   MLP_UNUSED const float *b1 = (const float *)(P + 32768);  /* f32[128] */
   MLP_UNUSED const float *w2 = (const float *)(P + 33280);  /* f32[10, 128] */
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
-  MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *h = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 0);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *loss_amax = (float *)(ws + 81920);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss_sum = (float *)(ws + 90112);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 98304);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *logits = (float *)(ws + 1048576);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *loss_amax = (float *)(ws + 0);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_sum = (float *)(ws + 8192);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(ws + 16384);  /* f32[]  spec/examples/mlp.yaml:32 */
 
-  mlp_cpu_linear(MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128);
-  k1_relu(dim_B, h_linear, h);
-  mlp_cpu_linear(MLP_F32, h, w2, b2, logits, dim_B, 128, 10);
-  k2_cross_entropy(dim_B, logits, loss_amax, loss_sum);
-  bad = k3_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
+  {  /* linear, relu */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
+  k1_cross_entropy(dim_B, logits, loss_amax, loss_sum);
+  bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
   *(float *)out[0] = (float)mlp_get(loss, MLP_F32, 0);
   return MLP_OK;
 }
 
-/* the train pass: 13 kernels, arena 4358912 bytes at the dims' maxima */
+/* the train pass: 13 kernels, arena 4276480 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -295,45 +292,65 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 4358656);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(ws + 4276224);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1048576);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits_transpose = (float *)(ws + 4276224);  /* f32[10, B]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits_sum = (float *)(ws + 0);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *d_logits_sum = (float *)(ws + 512);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_logits_sum);  /* f32[10] */
-  MLP_UNUSED float *d_h_transpose = (float *)(ws + 3145728);  /* f32[128, B]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h_sum = (float *)(ws + 4358144);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h = (float *)(d_h_sum);  /* f32[128] */
+  MLP_UNUSED float *d_h_sum = (float *)(ws + 0);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h_2 = (float *)(d_h_sum);  /* f32[128] */
 
-  mlp_cpu_linear(MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128);
-  k4_relu(dim_B, h_linear, h_relu);
-  mlp_cpu_linear(MLP_F32, h_relu, w2, b2, logits, dim_B, 128, 10);
-  k2_cross_entropy(dim_B, logits, loss_amax, loss_sum);
-  bad = k3_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
+  k3_relu(dim_B, h_linear, h_relu);
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h_relu, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
+  }
+  k1_cross_entropy(dim_B, logits, loss_amax, loss_sum);
+  bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
-  k5_sum(dim_B, y, d_loss_sum);
-  k6_softmax_mul(dim_B, logits, y, d_loss_sum, d_loss);
-  const int64_t sa7[2] = {dim_B, 10};
-  const int64_t sb7[2] = {10, 128};
-  const int64_t sy7[2] = {dim_B, 128};
-  mlp_cpu_matmul(MLP_F32, d_loss, 2, sa7, w2, 2, sb7, d_logits_matmul, 2, sy7);
-  k7_transpose(dim_B, d_loss, d_logits_transpose);
-  k8_sum_relu_transpose(dim_B, d_logits_matmul, h_linear, h, d_h_transpose, d_h_sum);
-  const int64_t sa10[2] = {10, dim_B};
-  const int64_t sb10[2] = {dim_B, 128};
-  const int64_t sy10[2] = {10, 128};
-  mlp_cpu_matmul(MLP_F32, d_logits_transpose, 2, sa10, h, 2, sb10, d_w2, 2, sy10);
-  k9_sum(dim_B, d_loss, d_logits_sum);
-  const int64_t sa12[2] = {128, dim_B};
-  const int64_t sb12[2] = {dim_B, 64};
-  const int64_t sy12[2] = {128, 64};
-  mlp_cpu_matmul(MLP_F32, d_h_transpose, 2, sa12, x, 2, sb12, d_w1, 2, sy12);
-  memcpy(G + 32768, d_h, (size_t)(128) * 4);
+  k4_sum(dim_B, y, d_loss_sum);
+  k5_softmax_mul(dim_B, logits, y, d_loss_sum, d_loss);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
+                       d_loss, 10, 0, w2, 128, 0,
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
+  }
+  k6_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
+                       d_loss, 10, 0, h, 128, 0,
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
+  }
+  k7_sum(dim_B, d_loss, d_logits_sum);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
+                       d_h, 128, 0, x, 64, 0,
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    if (mlp_cpu_gemm(&g))
+      return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
+  }
+  k8_sum(dim_B, d_h, d_h_sum);
+  memcpy(G + 32768, d_h_2, (size_t)(128) * 4);
   memcpy(G + 38400, d_logits, (size_t)(10) * 4);
   *(float *)out[0] = (float)mlp_get(loss, MLP_F32, 0);
   return MLP_OK;

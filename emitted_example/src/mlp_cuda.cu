@@ -17,18 +17,8 @@
 
 #define CK(call) do { if (call) return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)); } while (0)
 
-/* k1_relu: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
-static __global__ void k1_relu(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h) {
-  const int64_t n = 128 * dim_B;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h[i] = (float)v1;
-  }
-}
-
-/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k2_cross_entropy(int64_t dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
+/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
+static __global__ void k1_cross_entropy(int64_t dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
   const int64_t n_o = dim_B, n_r = 10;
   for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
@@ -54,8 +44,8 @@ static __global__ void k2_cross_entropy(int64_t dim_B, const float *__restrict__
   }
 }
 
-/* k3_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k3_cross_entropy(int64_t dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
+/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (one block per output element) */
+static __global__ void k2_cross_entropy(int64_t dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
   const int64_t n_o = 1, n_r = dim_B;
   for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
@@ -89,8 +79,8 @@ static __global__ void k3_cross_entropy(int64_t dim_B, const int32_t *__restrict
   }
 }
 
-/* k4_relu: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
-static __global__ void k4_relu(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h_relu) {
+/* k3_relu: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
+static __global__ void k3_relu(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h_relu) {
   const int64_t n = 128 * dim_B;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const float v0 = h_linear[i];
@@ -99,8 +89,8 @@ static __global__ void k4_relu(int64_t dim_B, const float *__restrict__ h_linear
   }
 }
 
-/* k5_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k5_sum(int64_t dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
+/* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
+static __global__ void k4_sum(int64_t dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
   const int64_t n_o = 1, n_r = dim_B;
   for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
@@ -117,8 +107,8 @@ static __global__ void k5_sum(int64_t dim_B, const int32_t *__restrict__ y, floa
   }
 }
 
-/* k6_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k6_softmax_mul(int64_t dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
+/* k5_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (one warp per output element) */
+static __global__ void k5_softmax_mul(int64_t dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
   const int64_t n_o = dim_B, n_r = 10;
   for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
@@ -161,64 +151,58 @@ static __global__ void k6_softmax_mul(int64_t dim_B, const float *__restrict__ l
   }
 }
 
-/* k7_transpose: spec/examples/mlp.yaml:31 'd_logits'  (one thread per element) */
-static __global__ void k7_transpose(int64_t dim_B, const float *__restrict__ d_loss, float *__restrict__ d_logits_transpose) {
-  const int64_t n = 10 * dim_B;
+/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
+static __global__ void k6_relu_mul(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
+  const int64_t n = 128 * dim_B;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t ix0 = i / (dim_B);
-    const int64_t ix1 = (i) % (dim_B);
-    const int64_t ix2 = ix1 * (10) + ix0;
-    const float v3 = d_loss[ix2];
-    d_logits_transpose[i] = (float)v3;
+    const float v0 = h_linear[i];
+    const float v1 = v0 < 0 ? 0 : v0;
+    h[i] = (float)v1;
+    const float v2 = d_logits_matmul[i];
+    const int v3 = v0 > 0.0f;
+    const float v4 = (float)v3;
+    const float v5 = v2 * v4;
+    d_h[i] = (float)v5;
   }
 }
 
-/* k8_sum_relu_transpose: spec/examples/mlp.yaml:30 'h'; reduces dim_B of [B, 128]  (one thread per output element) */
-static __global__ void k8_sum_relu_transpose(int64_t dim_B, const float *__restrict__ d_logits_matmul, const float *__restrict__ h_linear, float *__restrict__ h, float *__restrict__ d_h_transpose, float *__restrict__ d_h_sum) {
-  const int64_t n_o = 128, n_r = dim_B;
-  for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {
-    float acc0 = 0;
-    for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix1 = r * (128) + o;
-      const float v2 = d_logits_matmul[ix1];
-      const float v3 = h_linear[ix1];
-      const int v4 = v3 > 0.0f;
-      const float v5 = (float)v4;
-      const float v6 = v2 * v5;
-      acc0 += v6;
-      const float v7 = v3 < 0 ? 0 : v3;
-      h[ix1] = (float)v7;
-      const int64_t ix8 = ix1 / (dim_B);
-      const int64_t ix9 = (ix1) % (dim_B);
-      const int64_t ix10 = ix9 * (128) + ix8;
-      const float v11 = d_logits_matmul[ix10];
-      const float v12 = h_linear[ix10];
-      const int v13 = v12 > 0.0f;
-      const float v14 = (float)v13;
-      const float v15 = v11 * v14;
-      d_h_transpose[ix1] = (float)v15;
-    }
-    const float s16 = (float)acc0;
-    d_h_sum[o] = (float)s16;
-  }
-}
-
-/* k9_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (one thread per output element) */
-static __global__ void k9_sum(int64_t dim_B, const float *__restrict__ d_loss, float *__restrict__ d_logits_sum) {
+/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (32 output elements per block, 32 threads each) */
+static __global__ void k7_sum(int64_t dim_B, const float *__restrict__ d_loss, float *__restrict__ d_logits_sum) {
   const int64_t n_o = 10, n_r = dim_B;
-  for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {
+    const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
+    const int64_t o = live ? o0 + threadIdx.x % 32 : n_o - 1;
     float acc0 = 0;
-    for (int64_t r = 0; r < n_r; r++) {
+    for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {
       const int64_t ix1 = r * (10) + o;
       const float v2 = d_loss[ix1];
       acc0 += v2;
     }
+    acc0 = mlp_column_sum(acc0);
     const float s3 = (float)acc0;
-    d_logits_sum[o] = (float)s3;
+    if (threadIdx.x / 32 == 0 && live) d_logits_sum[o] = (float)s3;
   }
 }
 
-/* the forward pass: 3 kernels, arena 2097152 bytes at the dims' maxima */
+/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (32 output elements per block, 32 threads each) */
+static __global__ void k8_sum(int64_t dim_B, const float *__restrict__ d_h, float *__restrict__ d_h_sum) {
+  const int64_t n_o = 128, n_r = dim_B;
+  for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {
+    const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
+    const int64_t o = live ? o0 + threadIdx.x % 32 : n_o - 1;
+    float acc0 = 0;
+    for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {
+      const int64_t ix1 = r * (128) + o;
+      const float v2 = d_h[ix1];
+      acc0 += v2;
+    }
+    acc0 = mlp_column_sum(acc0);
+    const float s3 = (float)acc0;
+    if (threadIdx.x / 32 == 0 && live) d_h_sum[o] = (float)s3;
+  }
+}
+
+/* the forward pass: 2 kernels, arena 1048576 bytes at the dims' maxima */
 int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -230,18 +214,26 @@ int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const 
   MLP_UNUSED const float *b1 = (const float *)(P + 32768);  /* f32[128] */
   MLP_UNUSED const float *w2 = (const float *)(P + 33280);  /* f32[10, 128] */
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
-  MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *h = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *logits = (float *)(out[0]);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
 
-  CK(mlp_cuda_linear(m->cx, MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128));
-  k1_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h);
-  CK(mlp_cuda_linear(m->cx, MLP_F32, h, w2, b2, logits, dim_B, 128, 10));
+  {  /* linear, relu */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }
 
-/* the loss pass: 5 kernels, arena 2097152 bytes at the dims' maxima */
+/* the loss pass: 4 kernels, arena 1130496 bytes at the dims' maxima */
 int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -254,18 +246,26 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED const float *b1 = (const float *)(P + 32768);  /* f32[128] */
   MLP_UNUSED const float *w2 = (const float *)(P + 33280);  /* f32[10, 128] */
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
-  MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *h = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 0);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *loss_amax = (float *)(ws + 81920);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss_sum = (float *)(ws + 90112);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 98304);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *logits = (float *)(ws + 1048576);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *loss_amax = (float *)(ws + 0);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_sum = (float *)(ws + 8192);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(ws + 16384);  /* f32[]  spec/examples/mlp.yaml:32 */
 
-  CK(mlp_cuda_linear(m->cx, MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128));
-  k1_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h);
-  CK(mlp_cuda_linear(m->cx, MLP_F32, h, w2, b2, logits, dim_B, 128, 10));
-  k2_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
-  k3_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  {  /* linear, relu */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
+  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   unsigned char lb[8];
   CK(mlp_cuda_memcpy(m->cx, lb, loss, 4, 1));
@@ -276,7 +276,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   return MLP_OK;
 }
 
-/* the train pass: 13 kernels, arena 4358912 bytes at the dims' maxima */
+/* the train pass: 13 kernels, arena 4276480 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -295,43 +295,58 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 4358656);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(ws + 4276224);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1048576);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits_transpose = (float *)(ws + 4276224);  /* f32[10, B]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits_sum = (float *)(ws + 0);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *d_logits_sum = (float *)(ws + 512);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_logits_sum);  /* f32[10] */
-  MLP_UNUSED float *d_h_transpose = (float *)(ws + 3145728);  /* f32[128, B]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h_sum = (float *)(ws + 4358144);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h = (float *)(d_h_sum);  /* f32[128] */
+  MLP_UNUSED float *d_h_sum = (float *)(ws + 0);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h_2 = (float *)(d_h_sum);  /* f32[128] */
 
-  CK(mlp_cuda_linear(m->cx, MLP_F32, x, w1, b1, h_linear, dim_B, 64, 128));
-  k4_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h_relu);
-  CK(mlp_cuda_linear(m->cx, MLP_F32, h_relu, w2, b2, logits, dim_B, 128, 10));
-  k2_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
-  k3_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
-  k5_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
-  k6_softmax_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss);
-  const int64_t sa7[2] = {dim_B, 10};
-  const int64_t sb7[2] = {10, 128};
-  const int64_t sy7[2] = {dim_B, 128};
-  CK(mlp_cuda_matmul(m->cx, MLP_F32, d_loss, 2, sa7, w2, 2, sb7, d_logits_matmul, 2, sy7));
-  k7_transpose<<<mlp_blocks(10 * dim_B, 256), 256, 0, st>>>(dim_B, d_loss, d_logits_transpose);
-  k8_sum_relu_transpose<<<mlp_blocks(128, 256), 256, 0, st>>>(dim_B, d_logits_matmul, h_linear, h, d_h_transpose, d_h_sum);
-  const int64_t sa10[2] = {10, dim_B};
-  const int64_t sb10[2] = {dim_B, 128};
-  const int64_t sy10[2] = {10, 128};
-  CK(mlp_cuda_matmul(m->cx, MLP_F32, d_logits_transpose, 2, sa10, h, 2, sb10, d_w2, 2, sy10));
-  k9_sum<<<mlp_blocks(10, 256), 256, 0, st>>>(dim_B, d_loss, d_logits_sum);
-  const int64_t sa12[2] = {128, dim_B};
-  const int64_t sb12[2] = {dim_B, 64};
-  const int64_t sy12[2] = {128, 64};
-  CK(mlp_cuda_matmul(m->cx, MLP_F32, d_h_transpose, 2, sa12, x, 2, sb12, d_w1, 2, sy12));
-  CK(mlp_cuda_memcpy(m->cx, G + 32768, d_h, (size_t)(128) * 4, 2));
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+                       x, 64, 0, w1, 64, 0,
+                       h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k3_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h_relu);
+  {  /* linear */
+    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+                       h_relu, 128, 0, w2, 128, 0,
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
+  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  k4_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
+  k5_softmax_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
+                       d_loss, 10, 0, w2, 128, 0,
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k6_relu_mul<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
+                       d_loss, 10, 0, h, 128, 0,
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k7_sum<<<mlp_blocks(10, 32), 1024, 0, st>>>(dim_B, d_loss, d_logits_sum);
+  {  /* matmul */
+    const mlp_gemm g = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
+                       d_h, 128, 0, x, 64, 0,
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+    CK(mlp_cuda_gemm(m->cx, &g));
+  }
+  k8_sum<<<mlp_blocks(128, 32), 1024, 0, st>>>(dim_B, d_h, d_h_sum);
+  CK(mlp_cuda_memcpy(m->cx, G + 32768, d_h_2, (size_t)(128) * 4, 2));
   CK(mlp_cuda_memcpy(m->cx, G + 38400, d_logits, (size_t)(10) * 4, 2));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   unsigned char lb[8];

@@ -204,6 +204,22 @@ MLP_FN float mlp_block_reduce(float v, int is_max) {
   v = lane < nw ? part[lane] : (is_max ? -INFINITY : 0.0f);
   return is_max ? mlp_warp_max(v) : mlp_warp_sum(v);
 }
+/* A block of 32 x k threads, thread (x, y) = (threadIdx.x % 32, threadIdx.x /
+ * 32) holding a partial of column x: every thread gets its column's sum
+ * (max), the k partials combined in order y = 0, 1, ... */
+MLP_FN float mlp_column_reduce(float v, int is_max) {
+  __shared__ float part[32][33];
+  int x = threadIdx.x % 32, y = threadIdx.x / 32, ny = blockDim.x / 32;
+  __syncthreads();
+  part[y][x] = v;
+  __syncthreads();
+  float t = part[0][x];
+  for (int j = 1; j < ny; j++)
+    t = is_max ? mlp_max(t, part[j][x]) : t + part[j][x];
+  return t;
+}
+MLP_FN float mlp_column_sum(float v) { return mlp_column_reduce(v, 0); }
+MLP_FN float mlp_column_max(float v) { return mlp_column_reduce(v, 1); }
 MLP_FN float mlp_block_sum(float v) { return mlp_block_reduce(v, 0); }
 MLP_FN float mlp_block_max(float v) { return mlp_block_reduce(v, 1); }
 /* Blocks for n items, `per` to a block: enough to fill the GPU, no more. */
