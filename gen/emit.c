@@ -142,40 +142,11 @@ static void add_binary(E *e, const char *path, const void *data, size_t len) {
 
 /* ---------------------------------------------------------------- C text of sizes */
 
+/* The C local of symbol k (render.c's c_dim prints sizes over the same). */
 static const char *sym_var(const Graph *g, int k) {
-  return g->syms[k].derived ? arena_printf(g->arena, "q%d", k) : arena_printf(g->arena, "d_%s", g->syms[k].name);
+  return g->syms[k].derived ? arena_printf(g->arena, "dim_q%d", k) : arena_printf(g->arena, "dim_%s", g->syms[k].name);
 }
 
-/* A size as a C int64 expression over the d_NAME / qK locals. */
-static const char *dim_c(const Graph *g, const Dim *d) {
-  Buf b;
-  buf_init(&b, g->arena);
-  if (d->n == 0)
-    buf_printf(&b, "0");
-  for (int i = 0; i < d->n; i++) {
-    const Term *t = &d->t[i];
-    int nsym = 0;
-    for (int k = 0; k < MAXSYM; k++)
-      nsym += t->e[k];
-    int64_t c = t->c;
-    if (i)
-      buf_printf(&b, c < 0 ? " - " : " + ");
-    else if (c < 0)
-      buf_printf(&b, "-");
-    uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
-    int first = 1;
-    if (mag != 1 || nsym == 0) {
-      buf_printf(&b, mag > 2147483647u ? "%lluLL" : "%llu", (unsigned long long)mag);
-      first = 0;
-    }
-    for (int k = 0; k < MAXSYM; k++)
-      for (int x = 0; x < t->e[k]; x++) {
-        buf_printf(&b, "%s%s", first ? "" : " * ", sym_var(g, k));
-        first = 0;
-      }
-  }
-  return b.p;
-}
 
 static const char *ctype(DType t) {
   return t == DT_F32 ? "float" : t == DT_I32 ? "int32_t" : t == DT_BOOL ? "uint8_t" : "uint16_t";
@@ -371,7 +342,7 @@ static const char *common_file(E *e) {
       P("    return %s_EINVAL;\n  }\n", e->NAME);
       P("  const int64_t %s = sym[%d] = dyn[%d];\n", sym_var(g, k), k, k);
     } else {
-      P("  const int64_t n%d = %s, m%d = %s;\n", k, dim_c(g, &s->num), k, dim_c(g, &s->den));
+      P("  const int64_t n%d = %s, m%d = %s;\n", k, c_dim(g, &s->num), k, c_dim(g, &s->den));
       P("  if (m%d == 0 || n%d %% m%d) {\n", k, k, k);
       P("    snprintf(err, errlen, \"%s does not divide: %%lld / %%lld\", (long long)n%d, (long long)m%d);\n",
         s->name, k, k);
@@ -389,14 +360,14 @@ static const char *common_file(E *e) {
   for (int k = 0; k < g->ninputs; k++) {
     P("    case %d:", k);
     for (int i = 0; i < g->inputs[k].shape.rank; i++)
-      P(" shape[%d] = %s;", i, dim_c(g, &g->inputs[k].shape.d[i]));
+      P(" shape[%d] = %s;", i, c_dim(g, &g->inputs[k].shape.d[i]));
     P(" return;\n");
   }
   P("    }\n  }\n  switch (k) {\n");
   for (int k = 0; k < g->noutputs; k++) {
     P("  case %d:", k);
     for (int i = 0; i < g->outputs[k]->shape.rank; i++)
-      P(" shape[%d] = %s;", i, dim_c(g, &g->outputs[k]->shape.d[i]));
+      P(" shape[%d] = %s;", i, c_dim(g, &g->outputs[k]->shape.d[i]));
     P(" return;\n");
   }
   P("  }\n}\n\n");

@@ -120,7 +120,7 @@ struct R {
   int nmemo, cap;
   const char **vlev;  /* index variables and their levels */
   int *vlevel;
-  int nv;
+  int nv, capv;
   int nvars;
   const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
   char *own;          /* per node: the kernel computes it */
@@ -187,6 +187,14 @@ static void close_level(R *r) {
 }
 
 static void set_var_level(R *r, const char *v, int level) {
+  if (r->nv == r->capv) {
+    r->capv *= 2;
+    const char **nv = arena_alloc(r->a, sizeof(char *) * (size_t)r->capv);
+    int *nl = arena_alloc(r->a, sizeof(int) * (size_t)r->capv);
+    memcpy(nv, r->vlev, sizeof(char *) * (size_t)r->nv);
+    memcpy(nl, r->vlevel, sizeof(int) * (size_t)r->nv);
+    r->vlev = nv, r->vlevel = nl;
+  }
   r->vlev[r->nv] = v;
   r->vlevel[r->nv++] = level;
 }
@@ -777,8 +785,9 @@ static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
   r->acc = arena_alloc(a, sizeof(char *) * (size_t)(p->n + 1));
   r->own = arena_alloc(a, (size_t)p->n + 1);
   r->written = arena_alloc(a, (size_t)p->nb + 1);
-  r->vlev = arena_alloc(a, sizeof(char *) * 65536);
-  r->vlevel = arena_alloc(a, sizeof(int) * 65536);
+  r->capv = 256;
+  r->vlev = arena_alloc(a, sizeof(char *) * (size_t)r->capv);
+  r->vlevel = arena_alloc(a, sizeof(int) * (size_t)r->capv);
   buf_init(&r->lv[0], a);
   for (int i = 0; k && i < k->nouts; i++)
     r->own[k->outs[i]->id] = 1;
@@ -1163,7 +1172,7 @@ static void gemm_call(File *f, BPass *p, const Kernel *k, Buf *b) {
   int act = !k->act ? 0 : k->act->op == OP_RELU ? 1 : k->act->flag ? 3 : 2;
   buf_printf(b, "  {  /* %s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
              k->add ? ", + residual" : "");
-  buf_printf(b, "    const %s_gemm g = {%s, %d, %d, %s, %s, %s, %s,\n", f->name, dt_c(f, n->dtype), ta, tb, M, N, K, batch);
+  buf_printf(b, "    const %s_gemm gemm = {%s, %d, %d, %s, %s, %s, %s,\n", f->name, dt_c(f, n->dtype), ta, tb, M, N, K, batch);
   buf_printf(b, "                       %s, %s, %s, %s, %s, %s,\n", bname(p, sa), lda,
              abatch ? arena_printf(f->a, "(%s) * (%s)", M, K) : "0", bname(p, sb), ldb,
              bbatch ? arena_printf(f->a, "(%s) * (%s)", K, N) : "0");
@@ -1171,9 +1180,9 @@ static void gemm_call(File *f, BPass *p, const Kernel *k, Buf *b) {
              n->op == OP_LINEAR && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL", f->NAME, acts[act],
              k->res ? bname(p, k->res) : "NULL");
   if (cuda)
-    buf_printf(b, "    CK(%s_cuda_gemm(m->cx, &g));\n  }\n", f->name);
+    buf_printf(b, "    CK(%s_cuda_gemm(m->cx, &gemm));\n  }\n", f->name);
   else
-    buf_printf(b, "    if (%s_cpu_gemm(&g))\n      return %s_fail(m, %s_EINVAL, \"GEMM of %s: bad arguments\");\n  }\n", f->name,
+    buf_printf(b, "    if (%s_cpu_gemm(&gemm))\n      return %s_fail(m, %s_EINVAL, \"GEMM of %s: bad arguments\");\n  }\n", f->name,
                f->name, f->NAME, op_info[n->op].name);
 }
 

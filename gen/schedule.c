@@ -34,7 +34,7 @@ typedef struct S {
   BPass *p;
   Arena *a;
   char *seen;
-  int *mark;
+  int *mark, *mj, *saved;
   int stamp;
 } S;
 
@@ -288,7 +288,7 @@ static int try_merge(S *s, int i, int j) {
     related = s->mark[ki->outs[q]->id] == sj;
   int vertical = related;
   if (!related) { /* horizontal: a shared load */
-    int *mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+    int *mj = s->mj;
     for (int q = 0; q < p->n; q++)
       mj[q] = s->mark[q] == sj;
     int si = loads(s, ki);
@@ -344,7 +344,7 @@ static int try_merge(S *s, int i, int j) {
       return 0;
     }
   }
-  int *saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  int *saved = s->saved;
   memcpy(saved, p->kern, sizeof(int) * (size_t)p->n);
   int pos = at_i ? i : j;
   for (int q = 0; q < m->nouts; q++)
@@ -381,6 +381,8 @@ void schedule(BPass *p, int fuse) {
   p->kern = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->seen = arena_alloc(s->a, (size_t)p->n + 1);
   s->mark = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  s->mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  s->saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   char *keep = arena_alloc(s->a, (size_t)p->n + 1); /* must stay stored */
   for (int i = 0; i < p->n; i++)
     p->kern[i] = -1;
@@ -429,7 +431,11 @@ void schedule(BPass *p, int fuse) {
       tail = c;
       c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
     }
-    if (c && c->op == OP_ADD && c->dtype == n->dtype && shape_eq(&c->in[0]->shape, &c->in[1]->shape) &&
+    /* the residual add only in the forward part: in a training backward it
+     * gave a wrong element for one model (tests/e2e/train_ops_bf16.yaml:
+     * grad.b[0] read before written, found by the resume test) and the cause
+     * is not found yet */
+    if (c && n->id < p->nfwd && c->op == OP_ADD && c->dtype == n->dtype && shape_eq(&c->in[0]->shape, &c->in[1]->shape) &&
         shape_eq(&c->shape, &tail->shape)) {
       Node *r = c->in[0] == tail ? c->in[1] : c->in[0];
       if (r != tail && r->id < n->id) { /* computed before the GEMM runs */
@@ -489,6 +495,8 @@ void schedule(BPass *p, int fuse) {
     k->nreds = 0;
   }
   if (fuse) {
+    /* debugging aid: TGEN_FUSE_LIMIT=N allows only the train pass's first N
+     * merges, to bisect a wrong result to the merge that made it */
     int limit = getenv("TGEN_FUSE_LIMIT") ? atoi(getenv("TGEN_FUSE_LIMIT")) : 1 << 30, merges = 0;
     for (int j = 1; j < p->nk; j++)
       for (int i = j - 1; i >= 0 && i >= j - 64 && (p->kind != PASS_TRAIN || merges < limit); i--)

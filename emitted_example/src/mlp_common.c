@@ -43,23 +43,23 @@ int mlp_compute_syms(const int64_t *dyn, int64_t *sym, char *err, size_t errlen)
     snprintf(err, errlen, "dim B is %lld, outside [1, 2048]", (long long)dyn[0]);
     return MLP_EINVAL;
   }
-  const int64_t d_B = sym[0] = dyn[0];
-  (void)d_B;
+  const int64_t dim_B = sym[0] = dyn[0];
+  (void)dim_B;
   (void)dyn; (void)sym; (void)err; (void)errlen;
   return MLP_OK;
 }
 
 void mlp_io_shape(int is_output, int k, const int64_t *sym, int64_t *shape) {
-  MLP_UNUSED const int64_t d_B = sym[0];
+  MLP_UNUSED const int64_t dim_B = sym[0];
   static const int8_t none = 0; (void)none;
   if (!is_output) {
     switch (k) {
-    case 0: shape[0] = d_B; shape[1] = 64; return;
-    case 1: shape[0] = d_B; return;
+    case 0: shape[0] = dim_B; shape[1] = 64; return;
+    case 1: shape[0] = dim_B; return;
     }
   }
   switch (k) {
-  case 0: shape[0] = d_B; shape[1] = 10; return;
+  case 0: shape[0] = dim_B; shape[1] = 10; return;
   }
 }
 

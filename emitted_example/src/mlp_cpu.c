@@ -218,17 +218,17 @@ int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *
   MLP_UNUSED float *logits = (float *)(out[0]);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
 
   {  /* linear, relu */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   return MLP_OK;
@@ -253,17 +253,17 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   MLP_UNUSED float *loss = (float *)(ws + 16384);  /* f32[]  spec/examples/mlp.yaml:32 */
 
   {  /* linear, relu */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   k1_cross_entropy(dim_B, logits, loss_amax, loss_sum);
@@ -306,18 +306,18 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *d_h_2 = (float *)(d_h_sum);  /* f32[128] */
 
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   k3_relu(dim_B, h_linear, h_relu);
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   k1_cross_entropy(dim_B, logits, loss_amax, loss_sum);
@@ -327,26 +327,26 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   k4_sum(dim_B, y, d_loss_sum);
   k5_softmax_mul(dim_B, logits, y, d_loss_sum, d_loss);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
                        d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
   k6_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
+    const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
                        d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
   k7_sum(dim_B, d_loss, d_logits_sum);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
+    const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
                        d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    if (mlp_cpu_gemm(&g))
+    if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
   k8_sum(dim_B, d_h, d_h_sum);

@@ -218,16 +218,16 @@ int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const 
   MLP_UNUSED float *logits = (float *)(out[0]);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
 
   {  /* linear, relu */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
@@ -253,16 +253,16 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *loss = (float *)(ws + 16384);  /* f32[]  spec/examples/mlp.yaml:32 */
 
   {  /* linear, relu */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
   k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
@@ -309,41 +309,41 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED float *d_h_2 = (float *)(d_h_sum);  /* f32[128] */
 
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
                        h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k3_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h_relu);
   {  /* linear */
-    const mlp_gemm g = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
   k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   k4_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
   k5_softmax_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
+    const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
                        d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k6_relu_mul<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
+    const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
                        d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k7_sum<<<mlp_blocks(10, 32), 1024, 0, st>>>(dim_B, d_loss, d_logits_sum);
   {  /* matmul */
-    const mlp_gemm g = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
+    const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
                        d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
-    CK(mlp_cuda_gemm(m->cx, &g));
+    CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k8_sum<<<mlp_blocks(128, 32), 1024, 0, st>>>(dim_B, d_h, d_h_sum);
   CK(mlp_cuda_memcpy(m->cx, G + 32768, d_h_2, (size_t)(128) * 4, 2));
