@@ -802,7 +802,6 @@ static void loop_body(R *r) {
   BPass *p = r->p;
   if (!k->nreds) {
     emit(r, 0, "const int64_t n = %s;", c_dim(r->g, &k->numel));
-    int mark = r->lv[0].len;
     open_level(r);
     r->d->pw_loop(r);
     set_var_level(r, "i", 1);
@@ -811,7 +810,6 @@ static void loop_body(R *r) {
       store(r, k->outs[i], &ix, 0);
     }
     close_level(r);
-    (void)mark;
     return;
   }
   r->outer_shape.rank = 0;

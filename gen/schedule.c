@@ -286,7 +286,6 @@ static int try_merge(S *s, int i, int j) {
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
     related = s->mark[ki->outs[q]->id] == sj;
-  int vertical = related;
   if (!related) { /* horizontal: a shared load */
     int *mj = s->mj;
     for (int q = 0; q < p->n; q++)
@@ -318,7 +317,6 @@ static int try_merge(S *s, int i, int j) {
     ki->stop = "a kernel between them must run first";
     return 0;
   }
-  (void)vertical;
   /* tentatively merge and let the renderer check the indexing */
   Kernel *m = arena_alloc(s->a, sizeof(Kernel));
   *m = *ki;
@@ -525,9 +523,6 @@ void schedule(BPass *p, int fuse) {
           p->kern[n->id] = -1;
           k->outs[q] = k->outs[--k->nouts];
           if (render_check(p, k)) { /* it must stay stored after all */
-            if (getenv("TGEN_DEBUG"))
-              fprintf(stderr, "pass %d: %%%d %s cannot be kept in registers in kernel %d\n", p->kind, n->id,
-                      op_info[n->op].name, c);
             k->outs[k->nouts++] = k->outs[q];
             k->outs[q] = n;
             p->realized[n->id] = 1;
