@@ -229,7 +229,8 @@ static void memo_put(R *r, const char *key, const char *var, int level) {
   if (r->nmemo == r->cap) {
     r->cap = r->cap ? 2 * r->cap : 256;
     Memo *m = arena_alloc(r->a, sizeof(Memo) * (size_t)r->cap);
-    memcpy(m, r->memo, sizeof(Memo) * (size_t)r->nmemo);
+    if (r->nmemo)
+      memcpy(m, r->memo, sizeof(Memo) * (size_t)r->nmemo);
     r->memo = m;
   }
   r->memo[r->nmemo++] = (Memo){key, var, level};
