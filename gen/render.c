@@ -94,7 +94,7 @@ typedef struct Dialect {
   void (*r_loop)(R *r);   /* open a loop over the reduced elements r < n_r */
   void (*combine)(R *r, Op op, const char *acc); /* after an r loop: combine the lanes' accumulators */
   const char *(*one_lane)(R *r); /* the condition for the stores of reduction results ("" = always) */
-  void (*bad)(R *r, const char *pos); /* record a bad index at flat position pos */
+  void (*bad)(R *r, int level, const char *pos); /* record a bad index at flat position pos */
   void (*close_kernel)(R *r);
 } Dialect;
 
@@ -554,8 +554,12 @@ static const char *val(R *r, const Node *n, Ix *ix) {
     const char *size = c_dim(r->g, &xs->d[n->axis]);
     const char *ok = bind(r, "int", arena_printf(r->a, "%s >= 0 && %s < %s", t, t, size));
     const char *ign = arena_printf(r->a, "%s == %lld", t, (long long)n->ignore_index);
-    emit(r, expr_level(r, ok), "if (!%s && !(%s))", ok, ign);
-    r->d->bad(r, ix_flat(r, ix));
+    const char *pos = ix_flat(r, ix);
+    int lv = expr_level(r, ok) > expr_level(r, pos) ? expr_level(r, ok) : expr_level(r, pos);
+    if (lv < 1)
+      lv = 1;
+    emit(r, lv, "if (!%s && !(%s))", ok, ign); /* the check and its statement at one level */
+    r->d->bad(r, lv, pos);
     const char *tc = bind(r, "int64_t", arena_printf(r->a, "%s ? %s : 0", ok, t));
     Ix xi = ix_make(xs, NULL);
     for (int k = 0, j = 0; k < xs->rank; k++)
@@ -633,7 +637,7 @@ static void cpu_o_loop(R *r) {
 }
 static void cpu_r_loop(R *r) { head(r, "for (int64_t r = 0; r < n_r; r++) {"); }
 static void cpu_combine(R *r, Op op, const char *acc) { (void)r, (void)op, (void)acc; }
-static void cpu_bad(R *r, const char *pos) { emit(r, r->level, "  bad = bad < %s ? bad : %s;", pos, pos); }
+static void cpu_bad(R *r, int level, const char *pos) { emit(r, level, "  bad = bad < %s ? bad : %s;", pos, pos); }
 static void cpu_close(R *r) {
   if (r->has_bad)
     emit(r, 0, "return bad == INT64_MAX ? -1 : bad;");
@@ -680,7 +684,9 @@ static void cuda_combine(R *r, Op op, const char *acc) {
   else if (r->mode == M_COLUMN)
     emit(r, r->level, "%s = %s_column_%s(%s);", acc, r->name, f, acc);
 }
-static void cuda_bad(R *r, const char *pos) { emit(r, r->level, "  atomicMin(bad, (unsigned long long)(%s));", pos); }
+static void cuda_bad(R *r, int level, const char *pos) {
+  emit(r, level, "  atomicMin(bad, (unsigned long long)(%s));", pos);
+}
 static void cuda_close(R *r) { (void)r; }
 static const char *cuda_one_lane(R *r) {
   return r->mode == M_WARP    ? "threadIdx.x % 32 == 0"
