@@ -249,6 +249,19 @@ static void emit_arena_table(E *e, Buf *b) {
   for (int k = 0; k < NPASS; k++)
     P("%s%lld", k ? ", " : "", e->pass[k] ? (long long)e->pass[k]->arena : 0LL);
   P("};\n");
+  P("/* Passes with dropout (never replayed from a CUDA graph: the mask follows the step). */\n");
+  P("const int %s_pass_dropout[%s_NPASS] = {", e->name, e->NAME);
+  for (int k = 0; k < NPASS; k++) {
+    int d = 0;
+    for (int i = 0; e->pass[k] && i < e->pass[k]->n; i++)
+      d |= e->pass[k]->nodes[i]->op == OP_DROPOUT;
+    P("%s%d", k ? ", " : "", d);
+  }
+  P("};\n");
+  int ro = e->g->spec->compile.mode == MODE_REDUCE_OVERHEAD;
+  P("/* compile.mode %s: CUDA graphs %s by default (%s_set_graphs switches). */\n", ro ? "reduce-overhead" : "default",
+    ro ? "on" : "off", e->name);
+  P("const int %s_graphs_default = %d;\n", e->name, ro);
 }
 
 /* ---------------------------------------------------------------- common: tables, guards */

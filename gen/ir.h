@@ -312,6 +312,7 @@ int kernel_rows(const Kernel *k);
 void kernel_loads(const BPass *p, const Kernel *k, char *mark);
 /* plan.c: buffers, their lifetimes and arena offsets at p->sym. */
 void plan(BPass *p);
+void final_home(const BPass *p, int k, Home *h, int *index);
 /* 0 when no two arena buffers with overlapping lifetimes overlap in bytes;
  * else -1 and a message. */
 int plan_check(const BPass *p, char *err, size_t errlen);

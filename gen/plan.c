@@ -113,6 +113,13 @@ static int64_t place(Buffer *b, int nb) {
   return peak;
 }
 
+/* Where final k of a pass goes: the forward's outputs, the loss (final 0
+ * of the loss and train passes) at out[0], the gradients in place. */
+void final_home(const BPass *p, int k, Home *h, int *index) {
+  *h = p->kind == PASS_FORWARD || k == 0 ? HOME_OUTPUT : HOME_GRAD;
+  *index = p->kind == PASS_FORWARD ? k : k == 0 ? 0 : k - 1;
+}
+
 void plan(BPass *p) {
   Graph *g = p->g;
   Arena *a = g->arena;
@@ -145,12 +152,23 @@ void plan(BPass *p) {
   int *home = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1)), *hidx = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++)
     home[i] = -1;
-  for (int k = p->kind == PASS_FORWARD ? 0 : 1; k < p->nfinals; k++) {
+  for (int k = 0; k < p->nfinals; k++) {
     Node *n = p->finals[k];
-    if (p->kern[n->id] < 0 || home[n->id] >= 0 || p->k[p->kern[n->id]]->kind == K_EXTERN)
-      continue; /* not computed here, already placed: copied at the end */
-    home[n->id] = p->kind == PASS_FORWARD ? HOME_OUTPUT : HOME_GRAD;
-    hidx[n->id] = p->kind == PASS_FORWARD ? k : k - 1;
+    Home h;
+    int idx;
+    final_home(p, k, &h, &idx);
+    if (p->kern[n->id] < 0) { /* a reshape of a value computed here: that value is stored there */
+      Node *x = n->in[0];
+      if (!(n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) || p->kern[x->id] < 0 ||
+          !p->realized[x->id] || home[x->id] >= 0 || p->k[p->kern[x->id]]->kind == K_EXTERN ||
+          x->dtype != n->dtype)
+        continue;
+      n = x;
+    }
+    if (home[n->id] >= 0 || p->k[p->kern[n->id]]->kind == K_EXTERN)
+      continue; /* already placed, or a library call's own buffer: copied at the end */
+    home[n->id] = h;
+    hidx[n->id] = idx;
   }
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
@@ -183,7 +201,7 @@ void plan(BPass *p) {
         base = arena_printf(a, "%s_%s", n->scope, base);
       if (home[i] == HOME_GRAD)
         base = arena_printf(a, "d_%s", g->params[hidx[i]].name);
-      else if (home[i] == HOME_OUTPUT)
+      else if (home[i] == HOME_OUTPUT && p->kind == PASS_FORWARD)
         base = g->output_names[hidx[i]];
       else {
         int named = 0; /* the binding's own value keeps its name; others add the op */

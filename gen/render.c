@@ -1278,7 +1278,8 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
   buf_printf(b, "  %s_UNUSED unsigned char *ws = m->ws;\n  %s_UNUSED const unsigned char *P = m->params;\n", f->NAME, f->NAME);
   if (p->kind == PASS_TRAIN)
     buf_printf(b, "  %s_UNUSED unsigned char *G = m->grads;\n", f->NAME);
-  buf_printf(b, "  %s_UNUSED int64_t bad = -1;\n", f->NAME);
+  if (!cuda)
+    buf_printf(b, "  %s_UNUSED int64_t bad = -1;\n", f->NAME);
   if (cuda)
     buf_printf(b, "  cudaStream_t st = %s_cuda_ctx_stream(m->cx, \"%s\");\n", f->name, pass_names[p->kind]);
   /* the buffers */
@@ -1311,15 +1312,18 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
       call_kernel(f, p, k, i, b);
     }
   }
-  /* finals not written in place */
-  for (int k = p->kind == PASS_FORWARD ? 0 : 1; k < p->nfinals; k++) {
+  /* finals not written in place (the loss of the loss and train passes is final 0, at out[0]) */
+  for (int k = 0; k < p->nfinals; k++) {
     const Node *n = p->finals[k];
-    int bi = p->buf[n->id];
-    if (bi >= 0 && (p->b[bi].home == HOME_OUTPUT || p->b[bi].home == HOME_GRAD) &&
-        p->b[bi].index == (p->kind == PASS_FORWARD ? k : k - 1))
+    Home h;
+    int idx, bi = p->buf[n->id];
+    final_home(p, k, &h, &idx);
+    while (bi >= 0 && p->b[bi].home == HOME_ALIAS)
+      bi = p->b[bi].index;
+    if (bi >= 0 && p->b[bi].home == h && p->b[bi].index == idx)
       continue;
-    const char *dst = p->kind == PASS_FORWARD ? arena_printf(f->a, "out[%d]", k)
-                                              : arena_printf(f->a, "G + %lld", (long long)param_offset(g, k - 1));
+    const char *dst = h == HOME_OUTPUT ? arena_printf(f->a, "out[%d]", idx)
+                                       : arena_printf(f->a, "G + %lld", (long long)param_offset(g, idx));
     if (cuda)
       buf_printf(b, "  CK(%s_cuda_memcpy(m->cx, %s, %s, %s, 2));\n", f->name, dst, bname(p, n), bytes_c(f, n));
     else
@@ -1327,24 +1331,6 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
   }
   if (cuda)
     buf_printf(b, "  CK(cudaGetLastError() == cudaSuccess ? 0 : %s_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), \"kernel launch\"));\n", f->name);
-  if (p->kind != PASS_FORWARD) {
-    const Node *l = p->finals[0];
-    if (cuda) {
-      buf_printf(b, "  unsigned char lb[8];\n  CK(%s_cuda_memcpy(m->cx, lb, %s, %d, 1));\n", f->name, bname(p, l),
-                 dtype_size(l->dtype));
-      buf_printf(b, "  *(float *)out[0] = (float)%s_get(lb, %s, 0);\n", f->name, dt_c(f, l->dtype));
-    } else {
-      buf_printf(b, "  *(float *)out[0] = (float)%s_get(%s, %s, 0);\n", f->name, bname(p, l), dt_c(f, l->dtype));
-    }
-  }
-  int checks = 0;
-  for (int i = 0; i < p->n; i++)
-    checks |= p->nodes[i]->op == OP_TAKE || p->nodes[i]->op == OP_EMBEDDING || p->nodes[i]->op == OP_EMBEDDING_BACKWARD;
-  if (cuda && checks) {
-    buf_printf(b, "  CK(%s_cuda_bad_index(m->cx, &bad));  /* indices and targets, checked once */\n", f->name);
-    buf_printf(b, "  if (bad >= 0)\n    return %s_fail(m, %s_EDATA, \"an index or target at position %%lld is out of range (an embedding or cross_entropy)\", (long long)bad);\n",
-               f->name, f->NAME);
-  }
   buf_printf(b, "  return %s_OK;\n}\n", f->NAME);
 }
 

@@ -17,7 +17,14 @@
  * "cuda" they are device memory (cudaMalloc). bf16 and f16 tensors are stored
  * as uint16_t, i32 as int32_t, bool as uint8_t. Every call returns MLP_OK or
  * an error code, and mlp_error() says what was wrong; nothing aborts. A model
- * object may be used by one thread at a time. */
+ * object may be used by one thread at a time.
+ *
+ * On "cuda" every call only enqueues its work on the model's stream and
+ * returns (asynchronous, as a CUDA library call): read results on that stream
+ * or after mlp_sync(). A call that returns a loss to a non-NULL pointer waits
+ * for it. Bad data the device finds (an index out of range, a refused
+ * training step) is reported by the next call that waits: mlp_sync,
+ * mlp_get_loss, or a loss/train call with a loss pointer. */
 #ifndef MLP_H
 #define MLP_H
 
@@ -82,6 +89,21 @@ size_t mlp_param_bytes(void);
 mlp_status mlp_get_params(mlp_model *m, void *host, size_t bytes);
 mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes);
 
+/* CUDA execution. set_stream: the cudaStream_t (passed as void *) every
+ * later call enqueues on; NULL: the model's own stream (the default); the
+ * caller keeps it alive; on "cpu" only NULL is accepted. sync: waits for the
+ * model's work and reports what the device found since the last wait
+ * (MLP_EDATA: an index out of range, or a training step refused for a NaN or
+ * inf gradient norm: "gradient norm is NaN at step N"). set_graphs: 1
+ * records each pass (a training step with its optimizer) as a CUDA graph
+ * the second time it is called with the same dims and buffers, and replays
+ * it after that (far fewer launches for small models); 0 launches every
+ * kernel. The default is 1 when the spec's compile.mode is reduce-overhead.
+ * Passes with dropout are never replayed (the mask follows the step). */
+mlp_status mlp_set_stream(mlp_model *m, void *stream);
+mlp_status mlp_sync(mlp_model *m);
+mlp_status mlp_set_graphs(mlp_model *m, int on);
+
 /* The forward pass: outputs from inputs for the given dims (NULL when the
  * model has no dynamic dims). */
 mlp_status mlp_forward(mlp_model *m, const mlp_dims *dims, const mlp_inputs *in, mlp_outputs *out);
@@ -96,7 +118,9 @@ mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *i
  *     mlp_save_checkpoint(m, "ckpt.safetensors");  // params + optimizer state
  *
  * The loss is the spec's train.loss; inputs as for mlp_forward (outputs are
- * not computed). Dropout is active in forward_backward and train_step, its
+ * not computed). The loss pointer may be NULL: on "cuda" the call then
+ * returns without waiting for the device, and mlp_get_loss reads the loss
+ * later (a training loop that reads it every N steps never stalls the GPU). Dropout is active in forward_backward and train_step, its
  * mask fixed by the spec's seed, the dropout's place in the spec and the
  * step count (mlp_get_step). */
 
@@ -117,11 +141,14 @@ mlp_status mlp_train_step(mlp_model *m, const mlp_dims *dims, const mlp_inputs *
 mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
 mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
 mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
+/* The loss of the last loss, forward_backward or train_step call (waits for it). */
+mlp_status mlp_get_loss(mlp_model *m, float *loss);
 /* The gradient buffer: mlp_param_bytes() bytes in the params' layout and
  * dtypes (device memory on "cuda"); NULL if the model cannot train. */
 const void *mlp_grads(mlp_model *m);
 mlp_status mlp_get_grads(mlp_model *m, void *host, size_t bytes);
-/* Optimizer steps taken so far (dropout's step; AdamW's bias correction). */
+/* Optimizer steps taken so far (dropout's step; AdamW's bias correction); on
+ * "cuda", the steps asked for, until a wait finds a refused one. */
 int64_t mlp_get_step(const mlp_model *m);
 mlp_status mlp_set_step(mlp_model *m, int64_t step);
 /* A training checkpoint: the params under their names plus the optimizer

@@ -70,7 +70,11 @@ const char *const mlp_input_dim_text[][8] = {
 
 /* The arena of each pass (forward, loss, train) in bytes, planned by tgen
  * for each dynamic dim's max; the passes place every intermediate in it. */
-const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276480};
+const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276224};
+/* Passes with dropout (never replayed from a CUDA graph: the mask follows the step). */
+const int mlp_pass_dropout[MLP_NPASS] = {0, 0, 0};
+/* compile.mode default: CUDA graphs off by default (mlp_set_graphs switches). */
+const int mlp_graphs_default = 0;
 
 /* dims and inputs as arrays */
 #define DIMS_INPUTS(what) \

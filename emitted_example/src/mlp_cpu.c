@@ -170,7 +170,7 @@ static void k6_relu_mul(int64_t dim_B, const float *restrict h_linear, float *re
 }
 
 /* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (a loop per output element) */
-static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_logits_sum) {
+static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_b2) {
   const int64_t n_o = 10, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -182,12 +182,12 @@ static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict 
       acc0 += v2;
     }
     const float s3 = (float)acc0;
-    d_logits_sum[o] = (float)s3;
+    d_b2[o] = (float)s3;
   }
 }
 
 /* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (a loop per output element) */
-static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_h_sum) {
+static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_b1) {
   const int64_t n_o = 128, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -199,7 +199,7 @@ static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_h
       acc0 += v2;
     }
     const float s3 = (float)acc0;
-    d_h_sum[o] = (float)s3;
+    d_b1[o] = (float)s3;
   }
 }
 
@@ -250,7 +250,7 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   MLP_UNUSED float *logits = (float *)(ws + 1048576);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 0);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 8192);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 16384);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
 
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
@@ -270,11 +270,10 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
-  *(float *)out[0] = (float)mlp_get(loss, MLP_F32, 0);
   return MLP_OK;
 }
 
-/* the train pass: 13 kernels, arena 4276480 bytes at the dims' maxima */
+/* the train pass: 13 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -292,18 +291,18 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss = (float *)(ws + 4276224);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1048576);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits_sum = (float *)(ws + 512);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *d_logits = (float *)(d_logits_sum);  /* f32[10] */
+  MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
   MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h_sum = (float *)(ws + 0);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *d_h_2 = (float *)(d_h_sum);  /* f32[128] */
+  MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
 
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
@@ -341,7 +340,7 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k7_sum(dim_B, d_loss, d_logits_sum);
+  k7_sum(dim_B, d_loss, d_b2);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
@@ -349,9 +348,6 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k8_sum(dim_B, d_h, d_h_sum);
-  memcpy(G + 32768, d_h_2, (size_t)(128) * 4);
-  memcpy(G + 38400, d_logits, (size_t)(10) * 4);
-  *(float *)out[0] = (float)mlp_get(loss, MLP_F32, 0);
+  k8_sum(dim_B, d_h, d_b1);
   return MLP_OK;
 }

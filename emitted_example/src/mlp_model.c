@@ -95,6 +95,7 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
       free(m);
       return MLP_EDEVICE;
     }
+    m->graphs = mlp_graphs_default;
 #else
     free(m);
     set_err(err, errlen, "mlp_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
@@ -113,10 +114,12 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
 void mlp_destroy(mlp_model *m) {
   if (!m)
     return;
-  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v};
+  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v, m->loss, m->opt};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     dev_free(m, bufs[i]);
 #ifdef MLP_HAVE_CUDA
+  for (int i = 0; i < MLP_GRAPHS; i++)
+    mlp_cuda_graph_free(m->graph[i].exec);
   if (m->device == 1)
     mlp_cuda_ctx_destroy(m->cx);
 #endif
@@ -157,6 +160,7 @@ static int reset_train_state(mlp_model *m) {
   size_t fb = (size_t)mlp_info.state_elems * sizeof(float);
   float *bufs[2] = {m->opt_m, m->opt_v};
   m->step = 0;
+  m->step_dirty = 1;
   for (int i = 0; i < 2; i++) {
     if (!bufs[i])
       continue;
@@ -301,6 +305,7 @@ static int ensure_ws(mlp_model *m, int64_t need) {
   mlp_cuda_free(m->cx, m->ws);
   m->ws = NULL;
   m->ws_bytes = 0;
+  m->ws_gen++; /* graphs recorded with the old workspace are stale */
   if (mlp_cuda_malloc(m->cx, (void **)&m->ws, (size_t)need))
     return mlp_fail(m, MLP_ENOMEM, "out of device memory for the workspace (%lld bytes): %s", (long long)need,
                     mlp_cuda_ctx_error(m->cx));
@@ -328,9 +333,6 @@ static int check_call(mlp_model *m, const char *what, const int64_t *dims, const
 
 static int run_pass(mlp_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
   static const mlp_pass_fn cpu[MLP_NPASS] = {mlp_forward_cpu, mlp_loss_cpu, mlp_train_cpu};
-  int rc = ensure_ws(m, mlp_pass_arena[pass]);
-  if (rc)
-    return rc;
   if (m->device == 0)
     return cpu[pass](m, sym, in, out);
 #ifdef MLP_HAVE_CUDA
@@ -339,6 +341,159 @@ static int run_pass(mlp_model *m, int pass, const int64_t *sym, const void *cons
 #else
   return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
 #endif
+}
+
+static int optimizer_enqueue(mlp_model *m);
+static int optimizer_step_cpu(mlp_model *m);
+static int refresh_master(mlp_model *m);
+
+/* One call's work: the pass, then (train_step) the optimizer. */
+static int enqueue(mlp_model *m, int pass, int opt, const int64_t *sym, const void *const *in, void *const *out) {
+  int rc = run_pass(m, pass, sym, in, out);
+  return rc || !opt ? rc : optimizer_enqueue(m);
+}
+
+#ifdef MLP_HAVE_CUDA
+/* The graph recorded for this call, or the entry to record it in. The first
+ * call with a key runs eagerly (it sizes the scratch and the GEMM plans);
+ * the second records; later ones replay. A graph holds every pointer it was
+ * recorded with: the inputs, outputs, workspace and scratch are its key. */
+static struct mlp_graph *graph_slot(mlp_model *m, int pass, const int64_t *sym, const void *const *in,
+                                    void *const *out, int *found) {
+  unsigned gen = mlp_cuda_ctx_generation(m->cx) * 7919u + m->ws_gen;
+  int nout = pass == MLP_PASS_FORWARD ? mlp_info.noutputs : 1, victim = 0;
+  *found = 0;
+  for (int i = 0; i < MLP_GRAPHS; i++) {
+    struct mlp_graph *e = &m->graph[i];
+    if (!e->used) {
+      victim = i;
+      continue;
+    }
+    int same = e->pass == pass && e->gen == gen && !memcmp(e->sym, sym, sizeof(int64_t) * (size_t)mlp_info.nsym);
+    for (int k = 0; same && k < mlp_info.ninputs; k++)
+      same = e->in[k] == in[k];
+    for (int k = 0; same && k < nout; k++)
+      same = e->out[k] == out[k];
+    if (same) {
+      *found = 1;
+      return e;
+    }
+    if (m->graph[victim].used && e->used < m->graph[victim].used)
+      victim = i; /* the least recently used */
+  }
+  struct mlp_graph *e = &m->graph[victim];
+  mlp_cuda_graph_free(e->exec);
+  memset(e, 0, sizeof *e);
+  e->pass = pass, e->gen = gen;
+  memcpy(e->sym, sym, sizeof(int64_t) * (size_t)mlp_info.nsym);
+  for (int k = 0; k < mlp_info.ninputs; k++)
+    e->in[k] = in[k];
+  for (int k = 0; k < nout; k++)
+    e->out[k] = out[k];
+  return e;
+}
+
+static int graph_call(mlp_model *m, int pass, int opt, const int64_t *sym, const void *const *in, void *const *out) {
+  int found;
+  struct mlp_graph *e = graph_slot(m, pass, sym, in, out, &found);
+  e->used = ++m->graph_clock;
+  if (found && e->exec)
+    return mlp_cuda_graph_launch(m->cx, e->exec) ? mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)) : MLP_OK;
+  if (!found || e->eager) /* first sight (or not recordable): eagerly */
+    return enqueue(m, pass, opt, sym, in, out);
+  if (mlp_cuda_graph_begin(m->cx))
+    return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+  int rc = enqueue(m, pass, opt, sym, in, out);
+  void *g = NULL;
+  int end = mlp_cuda_graph_end(m->cx, &g);
+  if (rc) /* an argument error found while recording: nothing ran */
+    return rc;
+  if (end || !g) { /* something in the pass cannot be recorded: this key runs eagerly from now on */
+    e->eager = 1;
+    return enqueue(m, pass, opt, sym, in, out);
+  }
+  e->exec = g;
+  return mlp_cuda_graph_launch(m->cx, g) ? mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)) : MLP_OK;
+}
+#endif
+
+/* A call's work on the model's device, replayed from a CUDA graph where it can be. */
+static int run_call(mlp_model *m, int pass, int opt, const int64_t *sym, const void *const *in, void *const *out) {
+  int rc = ensure_ws(m, mlp_pass_arena[pass]);
+  if (rc)
+    return rc;
+#ifdef MLP_HAVE_CUDA
+  if (m->device == 1 && opt && m->step_dirty) {
+    if (mlp_cuda_opt_set_step(m->cx, m->opt, m->step))
+      return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+    m->step_dirty = 0;
+  }
+  if (m->device == 1 && m->graphs && !mlp_pass_dropout[pass] && mlp_info.ninputs <= MLP_GRAPH_IO &&
+      mlp_info.noutputs <= MLP_GRAPH_IO)
+    rc = graph_call(m, pass, opt, sym, in, out);
+  else
+#endif
+    rc = enqueue(m, pass, opt, sym, in, out);
+  if (!rc && opt && m->device == 1)
+    m->step++; /* counted now; settle() corrects it from the device */
+  return rc;
+}
+
+/* Waits for the device and reports what its work found: the loss (when
+ * asked), a bad index or target, a refused optimizer step. The host's step
+ * count follows the device's. */
+static int settle(mlp_model *m, float *loss) {
+  if (m->device == 0) {
+    if (loss && m->loss)
+      *loss = (float)mlp_get(m->loss, mlp_info.loss_dtype, 0);
+    return MLP_OK;
+  }
+#ifdef MLP_HAVE_CUDA
+  int64_t bad = -1, step = m->step, bad_step = 0;
+  double bad_ss = 0;
+  unsigned char lb[8] = {0};
+  if (mlp_cuda_sync(m->cx) || (loss && m->loss && mlp_cuda_memcpy(m->cx, lb, m->loss, 8, 1)) ||
+      mlp_cuda_bad_index(m->cx, &bad) || (m->opt && mlp_cuda_opt_report(m->cx, m->opt, &step, &bad_step, &bad_ss)))
+    return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
+  if (loss && m->loss)
+    *loss = (float)mlp_get(lb, mlp_info.loss_dtype, 0);
+  if (m->opt && !m->step_dirty)
+    m->step = step;
+  if (bad >= 0)
+    return mlp_fail(m, MLP_EDATA, "an index or target at position %lld is out of range (an embedding or cross_entropy)%s",
+                    (long long)bad, bad_step ? "; no update applied" : "");
+  if (bad_step)
+    return mlp_fail(m, MLP_EDATA,
+                    "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
+                    "step unchanged)",
+                    isnan(bad_ss) ? "NaN" : "inf", (long long)bad_step);
+  return MLP_OK;
+#else
+  return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
+#endif
+}
+
+mlp_status mlp_sync(mlp_model *m) { return m ? (mlp_status)settle(m, NULL) : MLP_EINVAL; }
+
+mlp_status mlp_set_stream(mlp_model *m, void *stream) {
+  if (!m)
+    return MLP_EINVAL;
+  if (m->device == 0)
+    return stream ? mlp_fail(m, MLP_EINVAL, "set_stream: the model is on the cpu, which has no streams") : MLP_OK;
+#ifdef MLP_HAVE_CUDA
+  if (mlp_cuda_set_stream(m->cx, stream))
+    return mlp_fail(m, MLP_EDEVICE, "set_stream: %s", mlp_cuda_ctx_error(m->cx));
+#endif
+  return MLP_OK;
+}
+
+mlp_status mlp_set_graphs(mlp_model *m, int on) {
+  if (!m)
+    return MLP_EINVAL;
+  if (on != 0 && on != 1)
+    return mlp_fail(m, MLP_EINVAL, "set_graphs: on must be 0 or 1, not %d", on);
+  m->graphs = on && m->device == 1;
+  return MLP_OK;
 }
 
 mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *out) {
@@ -353,7 +508,7 @@ mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *i
   for (int k = 0; k < mlp_info.noutputs; k++)
     if (!out[k])
       return mlp_fail(m, MLP_EINVAL, "forward: output '%s' is NULL", mlp_info.outputs[k].name);
-  return (mlp_status)run_pass(m, MLP_PASS_FORWARD, sym, in, out);
+  return (mlp_status)run_call(m, MLP_PASS_FORWARD, 0, sym, in, out);
 }
 
 /* ---------------------------------------------------------------- training */
@@ -376,10 +531,20 @@ static int train_state(mlp_model *m) {
     return mlp_fail(m, MLP_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
   if (nstate >= 2 && !m->opt_v && !(m->opt_v = dev_zalloc(m, fb)))
     return mlp_fail(m, MLP_ENOMEM, "out of memory for the optimizer state (%zu bytes)", fb);
+#ifdef MLP_HAVE_CUDA
+  if (m->device == 1 && !m->opt) {
+    if (mlp_cuda_opt_new(m->cx, mlp_info.nruns, &m->opt))
+      return mlp_fail(m, MLP_ENOMEM, "out of device memory for the optimizer's state: %s", mlp_cuda_ctx_error(m->cx));
+    m->step_dirty = 1;
+  }
+#endif
   return MLP_OK;
 }
 
-static int train_call(mlp_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+/* The loss pass, forward_backward or train_step: the work is enqueued; with
+ * a loss pointer the call waits and reports; with NULL it returns at once
+ * (on cuda: read the loss with get_loss, errors come from sync). */
+static int train_call(mlp_model *m, const char *what, int pass, int opt, const int64_t *dims, const void *const *in,
                       float *loss) {
   if (!m)
     return MLP_EINVAL;
@@ -387,22 +552,44 @@ static int train_call(mlp_model *m, const char *what, int pass, const int64_t *d
   int rc = need_train(m, what);
   if (!rc)
     rc = check_call(m, what, dims, in, sym);
-  if (!rc && !loss)
-    rc = mlp_fail(m, MLP_EINVAL, "%s: loss is NULL", what);
+  if (!rc && !m->loss && !(m->loss = dev_zalloc(m, 8)))
+    rc = mlp_fail(m, MLP_ENOMEM, "%s: out of memory for the loss", what);
   if (!rc && pass == MLP_PASS_TRAIN)
     rc = train_state(m);
+  if (!rc && opt)
+    rc = refresh_master(m);
   if (rc)
     return rc;
-  void *out[1] = {loss};
-  return run_pass(m, pass, sym, in, out);
+  void *out[1] = {m->loss};
+  if ((rc = run_call(m, pass, opt, sym, in, out)))
+    return rc;
+  if (m->device == 0 && opt)
+    rc = optimizer_step_cpu(m);
+  return rc || (!loss && m->device == 1) ? rc : settle(m, loss);
 }
 
 mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (mlp_status)train_call(m, "loss", MLP_PASS_LOSS, dims, in, loss);
+  return (mlp_status)train_call(m, "loss", MLP_PASS_LOSS, 0, dims, in, loss);
 }
 
 mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (mlp_status)train_call(m, "forward_backward", MLP_PASS_TRAIN, dims, in, loss);
+  return (mlp_status)train_call(m, "forward_backward", MLP_PASS_TRAIN, 0, dims, in, loss);
+}
+
+mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
+  if (m && mlp_info.loss_name && !mlp_info.optimizer)
+    return mlp_fail(m, MLP_EINVAL, "train_step: model %s has no optimizer (use forward_backward)", mlp_info.name);
+  return (mlp_status)train_call(m, "train_step", MLP_PASS_TRAIN, 1, dims, in, loss);
+}
+
+mlp_status mlp_get_loss(mlp_model *m, float *loss) {
+  if (!m)
+    return MLP_EINVAL;
+  if (!loss)
+    return mlp_fail(m, MLP_EINVAL, "get_loss: loss is NULL");
+  if (!m->loss)
+    return mlp_fail(m, MLP_EINVAL, "get_loss: no loss computed yet");
+  return (mlp_status)settle(m, loss);
 }
 
 /* The f32 master copy from the params (after init, load or set). */
@@ -424,82 +611,68 @@ static int refresh_master(mlp_model *m) {
   return MLP_OK;
 }
 
-/* The sum of squares of every gradient (in a fixed order: deterministic). */
-static int grad_sum_squares(mlp_model *m, double *out) {
+/* The CPU's step: the global gradient norm, checked before anything
+ * changes (a step with a NaN or inf in the gradients is refused: MLP_EDATA,
+ * no update); the clip factor (1 = none); the optimizer over every run. */
+static int optimizer_step_cpu(mlp_model *m) {
   const mlp_param_run *r = mlp_info.runs;
+  const mlp_model_info *o = &mlp_info;
   double ss = 0;
-  for (int i = 0; i < mlp_info.nruns; i++) {
-    if (m->device == 0) {
-      ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
-      continue;
-    }
-#ifdef MLP_HAVE_CUDA
-    double part;
-    if (mlp_cuda_sum_squares(m->cx, m->grads + r[i].b0, r[i].dt, r[i].n, &part))
-      return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
-    ss += part;
-#endif
-  }
-  *out = ss;
-  return MLP_OK;
-}
-
-/* The global gradient norm, checked before anything changes (a step with a
- * NaN or inf in the gradients is refused: MLP_EDATA, no update); the clip
- * factor (1 = none); the optimizer over every run of params. */
-static int optimizer_step(mlp_model *m) {
-  const mlp_param_run *r = mlp_info.runs;
-  int nr = mlp_info.nruns;
-  double ss = 0;
-  int rc = grad_sum_squares(m, &ss);
-  if (rc)
-    return rc;
+  for (int i = 0; i < o->nruns; i++) /* in a fixed order: deterministic */
+    ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
   if (!isfinite(ss))
     return mlp_fail(m, MLP_EDATA,
                     "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
                     "step unchanged)",
                     isnan(ss) ? "NaN" : "inf", (long long)(m->step + 1));
-  if ((rc = refresh_master(m)))
-    return rc;
-  double scale = mlp_info.grad_clip > 0 ? mlp_clip_factor(ss, mlp_info.grad_clip) : 1;
+  double scale = o->grad_clip > 0 ? mlp_clip_factor(ss, o->grad_clip) : 1;
   int64_t t = m->step + 1;
-  const mlp_model_info *o = &mlp_info;
-  for (int i = 0; i < nr; i++) {
+  for (int i = 0; i < o->nruns; i++) {
     int low = r[i].dt != MLP_F32;
     float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
     void *lowp = low ? m->params + r[i].b0 : NULL;
     float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
     const void *g = m->grads + r[i].b0;
-    if (m->device == 0) {
-      if (o->optimizer == 2)
-        mlp_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps,
-                      o->weight_decay, t, scale);
-      else
-        mlp_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
-      continue;
-    }
-#ifdef MLP_HAVE_CUDA
-    int e = o->optimizer == 2 ? mlp_cuda_adamw(m->cx, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1,
-                                               o->beta2, o->eps, o->weight_decay, t, scale)
-                              : mlp_cuda_sgd(m->cx, w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum,
-                                             o->weight_decay, t, scale);
-    if (e)
-      return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
-#endif
+    if (o->optimizer == 2)
+      mlp_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                    t, scale);
+    else
+      mlp_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
   }
-#ifdef MLP_HAVE_CUDA
-  if (m->device == 1 && mlp_cuda_sync(m->cx)) /* once, after every run's kernel */
-    return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
-#endif
   m->step = t;
   return MLP_OK;
 }
 
-mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  int rc = train_call(m, "train_step", MLP_PASS_TRAIN, dims, in, loss);
-  if (rc)
-    return (mlp_status)rc;
-  return (mlp_status)optimizer_step(m);
+/* The CUDA step, enqueued after the train pass (a graph records both): the
+ * sums of squares, the device's decision (refuse, or clip and step), the
+ * updates. The host counts the step now; settle corrects it from the device. */
+static int optimizer_enqueue(mlp_model *m) {
+  if (m->device == 0)
+    return MLP_OK; /* train_call runs the CPU's step after the pass */
+#ifdef MLP_HAVE_CUDA
+  const mlp_param_run *r = mlp_info.runs;
+  const mlp_model_info *o = &mlp_info;
+  mlp_opt_hyper h = {o->optimizer, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->momentum, o->grad_clip};
+  int e = 0;
+  for (int i = 0; i < o->nruns && !e; i++)
+    e = mlp_cuda_opt_sum_squares(m->cx, m->opt, o->nruns, i, m->grads + r[i].b0, r[i].dt, r[i].n);
+  if (!e)
+    e = mlp_cuda_opt_prepare(m->cx, m->opt, o->nruns, &h);
+  for (int i = 0; i < o->nruns && !e; i++) {
+    int low = r[i].dt != MLP_F32;
+    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
+    void *lowp = low ? m->params + r[i].b0 : NULL;
+    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
+    const void *g = m->grads + r[i].b0;
+    e = o->optimizer == 2 ? mlp_cuda_opt_adamw(m->cx, m->opt, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n)
+                          : mlp_cuda_opt_sgd(m->cx, m->opt, w, g, r[i].dt, mm, o->momentum != 0, lowp, r[i].dt, r[i].n);
+  }
+  if (e)
+    return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
+  return MLP_OK;
+#else
+  return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
+#endif
 }
 
 const void *mlp_grads(mlp_model *m) {
@@ -530,6 +703,7 @@ mlp_status mlp_set_step(mlp_model *m, int64_t step) {
   if (step < 0)
     return mlp_fail(m, MLP_EINVAL, "set_step: step %lld is negative", (long long)step);
   m->step = step;
+  m->step_dirty = 1;
   return MLP_OK;
 }
 
@@ -550,6 +724,8 @@ mlp_status mlp_save_checkpoint(mlp_model *m, const char *path) {
     return (mlp_status)rc;
   if (!path)
     return mlp_fail(m, MLP_EINVAL, "save_checkpoint: path is NULL");
+  if ((rc = settle(m, NULL))) /* the step count the device reached */
+    return (mlp_status)rc;
   if ((rc = train_state(m)) || (rc = refresh_master(m)))
     return (mlp_status)rc;
   int64_t n = mlp_info.state_elems;
@@ -654,6 +830,7 @@ mlp_status mlp_load_checkpoint(mlp_model *m, const char *path) {
   if (m->master)
     m->master_stale = 0; /* the checkpoint's master copy, not the rounded params */
   m->step = step;
+  m->step_dirty = 1;
 done:
   free(st);
   mlp_st_free(&f);

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -95,10 +96,66 @@ struct OptAdam {
   bool small; /* torch's lerp: start + w (end - start) when |w| < 0.5, else end + (w - 1)(end - start) */
 };
 
+struct OptSgd {
+  float gs, wd, mom, nlr;
+  bool use_wd, first;
+};
+
+/* The device-driven step's state (mlp_cuda_opt_new): what the prepare kernel
+ * decided for this step, the step count, the first refused step since the
+ * last report, then one sum of squares per run and the partial sums. */
+struct OptDev {
+  int64_t step;     /* steps applied */
+  int64_t bad_step; /* the first step refused since the last report (0: none) */
+  double bad_ss;    /* its gradients' sum of squares (NaN or inf; 0 when refused for bad data) */
+  int skip;         /* this step is refused: the update kernels return at once */
+  OptAdam adam;
+  OptSgd sgd;
+  double ss[1];     /* [nruns], then kOptSumBlocks partials */
+};
+
+/* The update's f32 scalars from the hyperparameters, the step t (>= 1) and
+ * the gradient scale, as torch forms them (Python floats), then rounded to
+ * f32: the same on the host and in the prepare kernel. */
+__host__ __device__ inline OptAdam cuopt_adam(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                              int64_t step, double grad_scale) {
+  double t = (double)(step > 0 ? step : 1);
+  OptAdam a;
+  a.gs = (float)grad_scale;
+  a.decay = (float)(1.0 - lr * weight_decay);
+  a.w1 = (float)(1.0 - beta1);
+  a.wm1 = a.w1 - 1.0f;
+  a.small = fabsf(a.w1) < 0.5f;
+  a.b2 = (float)beta2;
+  a.omb2 = (float)(1.0 - beta2);
+  a.bc2s = (float)sqrt(1.0 - pow(beta2, t));
+  a.nstep = (float)(-(lr / (1.0 - pow(beta1, t))));
+  a.eps = (float)eps;
+  return a;
+}
+
+__host__ __device__ inline OptSgd cuopt_sgd(double lr, double momentum, double weight_decay, int64_t step,
+                                            double grad_scale) {
+  OptSgd a;
+  a.gs = (float)grad_scale;
+  a.wd = (float)weight_decay;
+  a.mom = (float)momentum;
+  a.nlr = (float)-lr;
+  a.use_wd = weight_decay != 0;
+  a.first = step <= 1;
+  return a;
+}
+
+/* st == NULL: the scalars are a; else the prepare kernel's (or nothing, when it refused the step). */
 template <int GDT, int LDT>
 __global__ void __launch_bounds__(kOptThreads)
     k_opt_adamw(float *__restrict__ w, const void *__restrict__ g, float *__restrict__ m, float *__restrict__ v,
-                void *__restrict__ lowp, int64_t n, OptAdam a) {
+                void *__restrict__ lowp, int64_t n, OptAdam a, const OptDev *st) {
+  if (st) {
+    if (st->skip)
+      return;
+    a = st->adam;
+  }
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float gi = cuopt_ld<GDT>(g, i) * a.gs;
     float wi = w[i] * a.decay, mi = m[i], vi = v[i];
@@ -113,16 +170,16 @@ __global__ void __launch_bounds__(kOptThreads)
   }
 }
 
-struct OptSgd {
-  float gs, wd, mom, nlr;
-  bool use_wd, first;
-};
-
 /* MOM: momentum != 0 (buf is read and written; otherwise never touched). */
 template <int GDT, int LDT, bool MOM>
 __global__ void __launch_bounds__(kOptThreads)
     k_opt_sgd(float *__restrict__ w, const void *__restrict__ g, float *__restrict__ buf, void *__restrict__ lowp,
-              int64_t n, OptSgd a) {
+              int64_t n, OptSgd a, const OptDev *st) {
+  if (st) {
+    if (st->skip)
+      return;
+    a = st->sgd;
+  }
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float gi = cuopt_ld<GDT>(g, i) * a.gs, wi = w[i];
     if (a.use_wd)
@@ -171,6 +228,36 @@ __global__ void __launch_bounds__(kOptThreads) k_opt_sumsq_final(const double *p
   if (threadIdx.x == 0)
     out[0] = s;
 }
+
+/* The step's decision, one thread: the global sum of squares over the runs
+ * in order; a step with bad data recorded (d_bad) or a non-finite norm is
+ * refused (skip; the first refusal is kept for the report); otherwise the
+ * clip factor (torch's clip_grad_norm_) and the scalars of step t = step + 1. */
+__global__ void k_opt_prepare(OptDev *st, int nruns, mlp_opt_hyper h, const unsigned long long *bad) {
+  double ss = 0;
+  for (int i = 0; i < nruns; i++)
+    ss += st->ss[i];
+  int data = bad && *bad != (unsigned long long)INT64_MAX;
+  int64_t t = st->step + 1;
+  st->skip = data || !isfinite(ss);
+  if (st->skip) {
+    if (!st->bad_step)
+      st->bad_step = t, st->bad_ss = data ? 0 : ss;
+    return;
+  }
+  double scale = 1;
+  if (h.grad_clip > 0) {
+    double c = h.grad_clip / (sqrt(ss) + 1e-6);
+    scale = c > 1.0 ? 1.0 : c;
+  }
+  if (h.optimizer == 2)
+    st->adam = cuopt_adam(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t, scale);
+  else
+    st->sgd = cuopt_sgd(h.lr, h.momentum, h.weight_decay, t, scale);
+  st->step = t;
+}
+
+__global__ void k_opt_set_step(OptDev *st, int64_t step) { st->step = step; }
 
 /* ---------------------------------------------------------------- host helpers */
 
@@ -222,6 +309,44 @@ int cuopt_launched(mlp_cuda_ctx *cx, const char *what) {
   return 0;
 }
 
+/* The launches shared by the host-scalar entry points and the device-driven step. */
+int cuopt_adamw_launch(mlp_cuda_ctx *cx, cudaStream_t stream, float *w, const void *g, int gdt, float *m, float *v,
+                       void *lowp, int lowdt, int64_t n, OptAdam a, const OptDev *st) {
+  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
+    k_opt_adamw<decltype(G)::value, decltype(L)::value>
+        <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, m, v, lowp, n, a, st);
+    return cuopt_launched(cx, "k_opt_adamw");
+  });
+}
+
+int cuopt_sgd_launch(mlp_cuda_ctx *cx, cudaStream_t stream, float *w, const void *g, int gdt, float *buf, void *lowp,
+                     int lowdt, int64_t n, bool mom, OptSgd a, const OptDev *st) {
+  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
+    if (mom)
+      k_opt_sgd<decltype(G)::value, decltype(L)::value, true>
+          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a, st);
+    else
+      k_opt_sgd<decltype(G)::value, decltype(L)::value, false>
+          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a, st);
+    return cuopt_launched(cx, "k_opt_sgd");
+  });
+}
+
+/* sum of squares of x into *out (device): per-block partials, then one block. */
+int cuopt_sumsq_launch(mlp_cuda_ctx *cx, cudaStream_t stream, const void *x, int dt, int64_t n, double *part,
+                       double *out) {
+  unsigned nb = cuopt_grid(n, kOptSumBlocks);
+  switch (dt) {
+  case MLP_BF16: k_opt_sumsq_part<MLP_BF16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  case MLP_F16: k_opt_sumsq_part<MLP_F16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  default: k_opt_sumsq_part<MLP_F32><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
+  }
+  if (int rc = cuopt_launched(cx, "k_opt_sumsq_part"))
+    return rc;
+  k_opt_sumsq_final<<<1, kOptThreads, 0, stream>>>(part, (int)nb, out);
+  return cuopt_launched(cx, "k_opt_sumsq_final");
+}
+
 } // namespace
 
 /* ---------------------------------------------------------------- entry points */
@@ -234,24 +359,8 @@ int mlp_cuda_adamw(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *m,
     return rc;
   if (n == 0)
     return 0;
-  /* The scalars as torch forms them (Python floats), then rounded to f32. */
-  double t = (double)(step > 0 ? step : 1);
-  OptAdam a;
-  a.gs = (float)grad_scale;
-  a.decay = (float)(1.0 - lr * weight_decay);
-  a.w1 = (float)(1.0 - beta1);
-  a.wm1 = a.w1 - 1.0f;
-  a.small = fabsf(a.w1) < 0.5f;
-  a.b2 = (float)beta2;
-  a.omb2 = (float)(1.0 - beta2);
-  a.bc2s = (float)sqrt(1.0 - pow(beta2, t));
-  a.nstep = (float)(-(lr / (1.0 - pow(beta1, t))));
-  a.eps = (float)eps;
-  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
-    k_opt_adamw<decltype(G)::value, decltype(L)::value>
-        <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, m, v, lowp, n, a);
-    return cuopt_launched(cx, "k_opt_adamw");
-  });
+  return cuopt_adamw_launch(cx, stream, w, g, gdt, m, v, lowp, lowdt, n,
+                            cuopt_adam(lr, beta1, beta2, eps, weight_decay, step, grad_scale), NULL);
 }
 
 int mlp_cuda_sgd(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf, void *lowp, int lowdt, int64_t n,
@@ -261,23 +370,8 @@ int mlp_cuda_sgd(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf,
     return rc;
   if (n == 0)
     return 0;
-  OptSgd a;
-  a.gs = (float)grad_scale;
-  a.wd = (float)weight_decay;
-  a.mom = (float)momentum;
-  a.nlr = (float)-lr;
-  a.use_wd = weight_decay != 0;
-  a.first = step <= 1;
-  bool mom = momentum != 0;
-  return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
-    if (mom)
-      k_opt_sgd<decltype(G)::value, decltype(L)::value, true>
-          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a);
-    else
-      k_opt_sgd<decltype(G)::value, decltype(L)::value, false>
-          <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, buf, lowp, n, a);
-    return cuopt_launched(cx, "k_opt_sgd");
-  });
+  return cuopt_sgd_launch(cx, stream, w, g, gdt, buf, lowp, lowdt, n, momentum != 0,
+                          cuopt_sgd(lr, momentum, weight_decay, step, grad_scale), NULL);
 }
 
 int mlp_cuda_sum_squares(mlp_cuda_ctx *cx, const void *x, int dt, int64_t n, double *host_result) {
@@ -293,16 +387,7 @@ int mlp_cuda_sum_squares(mlp_cuda_ctx *cx, const void *x, int dt, int64_t n, dou
   if (int rc = mlp_cuda_ctx_scratch(cx, sizeof(double) * (kOptSumBlocks + 1), &s))
     return rc;
   double *part = (double *)s, *out = part + kOptSumBlocks;
-  unsigned nb = cuopt_grid(n, kOptSumBlocks);
-  switch (dt) {
-  case MLP_BF16: k_opt_sumsq_part<MLP_BF16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
-  case MLP_F16: k_opt_sumsq_part<MLP_F16><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
-  default: k_opt_sumsq_part<MLP_F32><<<nb, kOptThreads, 0, stream>>>(x, n, part); break;
-  }
-  if (int rc = cuopt_launched(cx, "k_opt_sumsq_part"))
-    return rc;
-  k_opt_sumsq_final<<<1, kOptThreads, 0, stream>>>(part, (int)nb, out);
-  if (int rc = cuopt_launched(cx, "k_opt_sumsq_final"))
+  if (int rc = cuopt_sumsq_launch(cx, stream, x, dt, n, part, out))
     return rc;
   double r = 0;
   cudaError_t e = cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, stream);
@@ -312,5 +397,73 @@ int mlp_cuda_sum_squares(mlp_cuda_ctx *cx, const void *x, int dt, int64_t n, dou
     return mlp_cuda_ctx_fail(cx, (int)e, "reading the sum back failed: %s (%s)", cudaGetErrorString(e),
                              cudaGetErrorName(e));
   *host_result = r;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- the device-driven step */
+
+int mlp_cuda_opt_new(mlp_cuda_ctx *cx, int nruns, void **state) {
+  size_t bytes = sizeof(OptDev) + sizeof(double) * (size_t)(nruns + kOptSumBlocks);
+  *state = NULL;
+  if (int rc = mlp_cuda_malloc(cx, state, bytes))
+    return rc;
+  cudaError_t e = cudaMemsetAsync(*state, 0, bytes, mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_new"));
+  if (e != cudaSuccess)
+    return mlp_cuda_ctx_fail(cx, (int)e, "clearing the optimizer's device state: %s", cudaGetErrorString(e));
+  return 0;
+}
+
+int mlp_cuda_opt_sum_squares(mlp_cuda_ctx *cx, void *state, int nruns, int run, const void *x, int dt, int64_t n) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_sum_squares");
+  if (int rc = cuopt_check(cx, n, x != NULL && state != NULL, dt, NULL, 0))
+    return rc;
+  OptDev *st = (OptDev *)state;
+  if (n == 0)
+    return cudaMemsetAsync(&st->ss[run], 0, sizeof(double), stream) == cudaSuccess
+               ? 0
+               : mlp_cuda_ctx_fail(cx, (int)cudaErrorUnknown, "clearing a sum of squares failed");
+  return cuopt_sumsq_launch(cx, stream, x, dt, n, st->ss + nruns, &st->ss[run]);
+}
+
+int mlp_cuda_opt_prepare(mlp_cuda_ctx *cx, void *state, int nruns, const mlp_opt_hyper *h) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_prepare");
+  k_opt_prepare<<<1, 1, 0, stream>>>((OptDev *)state, nruns, *h, mlp_cuda_bad_ptr(cx));
+  return cuopt_launched(cx, "k_opt_prepare");
+}
+
+int mlp_cuda_opt_adamw(mlp_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *m, float *v,
+                       void *lowp, int lowdt, int64_t n) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_adamw");
+  if (int rc = cuopt_check(cx, n, w && g && m && v && state, gdt, lowp, lowdt))
+    return rc;
+  return n ? cuopt_adamw_launch(cx, stream, w, g, gdt, m, v, lowp, lowdt, n, OptAdam(), (const OptDev *)state) : 0;
+}
+
+int mlp_cuda_opt_sgd(mlp_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *buf, int mom,
+                     void *lowp, int lowdt, int64_t n) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_sgd");
+  if (int rc = cuopt_check(cx, n, w && g && (buf || !mom) && state, gdt, lowp, lowdt))
+    return rc;
+  return n ? cuopt_sgd_launch(cx, stream, w, g, gdt, buf, lowp, lowdt, n, mom != 0, OptSgd(), (const OptDev *)state)
+           : 0;
+}
+
+int mlp_cuda_opt_set_step(mlp_cuda_ctx *cx, void *state, int64_t step) {
+  k_opt_set_step<<<1, 1, 0, mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_set_step")>>>((OptDev *)state, step);
+  return cuopt_launched(cx, "k_opt_set_step");
+}
+
+int mlp_cuda_opt_report(mlp_cuda_ctx *cx, void *state, int64_t *step, int64_t *bad_step, double *bad_ss) {
+  cudaStream_t stream = mlp_cuda_ctx_stream(cx, "mlp_cuda_opt_report");
+  struct { int64_t step, bad_step; double bad_ss; } r; /* OptDev's first three fields */
+  static_assert(offsetof(OptDev, bad_ss) == 2 * sizeof(int64_t), "OptDev's layout");
+  cudaError_t e = cudaMemcpyAsync(&r, state, sizeof r, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess && r.bad_step)
+    e = cudaMemsetAsync((char *)state + sizeof(int64_t), 0, sizeof(int64_t), stream);
+  if (e != cudaSuccess)
+    return mlp_cuda_ctx_fail(cx, (int)e, "reading the optimizer's state failed: %s", cudaGetErrorString(e));
+  *step = r.step, *bad_step = r.bad_step, *bad_ss = r.bad_ss;
   return 0;
 }

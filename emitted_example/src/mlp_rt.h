@@ -340,6 +340,43 @@ int mlp_cuda_sgd(mlp_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf,
  * not depend on the device); uses the context's scratch and synchronises. */
 int mlp_cuda_sum_squares(mlp_cuda_ctx *cx, const void *x, int dt, int64_t n, double *host_result);
 
+/* The device-driven optimizer step (no host read-back; a CUDA graph may
+ * capture it): the state (mlp_cuda_opt_new, zeroed device memory freed with
+ * mlp_cuda_free) holds the step count, one sum of squares per run of params
+ * and the prepare kernel's decision. A step is: opt_sum_squares for every
+ * run, opt_prepare (refuses the step when the global norm is not finite or
+ * the context's d_bad records bad data; else the clip factor and step + 1),
+ * then opt_adamw / opt_sgd for every run (no-ops when refused).
+ * opt_report waits for the stream and reads the step count and the first
+ * refused step since the last report (0: none) with its sum of squares (NaN
+ * or inf; 0 for bad data), then forgets the refusal. */
+typedef struct mlp_opt_hyper {
+  int optimizer; /* 1 sgd, 2 adamw */
+  double lr, beta1, beta2, eps, weight_decay, momentum, grad_clip;
+} mlp_opt_hyper;
+int mlp_cuda_opt_new(mlp_cuda_ctx *cx, int nruns, void **state);
+int mlp_cuda_opt_sum_squares(mlp_cuda_ctx *cx, void *state, int nruns, int run, const void *x, int dt, int64_t n);
+int mlp_cuda_opt_prepare(mlp_cuda_ctx *cx, void *state, int nruns, const mlp_opt_hyper *h);
+int mlp_cuda_opt_adamw(mlp_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *m, float *v,
+                       void *lowp, int lowdt, int64_t n);
+int mlp_cuda_opt_sgd(mlp_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *buf, int mom,
+                     void *lowp, int lowdt, int64_t n);
+int mlp_cuda_opt_set_step(mlp_cuda_ctx *cx, void *state, int64_t step);
+int mlp_cuda_opt_report(mlp_cuda_ctx *cx, void *state, int64_t *step, int64_t *bad_step, double *bad_ss);
+
+/* Streams and graphs. set_stream: the stream every later call enqueues on
+ * (NULL: the context's own); the caller keeps it alive. A graph records the
+ * calls between graph_begin and graph_end (nothing may wait for the stream
+ * in between) and graph_launch replays them; graph_free releases one.
+ * generation counts the reallocations of the context's scratch: a graph
+ * recorded under another generation holds a freed pointer. */
+int mlp_cuda_set_stream(mlp_cuda_ctx *cx, void *stream);
+int mlp_cuda_graph_begin(mlp_cuda_ctx *cx);
+int mlp_cuda_graph_end(mlp_cuda_ctx *cx, void **graph);
+int mlp_cuda_graph_launch(mlp_cuda_ctx *cx, void *graph);
+void mlp_cuda_graph_free(void *graph);
+unsigned mlp_cuda_ctx_generation(const mlp_cuda_ctx *cx);
+
 /* For kernel files other than mlp_cuda.cu (mlp_optim_cuda.cu), which cannot
  * see struct mlp_cuda_ctx: record the entry point running (for messages) and
  * get the stream; record a failure ("OP: message", returns code, or
@@ -416,7 +453,13 @@ enum { MLP_PASS_FORWARD, MLP_PASS_LOSS, MLP_PASS_TRAIN, MLP_NPASS };
 /* The bytes of each pass's arena, planned by tgen for the dims' maxima (the
  * passes place their intermediates at offsets fixed at generation time). */
 extern const int64_t mlp_pass_arena[MLP_NPASS];
+/* Whether a pass uses dropout (its mask depends on the step: never replayed
+ * from a CUDA graph), and the compile mode's default for graphs. */
+extern const int mlp_pass_dropout[MLP_NPASS];
+extern const int mlp_graphs_default;
 
+#define MLP_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
+#define MLP_GRAPH_IO 16 /* models with more inputs or outputs run without graphs */
 struct mlp_model {
   int device;              /* 0 cpu, 1 cuda */
   unsigned char *params;   /* host (cpu) or device (cuda) */
@@ -427,8 +470,23 @@ struct mlp_model {
   float *master;           /* f32 copy of the params the optimizer updates (NULL: the params are f32) */
   float *opt_m, *opt_v;    /* AdamW moments / SGD momentum buffer (opt_m), f32, flat */
   int master_stale;        /* params changed outside the optimizer: refresh master first */
-  int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1) */
+  int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1); on cuda the steps
+                              enqueued, set from the device's count whenever the model waits for it */
+  unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
   mlp_cuda_ctx *cx;
+  void *opt;               /* cuda: the device-driven optimizer's state (mlp_cuda_opt_new) */
+  int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */
+  int graphs;              /* cuda: record each pass (and train step) as a CUDA graph and replay it */
+  struct mlp_graph {       /* cuda: recorded graphs, by what they were recorded with */
+    void *exec;            /* NULL: seen once (the next call with this key records) */
+    int pass, used, eager; /* used: the clock at the last use (0: free); eager: cannot be recorded */
+    unsigned gen;          /* the context's scratch generation and the workspace's when recorded */
+    const void *in[MLP_GRAPH_IO];
+    void *out[MLP_GRAPH_IO];
+    int64_t sym[16];
+  } graph[MLP_GRAPHS];
+  int graph_clock;
+  unsigned ws_gen;         /* workspace reallocations */
   char err[512];
 };
 int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...)
@@ -437,8 +495,9 @@ int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...)
 #endif
     ;
 /* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
- * output k; loss, train: out[0] = a host float (the loss); train writes
- * m->grads. */
+ * output k; loss, train: out[0] = m->loss (the loss in its dtype, device
+ * memory on cuda); train writes m->grads. A CUDA pass only enqueues work:
+ * it never waits for the stream, so a graph may record it. */
 typedef int (*mlp_pass_fn)(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out);

@@ -138,6 +138,8 @@ static int forward(mlp_model *m, batch *b, mlp_host *out) {
     if (mlp_host_alloc(&out[k], 1, k, b->sym) || mlp_to_device(m, &out[k], &dout[k]))
       return die_("allocating output '%s'%s", mlp_info.outputs[k].name, "");
   int rc = mlp_forward_v(m, b->dyn, (const void *const *)b->din, dout);
+  if (!rc)
+    rc = mlp_sync(m); /* what the device found (an index out of range) */
   for (int k = 0; k < mlp_info.noutputs; k++) {
     if (!rc && mlp_from_device(m, &out[k], dout[k]))
       rc = die_("copying output '%s' back%s", mlp_info.outputs[k].name, "");

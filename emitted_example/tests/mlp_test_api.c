@@ -93,8 +93,20 @@ int main(int argc, char **argv) {
   check(mlp_save_params(m, "/nonexistent/dir/p.safetensors") == MLP_EIO, "save into a missing directory refused",
         mlp_error(m));
 
+  /* execution controls */
+  check(mlp_set_stream(m, (void *)&nb) == MLP_EINVAL && contains(mlp_error(m), "stream"), "a stream on the cpu refused",
+        mlp_error(m));
+  check(mlp_set_stream(m, NULL) == MLP_OK && mlp_set_stream(NULL, NULL) == MLP_EINVAL, "set_stream(NULL)", mlp_error(m));
+  check(mlp_set_graphs(m, 2) == MLP_EINVAL && mlp_set_graphs(m, 1) == MLP_OK && mlp_set_graphs(m, 0) == MLP_OK,
+        "set_graphs takes 0 or 1", mlp_error(m));
+  check(mlp_sync(m) == MLP_OK && mlp_sync(NULL) == MLP_EINVAL, "sync", mlp_error(m));
+
   /* training calls */
   float loss;
+  if (mlp_info.loss_name)
+    check(mlp_get_loss(m, &loss) == MLP_EINVAL && contains(mlp_error(m), "no loss") &&
+              mlp_get_loss(m, NULL) == MLP_EINVAL,
+          "get_loss before any loss is computed, or into NULL, refused", mlp_error(m));
   check(mlp_train_step_v(NULL, dyn, ins, &loss) == MLP_EINVAL, "train_step on NULL model refused", "");
   if (!mlp_info.loss_name) {
     check(mlp_train_step_v(m, dyn, ins, &loss) == MLP_EINVAL && contains(mlp_error(m), "train"),
@@ -105,7 +117,7 @@ int main(int argc, char **argv) {
       dyn[k] = 1;
     check(mlp_forward_backward_v(m, mlp_info.ndyn ? NULL : dyn, ins, &loss) == MLP_EINVAL,
           "forward_backward refuses NULL dims or inputs", mlp_error(m));
-    check(mlp_train_step_v(m, dyn, ins, NULL) == MLP_EINVAL, "train_step refuses NULL inputs or loss", mlp_error(m));
+    check(mlp_train_step_v(m, dyn, ins, NULL) == MLP_EINVAL, "train_step refuses NULL inputs", mlp_error(m));
     check(mlp_get_grads(m, a, nb + 1) == MLP_EINVAL, "get_grads with a wrong size refused", mlp_error(m));
     check(mlp_set_step(m, -1) == MLP_EINVAL, "a negative step refused", mlp_error(m));
     /* a params-only file is not a training checkpoint; nothing changes */

@@ -93,8 +93,20 @@ int main(int argc, char **argv) {
   check(tgm_save_params(m, "/nonexistent/dir/p.safetensors") == TGM_EIO, "save into a missing directory refused",
         tgm_error(m));
 
+  /* execution controls */
+  check(tgm_set_stream(m, (void *)&nb) == TGM_EINVAL && contains(tgm_error(m), "stream"), "a stream on the cpu refused",
+        tgm_error(m));
+  check(tgm_set_stream(m, NULL) == TGM_OK && tgm_set_stream(NULL, NULL) == TGM_EINVAL, "set_stream(NULL)", tgm_error(m));
+  check(tgm_set_graphs(m, 2) == TGM_EINVAL && tgm_set_graphs(m, 1) == TGM_OK && tgm_set_graphs(m, 0) == TGM_OK,
+        "set_graphs takes 0 or 1", tgm_error(m));
+  check(tgm_sync(m) == TGM_OK && tgm_sync(NULL) == TGM_EINVAL, "sync", tgm_error(m));
+
   /* training calls */
   float loss;
+  if (tgm_info.loss_name)
+    check(tgm_get_loss(m, &loss) == TGM_EINVAL && contains(tgm_error(m), "no loss") &&
+              tgm_get_loss(m, NULL) == TGM_EINVAL,
+          "get_loss before any loss is computed, or into NULL, refused", tgm_error(m));
   check(tgm_train_step_v(NULL, dyn, ins, &loss) == TGM_EINVAL, "train_step on NULL model refused", "");
   if (!tgm_info.loss_name) {
     check(tgm_train_step_v(m, dyn, ins, &loss) == TGM_EINVAL && contains(tgm_error(m), "train"),
@@ -105,7 +117,7 @@ int main(int argc, char **argv) {
       dyn[k] = 1;
     check(tgm_forward_backward_v(m, tgm_info.ndyn ? NULL : dyn, ins, &loss) == TGM_EINVAL,
           "forward_backward refuses NULL dims or inputs", tgm_error(m));
-    check(tgm_train_step_v(m, dyn, ins, NULL) == TGM_EINVAL, "train_step refuses NULL inputs or loss", tgm_error(m));
+    check(tgm_train_step_v(m, dyn, ins, NULL) == TGM_EINVAL, "train_step refuses NULL inputs", tgm_error(m));
     check(tgm_get_grads(m, a, nb + 1) == TGM_EINVAL, "get_grads with a wrong size refused", tgm_error(m));
     check(tgm_set_step(m, -1) == TGM_EINVAL, "a negative step refused", tgm_error(m));
     /* a params-only file is not a training checkpoint; nothing changes */

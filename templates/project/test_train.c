@@ -16,6 +16,9 @@
  *      step count bit-identical (a checkpoint before and after, byte for
  *      byte); with RUNNER (the tgm_run binary), the runner's --train-steps
  *      on those params stops with the message and a non-zero exit status.
+ *   5. the same training without waiting for the loss (get_loss at the end)
+ *      and with CUDA graphs: the same losses bit for bit; a NaN step found
+ *      asynchronously is reported by sync.
  * Large models (params over 64 MB) run 1, a two-step 2 and 4 only.
  * Exit: 0 pass, 1 fail, 77 skipped (no GPU, or no train: section).
  *
@@ -151,6 +154,47 @@ done:
   free(ck1);
 }
 
+/* 5. The same training without waiting (NULL loss; get_loss at the end),
+ * then with CUDA graphs (recorded on the second call, replayed after): the
+ * same losses as the synchronous calls, bit for bit; then a NaN gradient
+ * found asynchronously: reported by sync, the step count back where it was. */
+static void async_steps(tgm_model *m, tgm_case *c, int n, const float *l) {
+  float last = NAN, lg[16];
+  int rc = tgm_init_params(m, c->seed);
+  for (int i = 0; i < n && !rc; i++)
+    rc = tgm_train_step_v(m, c->dyn, (const void *const *)c->din, NULL);
+  rc = rc ? rc : tgm_get_loss(m, &last);
+  check(!rc && !memcmp(&last, &l[n - 1], sizeof last) && tgm_get_step(m) == n,
+        "%d train_steps without waiting, then get_loss: %.9g (synchronous %.9g), step %lld: %s", n, last, l[n - 1],
+        (long long)tgm_get_step(m), rc ? tgm_error(m) : "");
+  int same = !tgm_set_graphs(m, 1) && !tgm_init_params(m, c->seed) && n <= 16 && !steps(m, c, n, lg);
+  for (int i = 0; same && i < n; i++)
+    same = !memcmp(&lg[i], &l[i], sizeof(float));
+  check(same, "%d train_steps with graphs on: the same losses, bit for bit (%s)", n, tgm_error(m));
+  size_t pb = tgm_param_bytes();
+  unsigned char *p = malloc(pb ? pb : 1);
+  if (!p || tgm_get_params(m, p, pb)) {
+    check(0, "async NaN: %s", tgm_error(m));
+    free(p);
+    return;
+  }
+  for (int k = 0; k < tgm_info.nparams; k++)
+    for (int64_t i = 0; i < tgm_info.params[k].numel; i++)
+      tgm_put(p + tgm_info.params[k].offset, tgm_info.params[k].dtype, i, NAN);
+  int64_t step0 = tgm_get_step(m);
+  rc = tgm_set_params(m, p, pb);
+  if (!rc)
+    rc = tgm_train_step_v(m, c->dyn, (const void *const *)c->din, NULL);
+  if (!rc)
+    rc = tgm_sync(m); /* cuda: found by the device, reported here */
+  check(rc == TGM_EDATA && strstr(tgm_error(m), "gradient norm is NaN") && tgm_get_step(m) == step0,
+        "a NaN gradient without waiting: TGM_EDATA (%d) '%s', step %lld (was %lld)", rc, tgm_error(m),
+        (long long)tgm_get_step(m), (long long)step0);
+  check(tgm_sync(m) == TGM_OK, "reported once: the next sync is clean (%s)", tgm_error(m));
+  tgm_set_graphs(m, 0);
+  free(p);
+}
+
 int main(int argc, char **argv) {
   if (argc != 4 && argc != 5 && !(argc == 3 && !strcmp(argv[1], "grad-file"))) {
     fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors SCRATCH_DIR [RUNNER]\n       %s grad-file FILE\n",
@@ -268,6 +312,7 @@ int main(int argc, char **argv) {
   check(same, "training twice from the seed gives the same losses, bit for bit");
 
   tgm_destroy(m2);
+  async_steps(m, &c, n, l);
 nonfinite:
   /* 4. a NaN gradient norm */
   nonfinite_step(m, &c, argv[3], argv[1], argc == 5 ? argv[4] : NULL);

@@ -17,7 +17,14 @@
  * "cuda" they are device memory (cudaMalloc). bf16 and f16 tensors are stored
  * as uint16_t, i32 as int32_t, bool as uint8_t. Every call returns TGM_OK or
  * an error code, and tgm_error() says what was wrong; nothing aborts. A model
- * object may be used by one thread at a time. */
+ * object may be used by one thread at a time.
+ *
+ * On "cuda" every call only enqueues its work on the model's stream and
+ * returns (asynchronous, as a CUDA library call): read results on that stream
+ * or after tgm_sync(). A call that returns a loss to a non-NULL pointer waits
+ * for it. Bad data the device finds (an index out of range, a refused
+ * training step) is reported by the next call that waits: tgm_sync,
+ * tgm_get_loss, or a loss/train call with a loss pointer. */
 #ifndef TGM_H
 #define TGM_H
 
@@ -83,6 +90,21 @@ size_t tgm_param_bytes(void);
 tgm_status tgm_get_params(tgm_model *m, void *host, size_t bytes);
 tgm_status tgm_set_params(tgm_model *m, const void *host, size_t bytes);
 
+/* CUDA execution. set_stream: the cudaStream_t (passed as void *) every
+ * later call enqueues on; NULL: the model's own stream (the default); the
+ * caller keeps it alive; on "cpu" only NULL is accepted. sync: waits for the
+ * model's work and reports what the device found since the last wait
+ * (TGM_EDATA: an index out of range, or a training step refused for a NaN or
+ * inf gradient norm: "gradient norm is NaN at step N"). set_graphs: 1
+ * records each pass (a training step with its optimizer) as a CUDA graph
+ * the second time it is called with the same dims and buffers, and replays
+ * it after that (far fewer launches for small models); 0 launches every
+ * kernel. The default is 1 when the spec's compile.mode is reduce-overhead.
+ * Passes with dropout are never replayed (the mask follows the step). */
+tgm_status tgm_set_stream(tgm_model *m, void *stream);
+tgm_status tgm_sync(tgm_model *m);
+tgm_status tgm_set_graphs(tgm_model *m, int on);
+
 /* The forward pass: outputs from inputs for the given dims (NULL when the
  * model has no dynamic dims). */
 tgm_status tgm_forward(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, tgm_outputs *out);
@@ -97,7 +119,9 @@ tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *i
  *     tgm_save_checkpoint(m, "ckpt.safetensors");  // params + optimizer state
  *
  * The loss is the spec's train.loss; inputs as for tgm_forward (outputs are
- * not computed). Dropout is active in forward_backward and train_step, its
+ * not computed). The loss pointer may be NULL: on "cuda" the call then
+ * returns without waiting for the device, and tgm_get_loss reads the loss
+ * later (a training loop that reads it every N steps never stalls the GPU). Dropout is active in forward_backward and train_step, its
  * mask fixed by the spec's seed, the dropout's place in the spec and the
  * step count (tgm_get_step). */
 
@@ -118,11 +142,14 @@ tgm_status tgm_train_step(tgm_model *m, const tgm_dims *dims, const tgm_inputs *
 tgm_status tgm_loss_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
 tgm_status tgm_forward_backward_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
 tgm_status tgm_train_step_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
+/* The loss of the last loss, forward_backward or train_step call (waits for it). */
+tgm_status tgm_get_loss(tgm_model *m, float *loss);
 /* The gradient buffer: tgm_param_bytes() bytes in the params' layout and
  * dtypes (device memory on "cuda"); NULL if the model cannot train. */
 const void *tgm_grads(tgm_model *m);
 tgm_status tgm_get_grads(tgm_model *m, void *host, size_t bytes);
-/* Optimizer steps taken so far (dropout's step; AdamW's bias correction). */
+/* Optimizer steps taken so far (dropout's step; AdamW's bias correction); on
+ * "cuda", the steps asked for, until a wait finds a refused one. */
 int64_t tgm_get_step(const tgm_model *m);
 tgm_status tgm_set_step(tgm_model *m, int64_t step);
 /* A training checkpoint: the params under their names plus the optimizer

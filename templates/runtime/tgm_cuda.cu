@@ -84,6 +84,9 @@ struct tgm_cuda_ctx {
   int device;                /* the device current at creation */
   int sms;                   /* its multiprocessor count, for grid sizes */
   cudaStream_t stream;       /* every kernel, copy and GEMM is enqueued here, in order */
+  cudaStream_t own;          /* the context's stream (`stream` unless the caller set one) */
+  int capturing;             /* between graph_begin and graph_end: nothing may wait or allocate */
+  unsigned generation;       /* scratch reallocations (graphs hold the scratch pointer) */
   cublasHandle_t blas;       /* bound to `stream`; CUBLAS_COMPUTE_32F never uses TF32 */
   void *blas_ws;             /* cuBLAS workspace, TGM_CUDA_BLAS_WS bytes (cuBLASLt's too: same stream) */
   cublasLtHandle_t lt;       /* cuBLASLt (tgm_cuda_gemm); calls pass `stream` */
@@ -157,6 +160,9 @@ int blas_fail(tgm_cuda_ctx *cx, cublasStatus_t s, const char *what) {
  * be in use), which happens only while the sizes still climb. */
 int scratch(tgm_cuda_ctx *cx, size_t bytes, void **p) {
   if (bytes > cx->scratch_bytes) {
+    if (cx->capturing)
+      return fail(cx, (int)cudaErrorStreamCaptureUnsupported, "scratch must grow to %zu bytes while a CUDA graph is recorded", bytes);
+    cx->generation++;
     size_t nb = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (cx->scratch) {
       TGM_CUDA_TRY(cudaStreamSynchronize(cx->stream));
@@ -1317,10 +1323,11 @@ int tgm_cuda_ctx_create(tgm_cuda_ctx **out, char *err, size_t errlen) {
   }
   if (cx->sms < 1)
     cx->sms = 1;
-  if ((e = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+  if ((e = cudaStreamCreateWithFlags(&cx->own, cudaStreamNonBlocking)) != cudaSuccess) {
     what = "cudaStreamCreateWithFlags";
     goto cuda_error;
   }
+  cx->stream = cx->own;
   if ((e = cudaMalloc((void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
     what = "cudaMalloc (d_bad)";
     goto cuda_error;
@@ -1388,8 +1395,8 @@ void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx) {
   cudaFree(cx->scratch);
   cudaFree(cx->blas_ws);
   cudaFree(cx->d_bad);
-  if (cx->stream)
-    cudaStreamDestroy(cx->stream);
+  if (cx->own)
+    cudaStreamDestroy(cx->own);
   cudaGetLastError();
   free(cx);
 }
@@ -1861,6 +1868,59 @@ int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v) {
 /* ---------------------------------------------------------------- accessors */
 
 /* For kernel files that cannot see struct tgm_cuda_ctx (tgm_optim_cuda.cu). */
+int tgm_cuda_set_stream(tgm_cuda_ctx *cx, void *stream) {
+  cx->op = "tgm_cuda_set_stream";
+  if (cx->capturing)
+    return TGM_CUDA_BAD("a CUDA graph is being recorded");
+  cudaStream_t s = stream ? (cudaStream_t)stream : cx->own;
+  if (s != cx->stream) {
+    TGM_CUDA_TRY(cudaStreamSynchronize(cx->stream)); /* the old stream's work first: the scratch is shared */
+    TGM_CUDA_BLAS(cublasSetStream(cx->blas, s));
+    cx->stream = s;
+  }
+  return 0;
+}
+
+int tgm_cuda_graph_begin(tgm_cuda_ctx *cx) {
+  cx->op = "tgm_cuda_graph_begin";
+  TGM_CUDA_TRY(cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeThreadLocal));
+  cx->capturing = 1;
+  return 0;
+}
+
+/* Ends the recording (also after a failed call in between: then *graph is
+ * NULL and the error of the failed call is kept). */
+int tgm_cuda_graph_end(tgm_cuda_ctx *cx, void **graph) {
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t x = NULL;
+  *graph = NULL;
+  cx->capturing = 0;
+  cudaError_t e = cudaStreamEndCapture(cx->stream, &g);
+  if (e == cudaSuccess)
+    e = cudaGraphInstantiate(&x, g, 0);
+  if (g)
+    cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_fail(cx, e, "recording a CUDA graph");
+  }
+  *graph = x;
+  return 0;
+}
+
+int tgm_cuda_graph_launch(tgm_cuda_ctx *cx, void *graph) {
+  cx->op = "tgm_cuda_graph_launch";
+  TGM_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)graph, cx->stream));
+  return 0;
+}
+
+void tgm_cuda_graph_free(void *graph) {
+  if (graph)
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
+unsigned tgm_cuda_ctx_generation(const tgm_cuda_ctx *cx) { return cx->generation; }
+
 cudaStream_t tgm_cuda_ctx_stream(tgm_cuda_ctx *cx, const char *op) {
   cx->op = op;
   return cx->stream;

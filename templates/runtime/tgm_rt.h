@@ -340,6 +340,43 @@ int tgm_cuda_sgd(tgm_cuda_ctx *cx, float *w, const void *g, int gdt, float *buf,
  * not depend on the device); uses the context's scratch and synchronises. */
 int tgm_cuda_sum_squares(tgm_cuda_ctx *cx, const void *x, int dt, int64_t n, double *host_result);
 
+/* The device-driven optimizer step (no host read-back; a CUDA graph may
+ * capture it): the state (tgm_cuda_opt_new, zeroed device memory freed with
+ * tgm_cuda_free) holds the step count, one sum of squares per run of params
+ * and the prepare kernel's decision. A step is: opt_sum_squares for every
+ * run, opt_prepare (refuses the step when the global norm is not finite or
+ * the context's d_bad records bad data; else the clip factor and step + 1),
+ * then opt_adamw / opt_sgd for every run (no-ops when refused).
+ * opt_report waits for the stream and reads the step count and the first
+ * refused step since the last report (0: none) with its sum of squares (NaN
+ * or inf; 0 for bad data), then forgets the refusal. */
+typedef struct tgm_opt_hyper {
+  int optimizer; /* 1 sgd, 2 adamw */
+  double lr, beta1, beta2, eps, weight_decay, momentum, grad_clip;
+} tgm_opt_hyper;
+int tgm_cuda_opt_new(tgm_cuda_ctx *cx, int nruns, void **state);
+int tgm_cuda_opt_sum_squares(tgm_cuda_ctx *cx, void *state, int nruns, int run, const void *x, int dt, int64_t n);
+int tgm_cuda_opt_prepare(tgm_cuda_ctx *cx, void *state, int nruns, const tgm_opt_hyper *h);
+int tgm_cuda_opt_adamw(tgm_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *m, float *v,
+                       void *lowp, int lowdt, int64_t n);
+int tgm_cuda_opt_sgd(tgm_cuda_ctx *cx, const void *state, float *w, const void *g, int gdt, float *buf, int mom,
+                     void *lowp, int lowdt, int64_t n);
+int tgm_cuda_opt_set_step(tgm_cuda_ctx *cx, void *state, int64_t step);
+int tgm_cuda_opt_report(tgm_cuda_ctx *cx, void *state, int64_t *step, int64_t *bad_step, double *bad_ss);
+
+/* Streams and graphs. set_stream: the stream every later call enqueues on
+ * (NULL: the context's own); the caller keeps it alive. A graph records the
+ * calls between graph_begin and graph_end (nothing may wait for the stream
+ * in between) and graph_launch replays them; graph_free releases one.
+ * generation counts the reallocations of the context's scratch: a graph
+ * recorded under another generation holds a freed pointer. */
+int tgm_cuda_set_stream(tgm_cuda_ctx *cx, void *stream);
+int tgm_cuda_graph_begin(tgm_cuda_ctx *cx);
+int tgm_cuda_graph_end(tgm_cuda_ctx *cx, void **graph);
+int tgm_cuda_graph_launch(tgm_cuda_ctx *cx, void *graph);
+void tgm_cuda_graph_free(void *graph);
+unsigned tgm_cuda_ctx_generation(const tgm_cuda_ctx *cx);
+
 /* For kernel files other than tgm_cuda.cu (tgm_optim_cuda.cu), which cannot
  * see struct tgm_cuda_ctx: record the entry point running (for messages) and
  * get the stream; record a failure ("OP: message", returns code, or
@@ -416,7 +453,13 @@ enum { TGM_PASS_FORWARD, TGM_PASS_LOSS, TGM_PASS_TRAIN, TGM_NPASS };
 /* The bytes of each pass's arena, planned by tgen for the dims' maxima (the
  * passes place their intermediates at offsets fixed at generation time). */
 extern const int64_t tgm_pass_arena[TGM_NPASS];
+/* Whether a pass uses dropout (its mask depends on the step: never replayed
+ * from a CUDA graph), and the compile mode's default for graphs. */
+extern const int tgm_pass_dropout[TGM_NPASS];
+extern const int tgm_graphs_default;
 
+#define TGM_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
+#define TGM_GRAPH_IO 16 /* models with more inputs or outputs run without graphs */
 struct tgm_model {
   int device;              /* 0 cpu, 1 cuda */
   unsigned char *params;   /* host (cpu) or device (cuda) */
@@ -427,8 +470,23 @@ struct tgm_model {
   float *master;           /* f32 copy of the params the optimizer updates (NULL: the params are f32) */
   float *opt_m, *opt_v;    /* AdamW moments / SGD momentum buffer (opt_m), f32, flat */
   int master_stale;        /* params changed outside the optimizer: refresh master first */
-  int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1) */
+  int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1); on cuda the steps
+                              enqueued, set from the device's count whenever the model waits for it */
+  unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
   tgm_cuda_ctx *cx;
+  void *opt;               /* cuda: the device-driven optimizer's state (tgm_cuda_opt_new) */
+  int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */
+  int graphs;              /* cuda: record each pass (and train step) as a CUDA graph and replay it */
+  struct tgm_graph {       /* cuda: recorded graphs, by what they were recorded with */
+    void *exec;            /* NULL: seen once (the next call with this key records) */
+    int pass, used, eager; /* used: the clock at the last use (0: free); eager: cannot be recorded */
+    unsigned gen;          /* the context's scratch generation and the workspace's when recorded */
+    const void *in[TGM_GRAPH_IO];
+    void *out[TGM_GRAPH_IO];
+    int64_t sym[16];
+  } graph[TGM_GRAPHS];
+  int graph_clock;
+  unsigned ws_gen;         /* workspace reallocations */
   char err[512];
 };
 int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
@@ -437,8 +495,9 @@ int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
 #endif
     ;
 /* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
- * output k; loss, train: out[0] = a host float (the loss); train writes
- * m->grads. */
+ * output k; loss, train: out[0] = m->loss (the loss in its dtype, device
+ * memory on cuda); train writes m->grads. A CUDA pass only enqueues work:
+ * it never waits for the stream, so a graph may record it. */
 typedef int (*tgm_pass_fn)(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_loss_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);

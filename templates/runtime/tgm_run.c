@@ -138,6 +138,8 @@ static int forward(tgm_model *m, batch *b, tgm_host *out) {
     if (tgm_host_alloc(&out[k], 1, k, b->sym) || tgm_to_device(m, &out[k], &dout[k]))
       return die_("allocating output '%s'%s", tgm_info.outputs[k].name, "");
   int rc = tgm_forward_v(m, b->dyn, (const void *const *)b->din, dout);
+  if (!rc)
+    rc = tgm_sync(m); /* what the device found (an index out of range) */
   for (int k = 0; k < tgm_info.noutputs; k++) {
     if (!rc && tgm_from_device(m, &out[k], dout[k]))
       rc = die_("copying output '%s' back%s", tgm_info.outputs[k].name, "");
