@@ -236,13 +236,14 @@ void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b) {
         continue;
       if (prev >= 0) { /* the previous kernel's stop, now that the next is known */
         const Kernel *q = p->k[prev];
-        if (json)
-          buf_printf(&body, ", \"stop\": ");
-        if (json && !k)
-          buf_printf(&body, "null}");
-        else if (json)
-          json_str(&body, arena_printf(a, "before %s: %s", kname(p, k), q->stop ? q->stop : "?")), buf_printf(&body, "}");
-        else if (k)
+        if (json && !k) {
+          buf_printf(&body, ", \"stop\": null}");
+        } else if (json) {
+          buf_printf(&body, ", \"stop\": {");
+          json_kv(&body, "next", kname(p, k), 1);
+          json_kv(&body, "why", q->stop ? q->stop : "?", 0);
+          buf_printf(&body, "}}");
+        } else if (k)
           wrapped(&body, arena_printf(a, "stop before #%d %s:", nk + 1, kname(p, k)), q->stop ? q->stop : "?");
       }
       if (!k)
