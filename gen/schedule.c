@@ -449,7 +449,8 @@ void schedule(BPass *p, int fuse) {
         if (n->in[k]) {
           int t;
           const Node *src = op_info[n->op].cls == C_GEMM ? gemm_operand(n, k, &t) : n->in[k];
-          need(p, keep, src, arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
+          need(p, keep, src, n->op == OP_CONCAT ? "an operand of concat, which copies from memory"
+                                                : arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
         }
     }
   }
@@ -488,7 +489,8 @@ void schedule(BPass *p, int fuse) {
       for (int k = 0; k < n->nin; k++) /* the operands stay stored */
         if (n->in[k]) {
           int t;
-          need(p, keep, gemm_operand(n, k, &t), arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
+          need(p, keep, gemm_operand(n, k, &t),
+               arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
         }
     }
   }
