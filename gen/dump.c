@@ -141,7 +141,7 @@ void print_summary(const Graph *g, Buf *b) {
 
 /* ---------------------------------------------------------------- JSON */
 
-static void json_str(Buf *b, const char *s) {
+void json_str(Buf *b, const char *s) {
   buf_printf(b, "\"");
   for (; s && *s; s++) {
     if (*s == '"' || *s == '\\')

@@ -11,6 +11,7 @@
  *          interp_train.c training steps in the interpreter (PyTorch's optimizers in double)
  *          partition.c the training schedule: saved activations vs recomputation
  *          dump.c    printing a Graph (tgen check --dump)
+ *          explain.c tgen explain: kernels, costs, fusion and storage reasons
  *          main.c    the command line
  */
 #ifndef TGEN_IR_H
@@ -205,6 +206,7 @@ void verify(const Graph *g); /* die()s on a malformed graph */
 void dump_graph(const Graph *g, Buf *b);
 void print_summary(const Graph *g, Buf *b);
 void dump_json(const Graph *g, Buf *b); /* tgen check --json */
+void json_str(Buf *b, const char *s); /* s as a JSON string */
 
 /* ---------------------------------------------------------------- init.c */
 
@@ -259,7 +261,7 @@ typedef struct Kernel {
   Shape full;
   uint32_t axes;
   Dim outer, rnum, numel;
-  const char *stop;  /* why it was not fused with the next kernel (tgen explain) */
+  const char *stop;  /* why the next kernel does not fuse into it, in words (tgen explain) */
 } Kernel;
 
 typedef struct BPass {
@@ -278,6 +280,7 @@ typedef struct BPass {
   Kernel **k;
   int nk;
   int *kern;         /* per node: the kernel that stores it, or -1 */
+  const char **why;  /* per realized node: why it is stored, in words (tgen explain) */
   /* plan.c */
   Buffer *b;
   int nb;
@@ -328,8 +331,18 @@ const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_nam
 int64_t param_offset(const Graph *g, int k);
 /* The C text of a size over the dims' locals (dim_B, ...). */
 const char *c_dim(const Graph *g, const Dim *d);
-/* Bytes read and written, FLOPs of kernel k at p->sym (tgen explain). */
+/* The spec lines kernel k covers ("spec.yaml:30 'h', 31 'logits'"). */
+const char *kernel_covers(const BPass *p, const Kernel *k, const char *spec);
+
+/* ---------------------------------------------------------------- explain.c */
+
+/* Bytes read and written, FLOPs of kernel k at p->sym (conventions in
+ * explain.c). */
 void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops);
+/* tgen explain: each pass's kernels (ps[k], planned; render_file named them)
+ * with what they cover, cost and floor at p->sym, where fusion stopped and
+ * why values are stored; as text or JSON. */
+void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b);
 
 /* ---------------------------------------------------------------- emit.c */
 

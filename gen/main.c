@@ -14,6 +14,8 @@ static const char usage[] =
     "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--no-fuse] [--test-dim N]\n"
     "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES]\n"
     "       tgen check MODEL.yaml [--dump | --json] [--remat STRATEGY] [--memory-budget BYTES]\n"
+    "       tgen explain MODEL.yaml [--dims B=4,T=64] [--json] [--no-fuse] [--remat STRATEGY]\n"
+    "                 [--memory-budget BYTES]\n"
     "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N | --params P.safetensors] [--inputs I.safetensors]\n"
     "                 [--set NAME=v1,v2,...]... [--grad] [--out O.safetensors [--out-dtype f32|f64]] [--max N]\n"
     "       tgen --help | --version\n"
@@ -32,6 +34,11 @@ static const char usage[] =
     "          the training step at each dynamic dim's max, under --remat and\n"
     "          --memory-budget); --dump also prints the graph IR and the saved\n"
     "          tensors; --json prints the graph as JSON instead (for other tools)\n"
+    "  explain for each pass (forward, loss, train), every kernel in order: its name,\n"
+    "          kind, the spec lines it covers, bytes moved and FLOPs at --dims (default:\n"
+    "          each dynamic dim's max), its floor time on the H100's measured\n"
+    "          ceilings, why it stores each value and why the next kernel does not\n"
+    "          fuse into it; then the pass's totals and arena. --json: the same as JSON\n"
     "  eval    run the model's forward pass in the double-precision reference\n"
     "          interpreter: params from the seed (the spec's by default), inputs\n"
     "          from --set (comma-separated values, row-major) or else a fixed\n"
@@ -275,6 +282,89 @@ static int parse_dims_arg(const Graph *g, const char *s, int64_t *vals, int *giv
     given[k] = 1;
     s = *end ? end + 1 : end;
   }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- explain */
+
+static int cmd_explain(int argc, char **argv) {
+  const char *path = NULL, *dims = NULL;
+  int json = 0, nofuse = 0, given = 0, r;
+  Remat remat = REMAT_MIN_CUT;
+  int64_t budget = -1;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--json"))
+      json = 1;
+    else if (!strcmp(argv[i], "--no-fuse"))
+      nofuse = 1;
+    else if (!strcmp(argv[i], "--dims")) {
+      if (i + 1 >= argc)
+        return usage_error("explain: %s needs a value", argv[i]);
+      dims = argv[++i];
+    } else if ((r = remat_option(argc, argv, &i, &remat, &budget, &given)) != 1) {
+      if (r)
+        return r;
+    } else if (argv[i][0] == '-' && argv[i][1])
+      return usage_error("explain: unknown option '%s'", argv[i]);
+    else if (path)
+      return usage_error("explain: more than one model given ('%s')", argv[i]);
+    else
+      path = argv[i];
+  }
+  if (!path)
+    return usage_error("explain: no model file given%s", "");
+  Arena a = {.fail_after = -1};
+  Diag d = {0};
+  Graph *g = load(&a, &d, path);
+  if (!g) {
+    arena_free(&a);
+    return 1;
+  }
+  /* the passes are planned at each dynamic dim's max (as tgen MODEL -o OUT
+   * prints them); their costs are evaluated at --dims */
+  int64_t sym[MAXSYM] = {0}, at[MAXSYM] = {0};
+  int set[MAXSYM] = {0}, rc = 0;
+  for (int k = 0; k < g->nsyms; k++)
+    sym[k] = at[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  if (dims && (rc = parse_dims_arg(g, dims, at, set))) {
+    arena_free(&a);
+    return rc;
+  }
+  for (int k = 0; k < g->nsyms; k++) {
+    int64_t v;
+    const char *err;
+    Dim x = dim_sym(k);
+    if (g->syms[k].derived && !dim_eval(g, &x, at, &v, &err)) {
+      fprintf(stderr, "tgen: explain: --dims %s: %s\n", dims, err);
+      arena_free(&a);
+      return 2;
+    }
+  }
+  if (given & 1)
+    g->spec->compile.remat = remat;
+  if (given & 2)
+    g->spec->compile.memory_budget = budget;
+  Plan plan = {0};
+  int trained = g->spec->train.present && g->loss;
+  char err[512];
+  if (trained && (differentiate(g, path) ||
+                  partition(g, g->spec->compile.remat, g->spec->compile.memory_budget, sym, &plan, err, sizeof err))) {
+    if (g->grads)
+      fprintf(stderr, "%s: error: %s\n", path, err);
+    arena_free(&a);
+    return 1;
+  }
+  BPass *ps[NPASS] = {0};
+  build_passes(g, trained ? &plan : NULL, !nofuse && g->spec->compile.fuse, 2, ps);
+  render_file(g, ps, 1, path); /* names the loop kernels as the CUDA file does */
+  for (int k = 0; k < NPASS; k++)
+    if (ps[k])
+      memcpy(ps[k]->sym, at, sizeof at);
+  Buf b;
+  buf_init(&b, &a);
+  explain(g, ps, path, json, &b);
+  fputs(b.p, stdout);
+  arena_free(&a);
   return 0;
 }
 
@@ -809,6 +899,8 @@ int main(int argc, char **argv) {
     return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "eval"))
     return cmd_eval(argc - 2, argv + 2);
+  if (!strcmp(cmd, "explain"))
+    return cmd_explain(argc - 2, argv + 2);
   if (cmd[0] != '-')
     return cmd_generate(argc - 1, argv + 1);
   return usage_error("unknown command '%s'", cmd);

@@ -993,23 +993,24 @@ static const char *shape_text(const Graph *g, const Node *n) {
   return arena_printf(g->arena, "%s%s", dtype_names[n->dtype], shape_str(g, &n->shape));
 }
 
-/* The spec lines a kernel covers: its values' bindings. */
-static const char *covers(File *f, BPass *p, const Kernel *k) {
+/* The spec lines kernel k covers: its values' bindings
+ * ("mlp.yaml:30 'h', 31 'logits'"; a library call's node first). */
+const char *kernel_covers(const BPass *p, const Kernel *k, const char *spec) {
   Buf b;
-  buf_init(&b, f->a);
+  buf_init(&b, p->g->arena);
   int lines[16], nl = 0;
-  for (int pass = 0; pass < 2; pass++)
-    for (int i = 0; i < (pass ? k->nreds : k->nouts) && nl < 16; i++) {
-      const Node *o = p->orig[(pass ? k->reds[i] : k->outs[i])->id];
+  for (int pass = 0; pass < 3; pass++)
+    for (int i = 0; i < (pass == 0 ? k->anchor != NULL : pass == 1 ? k->nouts : k->nreds) && nl < 16; i++) {
+      const Node *o = p->orig[(pass == 0 ? k->anchor : pass == 1 ? k->outs[i] : k->reds[i])->id];
       int dup = 0;
       for (int j = 0; j < nl; j++)
         dup |= lines[j] == o->loc.line;
       if (dup)
         continue;
       lines[nl++] = o->loc.line;
-      buf_printf(&b, "%s%s:%d '%s'", nl > 1 ? ", " : "", nl > 1 ? "" : f->spec, o->loc.line, o->name ? o->name : "");
+      buf_printf(&b, "%s%s:%d '%s'", nl > 1 ? ", " : "", nl > 1 ? "" : spec, o->loc.line, o->name ? o->name : "");
     }
-  return b.p;
+  return b.p ? b.p : "";
 }
 
 static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
@@ -1032,7 +1033,7 @@ static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
 
 /* Print loop kernel k (once per file: an identical kernel of another pass is
  * reused) and its call into `call`. */
-static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
+static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   R *probe = new_r(p, k, f->d);
   choose_mode(probe);
   loop_body(probe);
@@ -1090,11 +1091,12 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
     static const char *const modes[] = {"one thread per element", "one thread per output element",
                                         "one warp per output element", "one block per output element",
                                         "32 output elements per block, 32 threads each"};
-    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, covers(f, p, k),
+    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
                ret, kn, text);
   }
+  k->name = kn;
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
@@ -1303,7 +1305,7 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
   }
   buf_printf(b, "\n");
   for (int i = 0; i < p->nk; i++) {
-    const Kernel *k = p->k[i];
+    Kernel *k = p->k[i];
     if (k->kind == K_LOOP) {
       if (!k->nouts)
         continue;

@@ -121,6 +121,13 @@ static int cone_cost(S *s, const Node *n, int depth) {
   return c;
 }
 
+/* n must be stored, for reason r (the first reason given is kept). */
+static void need(BPass *p, char *keep, const Node *n, const char *r) {
+  keep[n->id] = 1;
+  if (!p->why[n->id])
+    p->why[n->id] = r;
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 static Kernel *new_kernel(S *s, KernelKind kind, Node *n) {
@@ -255,33 +262,64 @@ static int in_backward(const BPass *p, const Kernel *k) {
   return 0;
 }
 
-/* Try to merge kernel j into kernel i (i < j); 1 when merged. */
-static int try_merge(S *s, int i, int j) {
+/* What kernel k is, in words, for the reasons below ("a GEMM (linear)"). */
+static const char *kernel_what(const BPass *p, const Kernel *k) {
+  if (k->kind == K_LOOP)
+    return k->nreds ? "a reduction" : "a pointwise loop";
+  const char *op = op_info[k->anchor->op].name;
+  if (k->kind == K_GEMM)
+    return arena_printf(p->g->arena, "a GEMM (%s, a library call)", op);
+  return arena_printf(p->g->arena, "a library call (%s)", op);
+}
+
+/* A loop kernel's iteration space in words ("B*10 elements", "a reduction of
+ * [B, 10] over 10 elements each"). */
+static const char *space(const BPass *p, const Kernel *k) {
+  Graph *g = p->g;
+  if (!k->nreds)
+    return arena_printf(g->arena, "%s elements", dim_str(g, &k->numel));
+  const char *o = dim_str(g, &k->outer);
+  return arena_printf(g->arena, "%s reduced to %s value%s", shape_str(g, &k->full), o, strcmp(o, "1") ? "s" : "");
+}
+
+/* Why nothing fuses after library call k. */
+static const char *call_stop(const BPass *p, const Kernel *k) {
+  if (k->kind == K_GEMM)
+    return arena_printf(p->g->arena, "this is a GEMM (%s): only a bias, relu/gelu and residual add fuse into a GEMM",
+                        op_info[k->anchor->op].name);
+  return arena_printf(p->g->arena, "this is %s: nothing fuses into it", kernel_what(p, k));
+}
+
+/* Merge kernel j into kernel i (i < j): NULL when merged (commit) or when
+ * they could be (!commit: nothing changes), else why not, in words. */
+static const char *merge(S *s, int i, int j, int commit) {
   BPass *p = s->p;
+  Graph *g = p->g;
   Kernel *ki = p->k[i], *kj = p->k[j];
-  if (ki->kind != K_LOOP || kj->kind != K_LOOP || !domains_fit(ki, kj)) {
-    if (!ki->stop)
-      ki->stop = ki->kind != K_LOOP || kj->kind != K_LOOP ? "a library call (GEMM, attention, embedding...) is next"
-                                                           : "the next kernel iterates over another space";
-    return 0;
+  if (ki->kind != K_LOOP)
+    return call_stop(p, ki);
+  if (kj->kind != K_LOOP)
+    return arena_printf(g->arena, "%s comes next", kernel_what(p, kj));
+  if (!domains_fit(ki, kj)) {
+    if (ki->nreds && kj->nreds)
+      return arena_printf(g->arena, "both reduce, over different spaces (%s; the next: %s)", space(p, ki), space(p, kj));
+    return arena_printf(g->arena, "the next loop runs over another space (this: %s; the next: %s)", space(p, ki),
+                        space(p, kj));
   }
   /* a full reduction (one output element) fused with work over its whole
    * input would serialise that work */
   if ((ki->nreds || kj->nreds) && !(ki->nreds && kj->nreds)) {
     const Kernel *r = ki->nreds ? ki : kj, *q = ki->nreds ? kj : ki;
     int64_t o;
-    if (dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer)) {
-      ki->stop = "a reduction to a few values does not take work over its whole input";
-      return 0;
-    }
+    if (dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer))
+      return arena_printf(g->arena, "a reduction to %lld value%s does not take work over its whole input (it would run on "
+                          "%lld thread%s)", (long long)o, o == 1 ? "" : "s", (long long)o, o == 1 ? "" : "s");
   }
   /* the training schedule's forward part stays apart from its backward
    * (fusing a recomputation into the forward would store what the
    * partitioner chose not to save) */
-  if (in_backward(p, ki) != in_backward(p, kj)) {
-    ki->stop = "the backward starts";
-    return 0;
-  }
+  if (in_backward(p, ki) != in_backward(p, kj))
+    return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
   int sj = loads(s, kj);
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
@@ -296,7 +334,7 @@ static int try_merge(S *s, int i, int j) {
     sj = loads(s, kj);
   }
   if (!related)
-    return 0;
+    return "nothing in common: the next reads nothing this one stores, and they load no buffer in common";
   /* placement: at i when every producer of j runs before i, else at j when
    * nothing between them reads i's stores */
   int at_i = 1;
@@ -313,10 +351,8 @@ static int try_merge(S *s, int i, int j) {
           at_j = 0;
     }
   }
-  if (!at_i && !at_j) {
-    ki->stop = "a kernel between them must run first";
-    return 0;
-  }
+  if (!at_i && !at_j)
+    return "a kernel between them reads this one's result and writes what the other reads (fusing makes a cycle)";
   /* tentatively merge and let the renderer check the indexing */
   Kernel *m = arena_alloc(s->a, sizeof(Kernel));
   *m = *ki;
@@ -337,10 +373,10 @@ static int try_merge(S *s, int i, int j) {
       Dim nn = numel_dim(p, &m->outs[q]->shape, 0, 0);
       full_work |= !is_reduce(m->outs[q]) && dim_eq(&nn, &m->numel) && !dim_eq(&m->numel, &m->outer);
     }
-    if (full_work && dim_eval(p->g, &m->outer, p->sym, &o, &e) && o / 32 < 132) {
-      ki->stop = "a reduction over leading dims with few outputs takes no work over its whole input";
-      return 0;
-    }
+    if (full_work && dim_eval(p->g, &m->outer, p->sym, &o, &e) && o / 32 < 132)
+      return arena_printf(g->arena, "a reduction over leading dims with %lld outputs runs as %lld tiles of 32 columns, "
+                          "too few for the work over its whole input (the H100 has 132 SMs)", (long long)o,
+                          (long long)((o + 31) / 32));
   }
   int *saved = s->saved;
   memcpy(saved, p->kern, sizeof(int) * (size_t)p->n);
@@ -348,11 +384,11 @@ static int try_merge(S *s, int i, int j) {
   for (int q = 0; q < m->nouts; q++)
     p->kern[m->outs[q]->id] = pos;
   p->k[pos] = m;
-  if (render_check(p, m)) {
+  int bad = render_check(p, m);
+  if (bad || !commit) {
     memcpy(p->kern, saved, sizeof(int) * (size_t)p->n);
     p->k[pos] = pos == i ? ki : kj;
-    ki->stop = "a reduction's result would be read at another element than the kernel's own";
-    return 0;
+    return bad ? "a reduction's result would be read at another element than the fused loop's own" : NULL;
   }
   /* remove the other slot */
   int gone = pos == i ? j : i;
@@ -364,7 +400,7 @@ static int try_merge(S *s, int i, int j) {
       p->kern[q]--;
     else if (p->kern[q] == gone)
       p->kern[q] = pos < gone ? pos : pos - 1;
-  return 1;
+  return NULL;
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -388,15 +424,16 @@ void schedule(BPass *p, int fuse) {
     for (int k = 0; k < p->nodes[i]->nin; k++)
       if (p->nodes[i]->in[k])
         p->nuse[p->nodes[i]->in[k]->id]++;
+  const char **why = p->why = arena_alloc(s->a, sizeof(char *) * (size_t)(p->n + 1));
   for (int k = 0; k < p->nfinals; k++) {
     p->nuse[p->finals[k]->id]++;
-    keep[p->finals[k]->id] = 1;
+    need(p, keep, p->finals[k], p->kind == PASS_FORWARD ? "an output" : k ? "a gradient" : "the loss");
   }
   /* values the backward reads from the forward part: saved */
   for (int i = p->nfwd; i < p->n; i++)
     for (int k = 0; k < p->nodes[i]->nin; k++)
       if (p->nodes[i]->in[k] && p->nodes[i]->in[k]->id < p->nfwd)
-        keep[p->nodes[i]->in[k]->id] = 1;
+        need(p, keep, p->nodes[i]->in[k], "saved for the backward");
   char *kept = arena_alloc(s->a, (size_t)p->n + 1); /* results and saved values */
   memcpy(kept, keep, (size_t)p->n);
   Node **user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the one consumer, if one */
@@ -407,12 +444,13 @@ void schedule(BPass *p, int fuse) {
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     if (is_call(n)) {
-      keep[i] = 1;
+      need(p, keep, n, arena_printf(s->a, "the result of %s", op_info[n->op].name));
       for (int k = 0; k < n->nin; k++)
         if (n->in[k]) {
           int t;
           const Node *src = op_info[n->op].cls == C_GEMM ? gemm_operand(n, k, &t) : n->in[k];
-          keep[src->id] = 1;
+          need(p, keep, src, n->op == OP_CONCAT ? "an operand of concat, which copies from memory"
+                                                : arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
         }
     }
   }
@@ -444,12 +482,15 @@ void schedule(BPass *p, int fuse) {
     }
     if (tail != n) {
       keep[i] = 0;
-      keep[tail->id] = 1;
-      keep[e[2] ? e[2]->id : tail->id] = 1;
+      why[i] = NULL;
+      need(p, keep, tail, arena_printf(s->a, "the result of %s with its epilogue", op_info[n->op].name));
+      if (e[2])
+        need(p, keep, e[2], arena_printf(s->a, "the residual the %s's store adds", op_info[n->op].name));
       for (int k = 0; k < n->nin; k++) /* the operands stay stored */
         if (n->in[k]) {
           int t;
-          keep[gemm_operand(n, k, &t)->id] = 1;
+          need(p, keep, gemm_operand(n, k, &t),
+               arena_printf(s->a, "an operand of %s, a library call", op_info[n->op].name));
         }
     }
   }
@@ -458,10 +499,15 @@ void schedule(BPass *p, int fuse) {
     if (is_leaf(n))
       continue;
     int pw = op_info[n->op].cls == C_PW || n->op == OP_TAKE;
-    if (keep[i] || is_reduce(n) || (!fuse && op_info[n->op].cls != C_VIEW && n->nin))
+    int cost;
+    if (keep[i] || is_reduce(n) || (!fuse && op_info[n->op].cls != C_VIEW && n->nin)) {
       p->realized[i] = 1;
-    else if (pw && n->nin && p->nuse[i] > 1 && cone_cost(s, n, 0) > 6)
+      if (!why[i])
+        why[i] = is_reduce(n) ? "a reduction's result, read by another kernel" : "--no-fuse: every op's value is stored";
+    } else if (pw && n->nin && p->nuse[i] > 1 && (cost = cone_cost(s, n, 0)) > 6) {
       p->realized[i] = 1;
+      why[i] = arena_printf(s->a, "read %d times; recomputing its %d ops at each read costs more than a load", p->nuse[i], cost);
+    }
   }
   /* a kernel per realized value; stored views of stored values are aliases */
   p->k = arena_alloc(s->a, sizeof(Kernel *) * (size_t)(p->n + 1));
@@ -470,7 +516,9 @@ void schedule(BPass *p, int fuse) {
     if (!p->realized[i])
       continue;
     if (is_alias_view(n) && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
-      keep[n->in[0]->id] = 1; /* an alias (plan.c): its operand stays stored */
+      if (!keep[n->in[0]->id] && p->why[i]) /* an alias (plan.c): its operand stays stored */
+        p->why[n->in[0]->id] = arena_printf(s->a, "%s, through a reshape", p->why[i]);
+      keep[n->in[0]->id] = 1;
       continue;
     }
     KernelKind kind = op_info[n->op].cls == C_GEMM ? K_GEMM : op_info[n->op].cls == C_EXTERN ? K_EXTERN : K_LOOP;
@@ -498,7 +546,7 @@ void schedule(BPass *p, int fuse) {
     int limit = getenv("TGEN_FUSE_LIMIT") ? atoi(getenv("TGEN_FUSE_LIMIT")) : 1 << 30, merges = 0;
     for (int j = 1; j < p->nk; j++)
       for (int i = j - 1; i >= 0 && i >= j - 64 && (p->kind != PASS_TRAIN || merges < limit); i--)
-        if (try_merge(s, i, j)) {
+        if (!merge(s, i, j, 1)) {
           merges++;
           j = i; /* the merged kernel may take more */
           break;
@@ -527,6 +575,7 @@ void schedule(BPass *p, int fuse) {
             k->outs[q] = n;
             p->realized[n->id] = 1;
             p->kern[n->id] = c;
+            why[n->id] = "its kernel reads it at other elements than its own (a loop cannot keep it in registers)";
           } else {
             q--;
           }
@@ -534,6 +583,14 @@ void schedule(BPass *p, int fuse) {
       }
     }
   }
+  /* why each kernel boundary is one (tgen explain): kernel c + 1 does not
+   * fuse into kernel c */
+  for (int c = 0; c + 1 < p->nk; c++)
+    p->k[c]->stop = !fuse ? "--no-fuse (or compile.fuse: false): one kernel per op"
+                          : merge(s, c, c + 1, 0);
+  for (int c = 0; c + 1 < p->nk; c++)
+    if (!p->k[c]->stop) /* the greedy pass merged otherwise (or TGEN_FUSE_LIMIT stopped it) */
+      p->k[c]->stop = "none: the two could fuse, but the greedy fusion pass did not merge them";
 }
 
 /* ---------------------------------------------------------------- dump */
