@@ -112,6 +112,34 @@ static void check_decompose(Graph *g, BPass *p, const Tensor *gvals, const Inter
 /* Fused and unfused: renders, the plan keeps live buffers apart, every
  * stored value is stored by one kernel; unfused: one kernel per computed
  * node. */
+/* Every final a loop kernel of the pass computes (an output, the loss, a
+ * gradient, or a reshape of one) is stored where the caller gets it: no copy
+ * after the kernels. A value that is two finals is stored once, for the first. */
+static void check_in_place(const BPass *p, const char *path) {
+  for (int k = 0; k < p->nfinals; k++) {
+    Home h;
+    int idx, bi = p->buf[p->finals[k]->id], dup = 0;
+    final_home(p, k, &h, &idx);
+    while (bi >= 0 && p->b[bi].home == HOME_ALIAS)
+      bi = p->b[bi].index;
+    if (bi < 0)
+      continue;
+    const Node *x = p->b[bi].node;
+    if (p->kern[x->id] < 0 || p->k[p->kern[x->id]]->kind != K_LOOP)
+      continue;
+    for (int j = 0; j < k; j++) {
+      int bj = p->buf[p->finals[j]->id];
+      while (bj >= 0 && p->b[bj].home == HOME_ALIAS)
+        bj = p->b[bj].index;
+      dup |= bj == bi;
+    }
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s pass: final %d (%s) is stored in the arena and copied, not in place",
+             pass_names[p->kind], k, p->b[bi].name);
+    check(dup || (p->b[bi].home == h && p->b[bi].index == idx), path, msg);
+  }
+}
+
 static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
   char err[512], what[256];
   snprintf(what, sizeof what, "%s %s %s: plan keeps live buffers apart", name, pass_names[p->kind],
@@ -232,6 +260,7 @@ static void run_model(const char *path) {
     for (int k = 0; k < NPASS; k++)
       if (p[k]) {
         check_schedule(g, p[k], fuse, path);
+        check_in_place(p[k], path);
         if (fuse && interp && k != PASS_TRAIN)
           check_decompose(g, p[k], vals, &o, ins, ps, path);
       }
