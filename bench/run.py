@@ -31,7 +31,8 @@ row of the table, never the end of the run):
   1. build:   cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
               (all projects in parallel, at the start);
   2. tgen:    NAME_bench --device cuda|cpu --dims ... --iters N [--train 1]
-              (median ms; its own wall clock, a sync after every call);
+              (median ms; on the GPU CUDA events around each call, then
+              again with --graphs 1: CUDA graphs, reported in the notes);
   3. check:   NAME_run --seed 0 --save-params on fixed inputs (--grad for train
               workloads: the loss and every gradient), against torch_oracle.py's
               evaluation of tgen's graph in float64 on the same params and
@@ -383,6 +384,11 @@ class Worker:
             raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
         self.res["tgen_ms"] = float(m.group(1))
         self.res["tgen_line"] = out.strip().splitlines()[-1]
+        if not self.cpu:  # the same with CUDA graphs (NAME_set_graphs: one switch for the user)
+            rc, out, _ = run_cmd(cmd + ["--iters", str(n), "--warmup", str(max(warm, 3)), "--graphs", "1"],
+                                 self.a.cmd_timeout, self.log, env=env)
+            m = re.search(r"median ([\d.]+) ms", out)
+            self.res["tgen_graphs_ms"] = float(m.group(1)) if rc == 0 and m else None
         ws = re.search(r"workspace ([\d.]+) MiB", out)
         if ws:
             self.res["tgen_workspace_mib"] = float(ws.group(1))
@@ -722,6 +728,8 @@ def row_of(name, r, ceil, a):
     if r.get("skipped"):
         status = r["skipped"]
     notes = []
+    if r.get("tgen_graphs_ms") is not None:
+        notes.append(f"tgen with CUDA graphs {fmt_ms(r['tgen_graphs_ms'])} ms")
     if r.get("compile_reduce-overhead_ms") is not None:
         notes.append(f"reduce-overhead {fmt_ms(r['compile_reduce-overhead_ms'])} ms")
     if r.get("compile_first_s") is not None:
@@ -759,7 +767,7 @@ def write_report(a, names, results, ceil, envl, t_start, final=False):
     md.append(f"- run time so far: {time.time() - t_start:.0f} s{'' if final else ' (incomplete)'}")
     md += ["", "| " + " | ".join(HEAD) + " |", "|" + " --- |" * len(HEAD)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
-    md += ["", "tgen: NAME_bench median (wall clock, a sync after each call); torch: median of CUDA events "
+    md += ["", "tgen: NAME_bench median (GPU: CUDA events around each call, as torch; CPU: wall clock); torch: median of CUDA events "
            "(GPU) or wall clock (CPU) after warm-up; % of floor = tgen / floor; max rel err = max|tgen-ref|/"
            "max|ref| against torch_oracle in float64 on the same params and inputs (outputs; or loss and every "
            "gradient), torch = torch in the model dtype against the same reference; tol f32 1e-4, bf16/f16 2e-2."]

@@ -1,14 +1,18 @@
 /* mlp_bench: times the forward pass, or the training step.
  *   mlp_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1]
  * Prints the median, min and max milliseconds per call over N timed
- * iterations after the warm-up (each timed call is followed by a sync), and the
- * workspace the pass needs at these dims. --train 1 times train_step
+ * iterations after the warm-up (on cuda: CUDA events around each call on the
+ * bench's stream, as PyTorch is timed; the wall clock with a sync after each
+ * call is printed too), and the workspace the pass needs at these dims. --train 1 times train_step
  * (forward, backward, optimizer) on a fixed batch. --graphs 1 replays each
  * call from a CUDA graph (mlp_set_graphs; default: the spec's compile.mode). */
 #define _POSIX_C_SOURCE 200809L
 #include "mlp_io.h"
 
 #include <time.h>
+#ifdef MLP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 static double now_ms(void) {
   struct timespec t;
@@ -60,24 +64,57 @@ int main(int argc, char **argv) {
   for (int k = 0; k < mlp_info.noutputs; k++)
     if (mlp_host_alloc(&out[k], 1, k, sym) || mlp_to_device(m, &out[k], &dout[k]))
       return 1;
-  double *t = calloc((size_t)iters, sizeof *t);
+  double *t = calloc((size_t)iters, sizeof *t), *w = calloc((size_t)iters, sizeof *w);
+  if (!t || !w)
+    return fprintf(stderr, "mlp_bench: out of memory\n"), 1;
+#ifdef MLP_HAVE_CUDA
+  /* on cuda: CUDA events around each call on the bench's own stream (as
+   * torch is timed), besides the wall clock */
+  cudaStream_t st = NULL;
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  if (m->device == 1 && (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) || cudaEventCreate(&e0) ||
+                         cudaEventCreate(&e1) || mlp_set_stream(m, st)))
+    return fprintf(stderr, "mlp_bench: creating the stream and events failed\n"), 1;
+#endif
   for (int i = 0; i < warmup + iters; i++) {
     double t0 = now_ms();
+#ifdef MLP_HAVE_CUDA
+    if (st)
+      cudaEventRecord(e0, st);
+#endif
     /* the calls do not wait for the GPU (the loss stays there); the timing must */
     if ((train ? mlp_train_step_v(m, dyn, (const void *const *)din, NULL)
-               : mlp_forward_v(m, dyn, (const void *const *)din, dout)) ||
-        mlp_sync(m))
+               : mlp_forward_v(m, dyn, (const void *const *)din, dout)))
       return fprintf(stderr, "mlp_bench: %s\n", mlp_error(m)), 1;
-    if (i >= warmup)
-      t[i - warmup] = now_ms() - t0;
+    float ms = 0;
+#ifdef MLP_HAVE_CUDA
+    if (st && (cudaEventRecord(e1, st) || cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)))
+      return fprintf(stderr, "mlp_bench: timing with CUDA events failed\n"), 1;
+#endif
+    if (mlp_sync(m))
+      return fprintf(stderr, "mlp_bench: %s\n", mlp_error(m)), 1;
+    if (i >= warmup) {
+      w[i - warmup] = now_ms() - t0;
+      t[i - warmup] = m->device == 1 ? ms : w[i - warmup];
+    }
   }
   qsort(t, (size_t)iters, sizeof *t, cmp);
+  qsort(w, (size_t)iters, sizeof *w, cmp);
   printf("mlp %s on %s:", train ? "train_step" : "forward", device);
   for (int k = 0; k < mlp_info.ndyn; k++)
     printf(" %s=%lld", mlp_info.sym_names[k], (long long)dyn[k]);
-  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)  workspace %.1f MiB\n", t[iters / 2], t[0],
-         t[iters - 1], iters, (double)mlp_pass_arena[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD] / 1048576.0);
+  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB\n",
+         t[iters / 2], t[0], t[iters - 1], iters, m->device == 1 ? "CUDA events" : "wall clock", w[iters / 2],
+         m->graphs ? "on" : "off", (double)mlp_pass_arena[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD] / 1048576.0);
   free(t);
+  free(w);
   mlp_destroy(m);
+#ifdef MLP_HAVE_CUDA
+  if (st) {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(st);
+  }
+#endif
   return 0;
 }
