@@ -309,8 +309,10 @@ int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, cons
 /* mlp_cpu_gemm's operation on device pointers, through cuBLASLt (f32 compute, no TF32) with its fused
  * epilogues where they express the request (bias, relu, tanh-gelu, gelu aux, a residual or accumulation
  * through beta = 1); the rest (erf gelu, an activation followed by a residual or accumulation, relu or no
- * activation with aux) in one pointwise kernel over the f32 product in the context's scratch, so that each
- * output is still rounded once. Returns 0 or an error code with a message in cx. */
+ * activation with aux) in one pointwise kernel after the product: the product is written into C (bf16/f16:
+ * with the bias, rounded to C's dtype, as PyTorch's linear rounds before its activation), or into f32
+ * scratch when C's old values are still needed (accumulation, a residual or aux in C's place). Returns 0 or
+ * an error code with a message in cx. */
 int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g);
 int mlp_cuda_embedding(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
                        void *y);

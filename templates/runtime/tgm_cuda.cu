@@ -633,12 +633,14 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
 /* tgm_cuda_gemm's epilogue where cuBLASLt's cannot express it, over batch x
  * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
  * when every access is 16-byte aligned):
- *   T = G (the f32 product; 0 when G is NULL) + bias; aux = T; T = act(T);
+ *   T = G (the product; 0 when G is NULL) + bias; aux = T; T = act(T);
  *   T += residual; C = (accumulate ? C : 0) + T, rounded once.
- * G has its own row and batch strides (f32 scratch, or C itself when the
- * product was written there in f32: read and written by the same thread). */
-template <class T, int V>
-__global__ void k_gemm_epilogue(const float *G, int64_t gld, int64_t gs, const T *__restrict__ bias, T *aux,
+ * G has its own row and batch strides: f32 scratch, or C itself when the
+ * product was written there (f32; or, for bf16/f16 outputs, the product and
+ * bias rounded to C's dtype as PyTorch's linear does; read and written by
+ * the same thread). */
+template <class T, class P, int V>
+__global__ void k_gemm_epilogue(const P *G, int64_t gld, int64_t gs, const T *__restrict__ bias, T *aux,
                                 const T *res, T *C, int64_t M, int64_t N, int64_t ldc, int64_t sc, int64_t total,
                                 int act, int acc) {
   const int64_t nv = N / V;
@@ -648,10 +650,10 @@ __global__ void k_gemm_epilogue(const float *G, int64_t gld, int64_t gs, const T
     int64_t o = b * sc + m * ldc + j;
     float x[V];
     if (G) {
-      Vec<float, V> gv = *reinterpret_cast<const Vec<float, V> *>(G + b * gs + m * gld + j);
+      Vec<P, V> gv = *reinterpret_cast<const Vec<P, V> *>(G + b * gs + m * gld + j);
 #pragma unroll
       for (int k = 0; k < V; k++)
-        x[k] = gv.v[k];
+        x[k] = to_f(gv.v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < V; k++)
@@ -1108,10 +1110,10 @@ bool lt_epilogue_for(const tgm_gemm *g, uint32_t *epi, float *beta, const void *
 }
 
 /* Launches k_gemm_epilogue over g's outputs, the product read from G (f32,
- * row stride gld, batch stride gs; NULL: zeros). 16-byte vectors when N and
- * every stride and pointer allow. */
-template <class T>
-int launch_gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const float *G, int64_t gld, int64_t gs) {
+ * or T when g_in_dt; row stride gld, batch stride gs; NULL: zeros). 16-byte
+ * vectors when N and every stride and pointer allow. */
+template <class T, class P>
+int launch_gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const P *G, int64_t gld, int64_t gs) {
   constexpr int V = 16 / sizeof(T);
   const int64_t bstep = g->batch > 1 ? 1 : 0;
   bool vec = g->N % V == 0 && g->ldc % V == 0 && (bstep * g->sc) % V == 0 && aligned(g->C, 16) &&
@@ -1121,22 +1123,26 @@ int launch_gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const float *G, in
   int64_t rows = g->batch * g->M, total = rows * (vec ? g->N / V : g->N);
   unsigned grid = grid_for(cx, total, kThreads);
   if (vec)
-    k_gemm_epilogue<T, V><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
+    k_gemm_epilogue<T, P, V><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
                                                              (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
                                                              g->sc, total, g->act, g->accumulate);
   else
-    k_gemm_epilogue<T, 1><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
+    k_gemm_epilogue<T, P, 1><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
                                                              (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
                                                              g->sc, total, g->act, g->accumulate);
   TGM_CUDA_LAUNCHED("k_gemm_epilogue");
   return 0;
 }
 
-int gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const float *G, int64_t gld, int64_t gs) {
+int gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const void *G, int g_in_dt, int64_t gld, int64_t gs) {
   switch (g->dt) {
-  case TGM_BF16: return launch_gemm_epilogue<bf16>(cx, g, G, gld, gs);
-  case TGM_F16: return launch_gemm_epilogue<f16>(cx, g, G, gld, gs);
-  default: return launch_gemm_epilogue<float>(cx, g, G, gld, gs);
+  case TGM_BF16:
+    return g_in_dt ? launch_gemm_epilogue<bf16>(cx, g, (const bf16 *)G, gld, gs)
+                   : launch_gemm_epilogue<bf16>(cx, g, (const float *)G, gld, gs);
+  case TGM_F16:
+    return g_in_dt ? launch_gemm_epilogue<f16>(cx, g, (const f16 *)G, gld, gs)
+                   : launch_gemm_epilogue<f16>(cx, g, (const float *)G, gld, gs);
+  default: return launch_gemm_epilogue<float>(cx, g, (const float *)G, gld, gs);
   }
 }
 
@@ -1176,7 +1182,7 @@ int gemm_via_scratch(tgm_cuda_ctx *cx, const tgm_gemm *g) {
                   "cuBLASLt has no algorithm for this GEMM (%s, %lld x %lld x %lld)",
                   dt_name(p.dt), (long long)p.M, (long long)p.N, (long long)p.K);
       if (!rc)
-        rc = gemm_epilogue(cx, &p, (const float *)G, p.N, p.M * p.N);
+        rc = gemm_epilogue(cx, &p, G, 0, p.N, p.M * p.N);
       if (rc)
         return rc;
     }
@@ -1577,10 +1583,10 @@ int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, cons
 
 /* One (batched) GEMM with its epilogue (tgm_rt.h). cuBLASLt alone when one of
  * its epilogues (with beta) expresses the whole request; else the product
- * without epilogue and k_gemm_epilogue after it: for f32 output without
- * accumulation the product goes straight into C (then the kernel works in
- * place), otherwise into f32 scratch so that C's old values stay readable and
- * each output is rounded once. K = 0 is the kernel alone on a zero product. */
+ * without epilogue and k_gemm_epilogue after it: without accumulation the
+ * product goes straight into C (f32; bf16/f16 with the bias, rounded once
+ * there) and the kernel works in place, otherwise into f32 scratch so that
+ * C's old values stay readable. K = 0 is the kernel alone on a zero product. */
 int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   cx->op = "tgm_cuda_gemm";
   if (!g)
@@ -1604,7 +1610,7 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   if (g->batch > 1 && g->sc == 0)
     return TGM_CUDA_BAD("batch %lld with C's batch stride 0", (long long)g->batch);
   if (g->K == 0)
-    return gemm_epilogue(cx, g, NULL, 0, 0);
+    return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   uint32_t epi;
   float beta;
   const void *cin;
@@ -1616,14 +1622,20 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
     if (!none)
       return 0;
   }
-  if (g->dt == TGM_F32 && !g->accumulate && g->residual != g->C) {
-    if ((rc = lt_matmul(cx, g, g->C, 1, g->ldc, g->sc, NULL, 0.0f, CUBLASLT_EPILOGUE_DEFAULT, &none)))
+  if (!g->accumulate && g->residual != g->C && (!g->aux || g->aux != g->C)) {
+    /* the product (bf16/f16: with the bias, rounded to C's dtype) in C, then the rest in place */
+    tgm_gemm p = *g;
+    uint32_t e = CUBLASLT_EPILOGUE_DEFAULT;
+    if (g->dt != TGM_F32 && g->bias) {
+      e = CUBLASLT_EPILOGUE_BIAS;
+      p.bias = NULL;
+    }
+    if ((rc = lt_matmul(cx, g, g->C, g->dt == TGM_F32, g->ldc, g->sc, NULL, 0.0f, e, &none)))
       return rc;
     if (none)
-      return fail(cx, (int)CUBLAS_STATUS_NOT_SUPPORTED,
-                  "cuBLASLt has no algorithm for this GEMM (f32, %lld x %lld x %lld)",
-                  (long long)g->M, (long long)g->N, (long long)g->K);
-    return gemm_epilogue(cx, g, (const float *)g->C, g->ldc, g->sc);
+      return fail(cx, (int)CUBLAS_STATUS_NOT_SUPPORTED, "cuBLASLt has no algorithm for this GEMM (%s, %lld x %lld x %lld)",
+                  dt_name(g->dt), (long long)g->M, (long long)g->N, (long long)g->K);
+    return gemm_epilogue(cx, &p, g->C, 1, g->ldc, g->sc);
   }
   return gemm_via_scratch(cx, g);
 }
