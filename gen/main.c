@@ -652,17 +652,18 @@ static int cmd_eval(int argc, char **argv) {
     rc = 1;
     goto done;
   }
-  /* what is shown or written: with --grad the loss and grad.<checkpoint name>
-   * of every param; else the outputs, and the loss when it is not one */
-  int cap = g->noutputs + g->nparams + 2, n = 0;
+  /* what is shown or written: with --grad the loss, grad.<checkpoint name>
+   * of every param and grad.<input> of every train.wrt input; else the
+   * outputs, and the loss when it is not one */
+  int cap = g->noutputs + g->nparams + g->nwrt + 2, n = 0;
   const char **names = arena_alloc(&ar, sizeof(char *) * (size_t)cap);
   const Tensor **ts = arena_alloc(&ar, sizeof(Tensor *) * (size_t)cap);
   DType *dts = arena_alloc(&ar, sizeof(DType) * (size_t)cap);
   if (grad) {
     names[n] = g->spec->train.loss.name, ts[n] = &vals[g->loss->id], dts[n++] = g->loss->dtype;
-    for (int k = 0; k < g->nparams; k++)
-      names[n] = arena_printf(&ar, "grad.%s", g->params[k].ckpt), ts[n] = &vals[g->grads[k]->id],
-      dts[n++] = g->grads[k]->dtype;
+    for (int k = 0; k < g->ngrads; k++)
+      names[n] = arena_printf(&ar, "grad.%s", k < g->nparams ? g->params[k].ckpt : g->inputs[g->wrt[k - g->nparams]].name),
+      ts[n] = &vals[g->grads[k]->id], dts[n++] = g->grads[k]->dtype;
   } else {
     int loss_shown = 0;
     for (int i = 0; i < g->noutputs; i++) {

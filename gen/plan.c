@@ -1,9 +1,9 @@
 /* plan.c: the buffers of a scheduled pass and where they live.
  *
  * Inputs and params are the caller's and the model's memory; a gradient is
- * written straight into the gradient buffer and an output into the caller's
- * output buffer when a kernel computes it (else it is copied there at the
- * end); a stored reshape of a stored value is an alias of its bytes. Every
+ * written straight into the gradient buffer, an input's gradient (train.wrt)
+ * into the caller's buffer for it and an output into the caller's output
+ * buffer when a kernel computes it (else it is copied there at the end); a stored reshape of a stored value is an alias of its bytes. Every
  * other stored value gets a slot in the pass's one arena, sized for each
  * dynamic dim's max, live from the kernel that writes it to the last kernel
  * that reads it. Slots are placed largest first, each at the lowest
@@ -149,8 +149,8 @@ void plan(BPass *p) {
     Node *n = p->finals[k];
     if (p->kern[n->id] < 0 || home[n->id] >= 0 || p->k[p->kern[n->id]]->kind == K_EXTERN)
       continue; /* not computed here, already placed: copied at the end */
-    home[n->id] = p->kind == PASS_FORWARD ? HOME_OUTPUT : HOME_GRAD;
-    hidx[n->id] = p->kind == PASS_FORWARD ? k : k - 1;
+    home[n->id] = p->kind == PASS_FORWARD ? HOME_OUTPUT : k - 1 < g->nparams ? HOME_GRAD : HOME_IGRAD;
+    hidx[n->id] = p->kind == PASS_FORWARD ? k : k - 1 < g->nparams ? k - 1 : k - 1 - g->nparams;
   }
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
@@ -183,6 +183,8 @@ void plan(BPass *p) {
         base = arena_printf(a, "%s_%s", n->scope, base);
       if (home[i] == HOME_GRAD)
         base = arena_printf(a, "d_%s", g->params[hidx[i]].name);
+      else if (home[i] == HOME_IGRAD)
+        base = arena_printf(a, "d_%s", g->inputs[g->wrt[hidx[i]]].name);
       else if (home[i] == HOME_OUTPUT)
         base = g->output_names[hidx[i]];
       else {

@@ -3,7 +3,8 @@
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (each timed call is followed by a sync), and the
  * workspace the pass needs at these dims. --train 1 times train_step
- * (forward, backward, optimizer) on a fixed batch. */
+ * (forward, backward, optimizer) on a fixed batch; for a model without an
+ * optimizer (train.wrt only), forward_backward (loss and gradients). */
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
 
@@ -60,7 +61,9 @@ int main(int argc, char **argv) {
   for (int i = 0; i < warmup + iters; i++) {
     double t0 = now_ms();
     float loss;
-    if (train ? tgm_train_step_v(m, dyn, (const void *const *)din, &loss) : tgm_forward_v(m, dyn, (const void *const *)din, dout))
+    const void *const *in = (const void *const *)din;
+    if (train ? (tgm_info.optimizer ? tgm_train_step_v(m, dyn, in, &loss) : tgm_forward_backward_v(m, dyn, in, &loss))
+              : tgm_forward_v(m, dyn, in, dout))
       return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
 #ifdef TGM_HAVE_CUDA
     if (m->device == 1 && tgm_cuda_sync(m->cx)) /* the passes do not wait for the GPU; the timing must */
@@ -70,7 +73,7 @@ int main(int argc, char **argv) {
       t[i - warmup] = now_ms() - t0;
   }
   qsort(t, (size_t)iters, sizeof *t, cmp);
-  printf("tgm %s on %s:", train ? "train_step" : "forward", device);
+  printf("tgm %s on %s:", train ? (tgm_info.optimizer ? "train_step" : "forward_backward") : "forward", device);
   for (int k = 0; k < tgm_info.ndyn; k++)
     printf(" %s=%lld", tgm_info.sym_names[k], (long long)dyn[k]);
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations)  workspace %.1f MiB\n", t[iters / 2], t[0],

@@ -113,7 +113,7 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
 void tgm_destroy(tgm_model *m) {
   if (!m)
     return;
-  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v};
+  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v, m->igrad};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     dev_free(m, bufs[i]);
 #ifdef TGM_HAVE_CUDA
@@ -379,8 +379,39 @@ static int train_state(tgm_model *m) {
   return TGM_OK;
 }
 
+/* The train pass's out[]: the loss, then the gradient of each train.wrt
+ * input: the caller's buffer d_in[j], or (d_in NULL: train_step,
+ * forward_backward) scratch the model keeps, grown to the call's sizes. */
+static int train_outs(tgm_model *m, const int64_t *sym, void *const *d_in, float *loss, void **out) {
+  int64_t need = 0, at = 0, shape[TGM_MAXRANK];
+  out[0] = loss;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int j = 0; j < tgm_info.nwrt; j++) {
+      const tgm_io_info *x = &tgm_info.inputs[tgm_info.wrt[j]];
+      int64_t n = tgm_dtype_sizes[x->dtype];
+      tgm_io_shape(0, tgm_info.wrt[j], sym, shape);
+      for (int i = 0; i < x->rank; i++)
+        n *= shape[i];
+      if (pass == 0)
+        need += (n + 255) & ~(int64_t)255;
+      else if (d_in)
+        out[1 + j] = d_in[j];
+      else
+        out[1 + j] = m->igrad + at, at += (n + 255) & ~(int64_t)255;
+    }
+    if (pass == 0 && !d_in && need > m->igrad_bytes) {
+      dev_free(m, m->igrad);
+      m->igrad_bytes = 0;
+      if (!(m->igrad = dev_zalloc(m, (size_t)need)))
+        return tgm_fail(m, TGM_ENOMEM, "out of memory for the input gradients (%lld bytes)", (long long)need);
+      m->igrad_bytes = need;
+    }
+  }
+  return TGM_OK;
+}
+
 static int train_call(tgm_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
-                      float *loss) {
+                      void *const *d_in, float *loss) {
   if (!m)
     return TGM_EINVAL;
   int64_t sym[16] = {0};
@@ -391,18 +422,33 @@ static int train_call(tgm_model *m, const char *what, int pass, const int64_t *d
     rc = tgm_fail(m, TGM_EINVAL, "%s: loss is NULL", what);
   if (!rc && pass == TGM_PASS_TRAIN)
     rc = train_state(m);
+  void *out[1 + 64] = {loss};
+  if (!rc && pass == TGM_PASS_TRAIN)
+    rc = train_outs(m, sym, d_in, loss, out);
   if (rc)
     return rc;
-  void *out[1] = {loss};
   return run_pass(m, pass, sym, in, out);
 }
 
 tgm_status tgm_loss_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (tgm_status)train_call(m, "loss", TGM_PASS_LOSS, dims, in, loss);
+  return (tgm_status)train_call(m, "loss", TGM_PASS_LOSS, dims, in, NULL, loss);
 }
 
 tgm_status tgm_forward_backward_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (tgm_status)train_call(m, "forward_backward", TGM_PASS_TRAIN, dims, in, loss);
+  return (tgm_status)train_call(m, "forward_backward", TGM_PASS_TRAIN, dims, in, NULL, loss);
+}
+
+tgm_status tgm_forward_backward_wrt_v(tgm_model *m, const int64_t *dims, const void *const *in, void *const *d_in,
+                                      float *loss) {
+  if (!m)
+    return TGM_EINVAL;
+  if (tgm_info.nwrt && !d_in)
+    return tgm_fail(m, TGM_EINVAL, "forward_backward_wrt: d_in is NULL");
+  for (int j = 0; j < tgm_info.nwrt; j++)
+    if (!d_in[j])
+      return tgm_fail(m, TGM_EINVAL, "forward_backward_wrt: the gradient buffer of input '%s' is NULL",
+                      tgm_info.inputs[tgm_info.wrt[j]].name);
+  return (tgm_status)train_call(m, "forward_backward_wrt", TGM_PASS_TRAIN, dims, in, d_in, loss);
 }
 
 /* The f32 master copy from the params (after init, load or set). */
@@ -496,7 +542,10 @@ static int optimizer_step(tgm_model *m) {
 }
 
 tgm_status tgm_train_step_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  int rc = train_call(m, "train_step", TGM_PASS_TRAIN, dims, in, loss);
+  if (m && tgm_info.loss_name && !tgm_info.optimizer)
+    return tgm_fail(m, TGM_EINVAL, "train_step: model %s has no optimizer (its train: section only asks for gradients)",
+                    tgm_info.name);
+  int rc = train_call(m, "train_step", TGM_PASS_TRAIN, dims, in, NULL, loss);
   if (rc)
     return (tgm_status)rc;
   return (tgm_status)optimizer_step(m);

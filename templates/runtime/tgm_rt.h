@@ -405,6 +405,8 @@ typedef struct tgm_model_info {
   const tgm_param_run *runs;
   int64_t state_elems;        /* f32 elements of each optimizer state buffer */
   int need_master;            /* some params are bf16/f16: keep an f32 master copy */
+  int nwrt;                   /* train.wrt: inputs whose gradients the train pass computes */
+  const int *wrt;             /* the input index of each, in declaration order */
 } tgm_model_info;
 extern const tgm_model_info tgm_info;
 
@@ -428,6 +430,8 @@ struct tgm_model {
   float *opt_m, *opt_v;    /* AdamW moments / SGD momentum buffer (opt_m), f32, flat */
   int master_stale;        /* params changed outside the optimizer: refresh master first */
   int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1) */
+  unsigned char *igrad;    /* train.wrt: where the input gradients go when the caller gives no buffers */
+  int64_t igrad_bytes;
   tgm_cuda_ctx *cx;
   char err[512];
 };
@@ -438,7 +442,7 @@ int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
     ;
 /* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
  * output k; loss, train: out[0] = a host float (the loss); train writes
- * m->grads. */
+ * m->grads and out[1 + j] = the gradient of input tgm_info.wrt[j]. */
 typedef int (*tgm_pass_fn)(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_loss_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
