@@ -1141,6 +1141,8 @@ Graph *build_graph(Spec *s) {
       for (int i = 0; i < j; i++)
         if (g->wrt[i] == k)
           error_at(w->loc, "train.wrt lists '%s' twice", w->name);
+      if (j == 64)
+        error_at(w->loc, "train.wrt lists more than 64 inputs");
       g->wrt[g->nwrt++] = k;
     }
     /* wrt order: the inputs' declaration order (the API's struct follows it) */
@@ -1153,7 +1155,7 @@ Graph *build_graph(Spec *s) {
     if (g->nparams == 0 && !g->nwrt)
       error_at(l->loc, "train: the model has no params to train (list inputs in train.wrt for gradients w.r.t. them)");
     if (g->nparams > 0 && t->opt == OPT_NONE)
-      error_at(t->loc, "train needs an 'optimizer': {sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}");
+      error_at(t->loc, "train needs an 'optimizer' for the params ({sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}); only a model without params may omit it");
     g->loss = n;
   }
   dims_env = NULL;

@@ -379,6 +379,8 @@ static const Example examples[] = {
     {"spec/examples/mlp_blocks.yaml", {"D: 1024", "H: 4096"}, {"D: 32  ", "H: 64  "}},
     {"tests/data/gpt2_tiny.yaml", {0}, {0}},
     {"tests/e2e/all_ops.yaml", {0}, {0}}, /* only if it has a train section */
+    {"tests/e2e/tinyops_grad.yaml", {0}, {0}}, /* train.wrt: an input's gradient, no params */
+    {"tests/e2e/mlp_wrt.yaml", {0}, {0}},      /* params and an input */
 };
 
 static char *slurp(Arena *a, const char *path) {
