@@ -426,8 +426,8 @@ static const char *common_file(E *e) {
     P("  DIMS_INPUTS(\"%s\");\n  return %s_%s_v(m, %s, iv, loss);\n}\n\n", tfn[k], e->name, tfn[k], dv);
   }
   if (g->nwrt) {
-    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in,\n"
-      "                                   float *loss) {\n", e->name, e->name, e->name, e->name, e->name, e->name);
+    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in, float *loss) {\n",
+      e->name, e->name, e->name, e->name, e->name, e->name);
     P("  DIMS_INPUTS(\"forward_backward_wrt\");\n  if (!d_in)\n    return %s_fail(m, %s_EINVAL, \"forward_backward_wrt: d_in is NULL\");\n",
       e->name, e->NAME);
     P("  void *gv[%d] = {", g->nwrt);
@@ -477,8 +477,8 @@ static const char *api_types(E *e) {
     P("/* Loss, every param's gradient (the gradient buffer) and d loss / d input\n"
       " * for each input in train.wrt, into d_in's buffers (device memory on \"cuda\").\n"
       " * The step count is unchanged. */\n");
-    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in,\n"
-      "                                   float *loss);\n", e->name, e->name, e->name, e->name, e->name, e->name);
+    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in, float *loss);\n",
+      e->name, e->name, e->name, e->name, e->name, e->name);
   }
   return b->p;
 }

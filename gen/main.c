@@ -41,7 +41,8 @@ static const char usage[] =
     "          --params / --inputs read the params (checkpoint names) and inputs\n"
     "          (input names) from safetensors files; --grad also runs the\n"
     "          backward (autodiff, dropout inactive) and shows the loss and\n"
-    "          grad.<checkpoint name> of every param; --out writes what would\n"
+    "          grad.<checkpoint name> of every param (and grad.<input> of the\n"
+    "          inputs train.wrt lists); --out writes what would\n"
     "          be shown to a safetensors file (floating tensors as f32, or f64)\n"
     "\n"
     "Exit status: 0 success, 1 the spec (or an evaluation) was refused, 2 bad usage.\n";
