@@ -706,6 +706,10 @@ static const char *readme(E *e, const char *golden_note) {
   for (int i = 0; i < g->noutputs; i++)
     buf_printf(&io, "- output `%s`: %s%s\n", g->output_names[i], dtype_names[g->outputs[i]->dtype],
                shape_str(g, &g->outputs[i]->shape));
+  for (int j = 0; j < g->nwrt; j++)
+    buf_printf(&io, "- gradient of input `%s` (train.wrt): %s%s, written by `%s_forward_backward_wrt`\n",
+               g->inputs[g->wrt[j]].name, dtype_names[g->inputs[g->wrt[j]].dtype],
+               shape_str(g, &g->inputs[g->wrt[j]].shape), e->name);
   for (int k2 = 0; k2 < g->nsyms; k2++)
     if (!g->syms[k2].derived)
       buf_printf(&io, "- dynamic dim `%s`: 1 to %lld\n", g->syms[k2].name, (long long)g->syms[k2].max);
