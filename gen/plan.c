@@ -3,7 +3,8 @@
  * Inputs and params are the caller's and the model's memory; a gradient is
  * written straight into the gradient buffer, an input's gradient (train.wrt)
  * into the caller's buffer for it and an output into the caller's output
- * buffer when a kernel computes it (else it is copied there at the end); a stored reshape of a stored value is an alias of its bytes. Every
+ * buffer when a kernel computes it (else it is copied there at the end); a
+ * stored reshape of a stored value is an alias of its bytes. Every
  * other stored value gets a slot in the pass's one arena, sized for each
  * dynamic dim's max, live from the kernel that writes it to the last kernel
  * that reads it. Slots are placed largest first, each at the lowest
