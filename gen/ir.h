@@ -198,7 +198,8 @@ int shape_eq(const Shape *a, const Shape *b);
 int broadcast_shapes(const Shape *a, const Shape *b, Shape *out);
 
 /* autodiff.c: append to g the nodes computing d g->loss / d param for every
- * param (g->grads), after the forward nodes (g->nforward). 0, or -1 if g has
+ * param and d g->loss / d input for every train.wrt input (g->grads), after
+ * the forward nodes (g->nforward). 0, or -1 if g has
  * no loss. Inference failing on a backward node is a bug (it aborts). */
 int autodiff(Graph *g);
 
