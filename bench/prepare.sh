@@ -42,7 +42,8 @@ cd "$ROOT" || exit 2
 
 specs=(spec/examples/tinyops.yaml spec/examples/ln_linear_gelu_res.yaml spec/examples/mlp3.yaml
        spec/examples/mlp_blocks.yaml spec/examples/seed_attention.yaml spec/examples/gpt2.yaml
-       bench/specs/tinyops_cpu.yaml bench/specs/mlp_blocks_cpu.yaml bench/specs/gpt2_cpu.yaml)
+       bench/specs/tinyops_cpu.yaml bench/specs/mlp_blocks_cpu.yaml bench/specs/gpt2_cpu.yaml
+       bench/specs/tinyops_fwdbwd.yaml)
 ok=0 bad=0
 : > "$DEST/prepare.log"
 for s in "${specs[@]}"; do

@@ -84,7 +84,8 @@ TOL = {"f32": 1e-4, "bf16": 2e-2, "f16": 2e-2}
 
 # ---------------------------------------------------------------- workloads
 #
-# name: (mode, project or None, kind, fields). kind: fwd | train | fwdbwd (torch only).
+# name: (mode, project or None, kind, fields). kind: fwd | train | fwdbwd (the loss's
+# gradient w.r.t. the input: tgen's forward_backward of a train.wrt spec without an optimizer).
 # dims: bench dims; check: the correctness check's dims (default: dims);
 # ints: bound of each i32 input's values; scale: float inputs are uniform in
 # [-scale, scale); iters: timed iterations; limit: seconds for the workload.
@@ -100,8 +101,7 @@ def _wl(mode, project, kind, dtype, dims="", check=None, iters=30, limit=150, in
 WORKLOADS = {
     # GPU (PERF.md's table)
     "tinyops": _wl("gpu", "tinyops", "fwd", "f32", iters=50, limit=120),
-    "tinyops_fwdbwd": _wl("gpu", None, "fwdbwd", "f32", iters=50, limit=120,
-                          note="tgen: n/a (not supported yet: no gradients w.r.t. inputs)"),
+    "tinyops_fwdbwd": _wl("gpu", "tinyops_fwdbwd", "fwdbwd", "f32", iters=50, limit=120),
     "ln_linear_gelu_res": _wl("gpu", "ln_linear_gelu_res", "fwd", "f16", iters=50, limit=120),
     "mlp3": _wl("gpu", "mlp3", "fwd", "f32", dims="B=32", iters=100, limit=150, ints={"y": 10},
                 modes=("default", "reduce-overhead"), note="launch-bound: the bytes/FLOPs floor is ~1 us"),
@@ -368,8 +368,8 @@ class Worker:
         cmd = [os.path.join(self.exe, f"{self.model}_bench"), "--device", self.dev]
         if self.w["dims"]:
             cmd += ["--dims", self.w["dims"]]
-        if self.w["kind"] == "train":
-            cmd += ["--train", "1"]
+        if self.w["kind"] in ("train", "fwdbwd"):
+            cmd += ["--train", "1"]  # fwdbwd: forward_backward (the spec has no optimizer)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.a.threads)) if self.cpu else None
         # a probe (2 calls) first: a slow call gets fewer iterations (at least 5), not a timeout
         rc, out, _ = run_cmd(cmd + ["--iters", "1", "--warmup", "1"], self.a.cmd_timeout, self.log, env=env)
@@ -412,7 +412,7 @@ class Worker:
             return
         torch, T = self.torch, self.T
         dims = parse_dims(self.w["check"])
-        train = self.w["kind"] == "train"
+        train = self.w["kind"] in ("train", "fwdbwd")  # fwdbwd: the loss and grad.<input> (train.wrt)
         inputs = self.inputs(dims, seed=0)
         ip, pp, op = (os.path.join(self.work, f) for f in ("inputs.safetensors", "params.safetensors",
                                                            "out.safetensors"))
@@ -471,6 +471,8 @@ class Worker:
         xs = [x.double() if x.is_floating_point() else x for x in xs]
         with torch.no_grad():
             o = fn(P, *xs)
+        if self.w["kind"] == "fwdbwd":
+            o = o[0].sum()  # the module returns the outputs; the loss is their sum
         if train:
             me = rel_err(o, ref[T.loss_name(self.graph)])
         else:

@@ -726,8 +726,8 @@ static const GradRule grad_rules[NUM_OPS] = {
 #undef OP
 };
 
-/* needs[id] for the forward nodes: floating params, and floating nodes that
- * may carry a gradient with an operand that needs one. */
+/* needs[id] for the forward nodes: floating params and the train.wrt inputs,
+ * and floating nodes that may carry a gradient with an operand that needs one. */
 static void mark_needs(AD *a) {
   Graph *g = a->g;
   for (int i = 0; i < g->nforward; i++) {
@@ -735,6 +735,9 @@ static void mark_needs(AD *a) {
     int need = 0;
     if (n->op == OP_PARAM)
       need = 1;
+    else if (n->op == OP_INPUT)
+      for (int j = 0; j < g->nwrt && !need; j++)
+        need = g->wrt[j] == n->index;
     else if (!(op_info[n->op].flags & F_NO_GRAD))
       for (int k = 0; k < n->nin && !need; k++)
         need = n->in[k] && a->needs[n->in[k]->id];
@@ -756,14 +759,15 @@ int autodiff(Graph *g) {
   }
   for (int i = g->loss->id; i >= 0; i--) {
     Node *n = g->nodes[i];
-    if (!a->grad[i] || n->op == OP_PARAM)
+    if (!a->grad[i] || n->op == OP_PARAM || n->op == OP_INPUT)
       continue;
     set_at(a, n);
     grad_rules[n->op](a, n, a->grad[i]);
   }
-  g->grads = arena_alloc(g->arena, sizeof(Node *) * (size_t)(g->nparams + 1));
-  for (int k = 0; k < g->nparams; k++) {
-    Node *p = g->params[k].node;
+  g->ngrads = g->nparams + g->nwrt;
+  g->grads = arena_alloc(g->arena, sizeof(Node *) * (size_t)(g->ngrads + 1));
+  for (int k = 0; k < g->ngrads; k++) {
+    Node *p = k < g->nparams ? g->params[k].node : g->inputs[g->wrt[k - g->nparams]].node;
     set_at(a, p);
     g->grads[k] = a->grad[p->id] ? a->grad[p->id] : full_(a, &p->shape, 0, p->dtype);
   }

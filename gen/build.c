@@ -1116,8 +1116,46 @@ Graph *build_graph(Spec *s) {
                shape_str(g, &n->shape), l->name);
     if (!dtype_is_float(n->dtype))
       error_at(l->loc, "train.loss '%s' must be floating, but its dtype is %s", l->name, dtype_names[n->dtype]);
-    if (g->nparams == 0)
-      error_at(l->loc, "train: the model has no params to train");
+    const Train *t = &s->train;
+    g->wrt = arena_alloc(g->arena, sizeof(int) * (size_t)(t->nwrt + 1));
+    for (int j = 0; j < t->nwrt; j++) {
+      const NameRef *w = &t->wrt[j];
+      int k = 0;
+      while (k < g->ninputs && strcmp(g->inputs[k].name, w->name))
+        k++;
+      if (k == g->ninputs) {
+        EnvEntry *e = lookup(&c, w->name);
+        if (e)
+          error_at(w->loc, "train.wrt '%s' is not an input of the model (only inputs are listed in wrt; params always get gradients)", w->name);
+        const char **names = arena_alloc(g->arena, sizeof(char *) * (size_t)(g->ninputs + 1));
+        for (int i = 0; i < g->ninputs; i++)
+          names[i] = g->inputs[i].name;
+        const char *dym = did_you_mean(w->name, names, g->ninputs);
+        if (dym)
+          error_at(w->loc, "train.wrt '%s' is not defined; did you mean '%s'?", w->name, dym);
+        error_at(w->loc, "train.wrt '%s' is not defined (wrt lists inputs of the model)", w->name);
+      }
+      if (!dtype_is_float(g->inputs[k].dtype))
+        error_at(w->loc, "train.wrt '%s' must be a floating input, but its dtype is %s", w->name,
+                 dtype_names[g->inputs[k].dtype]);
+      for (int i = 0; i < j; i++)
+        if (g->wrt[i] == k)
+          error_at(w->loc, "train.wrt lists '%s' twice", w->name);
+      if (j == 64)
+        error_at(w->loc, "train.wrt lists more than 64 inputs");
+      g->wrt[g->nwrt++] = k;
+    }
+    /* wrt order: the inputs' declaration order (the API's struct follows it) */
+    for (int i = 1; i < g->nwrt; i++)
+      for (int j = i; j > 0 && g->wrt[j] < g->wrt[j - 1]; j--) {
+        int tmp = g->wrt[j];
+        g->wrt[j] = g->wrt[j - 1];
+        g->wrt[j - 1] = tmp;
+      }
+    if (g->nparams == 0 && !g->nwrt)
+      error_at(l->loc, "train: the model has no params to train (list inputs in train.wrt for gradients w.r.t. them)");
+    if (g->nparams > 0 && t->opt == OPT_NONE)
+      error_at(t->loc, "train needs an 'optimizer' for the params ({sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}); only a model without params may omit it");
     g->loss = n;
   }
   dims_env = NULL;

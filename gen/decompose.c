@@ -249,7 +249,7 @@ BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd) {
     for (int k = 0; k < g->noutputs; k++)
       p->finals[k] = map[g->outputs[k]->id];
   } else {
-    int ng = kind == PASS_TRAIN ? g->nparams : 0;
+    int ng = kind == PASS_TRAIN ? g->ngrads : 0;
     p->nfinals = 1 + ng;
     p->finals = arena_alloc(d->a, sizeof(Node *) * (size_t)(ng + 1));
     p->finals[0] = map[g->loss->id];

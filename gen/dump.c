@@ -132,7 +132,12 @@ void print_summary(const Graph *g, Buf *b) {
   buf_printf(b, "\n");
   if (g->loss) {
     const Train *t = &s->train;
-    buf_printf(b, "train: loss %s, %s lr %g", s->train.loss.name, t->opt == OPT_SGD ? "sgd" : "adamw", t->lr);
+    if (t->opt == OPT_NONE)
+      buf_printf(b, "train: loss %s, no optimizer", s->train.loss.name);
+    else
+      buf_printf(b, "train: loss %s, %s lr %g", s->train.loss.name, t->opt == OPT_SGD ? "sgd" : "adamw", t->lr);
+    for (int j = 0; j < g->nwrt; j++)
+      buf_printf(b, "%s%s", j ? ", " : "; gradients w.r.t. inputs ", g->inputs[g->wrt[j]].name);
     if (t->has_clip)
       buf_printf(b, ", grad_clip %g", t->grad_clip);
     buf_printf(b, "\n");
@@ -231,7 +236,13 @@ void dump_json(const Graph *g, Buf *b) {
     json_str(b, s->train.loss.name);
   else
     buf_printf(b, "null");
-  buf_printf(b, ",\n \"nodes\": [");
+  /* wrt: the inputs (train.wrt) whose gradients are computed too */
+  buf_printf(b, ",\n \"wrt\": [");
+  for (int j = 0; j < g->nwrt; j++) {
+    buf_printf(b, "%s", j ? ", " : "");
+    json_str(b, g->inputs[g->wrt[j]].name);
+  }
+  buf_printf(b, "],\n \"nodes\": [");
   for (int i = 0; i < g->nnodes; i++) {
     const Node *n = g->nodes[i];
     buf_printf(b, "%s\n  {\"id\": %d, \"op\": \"%s\", \"in\": [", i ? "," : "", n->id, op_info[n->op].name);

@@ -86,14 +86,15 @@ static const char *instantiate(E *e, const char *path) {
     }
     if (*s == '@') {
       static const char *const keys[] = {"@SPEC@",    "@CUDA_ARCH@", "@WANT_CUDA@",     "@WANT_CPU@",
-                                         "@VERSION@", "@HAS_TRAIN@", "@TEST_DIMS_ARG@"};
+                                         "@VERSION@", "@HAS_TRAIN@", "@TEST_DIMS_ARG@", "@HAS_OPTIMIZER@"};
       const char *vals[] = {e->o->spec_name,
                             e->o->cuda_arch,
                             (e->o->targets & TARGET_CUDA) ? "ON" : "OFF",
                             (e->o->targets & TARGET_CPU) ? "ON" : "OFF",
                             TGEN_VERSION,
                             e->g->grads ? "ON" : "OFF",
-                            e->test_dims_arg ? e->test_dims_arg : ""};
+                            e->test_dims_arg ? e->test_dims_arg : "",
+                            e->g->spec->train.opt != OPT_NONE ? "ON" : "OFF"};
       size_t k;
       for (k = 0; k < sizeof keys / sizeof *keys; k++)
         if ((size_t)(end - s) >= strlen(keys[k]) && !strncmp(s, keys[k], strlen(keys[k])))
@@ -324,7 +325,10 @@ static const char *common_file(E *e) {
   P("};\n\nstatic const %s_io_info outputs[] = {\n", e->name);
   for (int k = 0; k < g->noutputs; k++)
     P("  {%s, %s, %d},\n", cstr(e, g->output_names[k]), dtc(e, g->outputs[k]->dtype), g->outputs[k]->shape.rank);
-  P("};\n\n");
+  P("};\n\nstatic const int wrt[] = {");
+  for (int j = 0; j < g->nwrt; j++)
+    P("%d, ", g->wrt[j]);
+  P("-1};\n\n");
   P("const %s_model_info %s_info = {%s, %d, %d, sym_names, dyn_max, %d, params, %lld, %d, %d, inputs, outputs, %lluULL,\n",
     e->name, e->name, cstr(e, e->name), g->nsyms, ndyn, g->nparams, (long long)e->param_bytes, g->ninputs, g->noutputs,
     (unsigned long long)g->spec->seed);
@@ -338,10 +342,11 @@ static const char *common_file(E *e) {
       }
   P("  /* training: loss and its dtype, optimizer (0 none, 1 sgd, 2 adamw), lr, beta1, beta2, eps, weight_decay, momentum,\n"
     "   * grad_clip (0 = none); accuracy from output %%d against input %%d (-1: none) */\n");
-  P("  %s, %s, %d, %s, %s, %s, %s, %s, %s, %s, %d, %d, %d, runs, %lld, %d};\n\n",
+  P("  %s, %s, %d, %s, %s, %s, %s, %s, %s, %s, %d, %d, %d, runs, %lld, %d,\n"
+    "  /* train.wrt: the inputs whose gradients the train pass writes */\n  %d, wrt};\n\n",
     g->loss ? cstr(e, g->spec->train.loss.name) : "NULL", dtc(e, g->loss ? g->loss->dtype : DT_F32), g->loss ? (int)tr->opt : 0, fnum(e, tr->lr), fnum(e, tr->beta1), fnum(e, tr->beta2), fnum(e, tr->eps),
     fnum(e, tr->weight_decay), fnum(e, tr->momentum), fnum(e, tr->has_clip ? tr->grad_clip : 0), metric_out, metric_in,
-    e->nruns, (long long)e->state_elems, e->need_master);
+    e->nruns, (long long)e->state_elems, e->need_master, g->nwrt);
 
   /* guards */
   P("/* The dims of a call: each dynamic dim within [1, max]; derived sizes\n * (non-exact divisions) must divide. */\n");
@@ -433,6 +438,16 @@ static const char *common_file(E *e) {
       tfn[k], e->name, e->name, e->name);
     P("  DIMS_INPUTS(\"%s\");\n  return %s_%s_v(m, %s, iv, loss);\n}\n\n", tfn[k], e->name, tfn[k], dv);
   }
+  if (g->nwrt) {
+    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in, float *loss) {\n",
+      e->name, e->name, e->name, e->name, e->name, e->name);
+    P("  DIMS_INPUTS(\"forward_backward_wrt\");\n  if (!d_in)\n    return %s_fail(m, %s_EINVAL, \"forward_backward_wrt: d_in is NULL\");\n",
+      e->name, e->NAME);
+    P("  void *gv[%d] = {", g->nwrt);
+    for (int j = 0; j < g->nwrt; j++)
+      P("%sd_in->%s", j ? ", " : "", g->inputs[g->wrt[j]].name);
+    P("};\n  return %s_forward_backward_wrt_v(m, %s, iv, gv, loss);\n}\n\n", e->name, dv);
+  }
   return b->p;
 }
 
@@ -463,6 +478,21 @@ static const char *api_types(E *e) {
     P("  %s *%s; /* %s%s */\n", ctype(g->outputs[k]->dtype), g->output_names[k], dtype_names[g->outputs[k]->dtype],
       shape_str(g, &g->outputs[k]->shape));
   P("} %s_outputs;\n", e->name);
+  if (g->nwrt) {
+    P("\n/* Gradients w.r.t. the inputs train.wrt lists: caller buffers, written by\n"
+      " * %s_forward_backward_wrt (d loss / d input, the input's shape). */\ntypedef struct %s_input_grads {\n",
+      e->name, e->name);
+    for (int j = 0; j < g->nwrt; j++) {
+      const Input *x = &g->inputs[g->wrt[j]];
+      P("  %s *%s; /* %s%s */\n", ctype(x->dtype), x->name, dtype_names[x->dtype], shape_str(g, &x->shape));
+    }
+    P("} %s_input_grads;\n\n", e->name);
+    P("/* Loss, every param's gradient (the gradient buffer) and d loss / d input\n"
+      " * for each input in train.wrt, into d_in's buffers (device memory on \"cuda\").\n"
+      " * The step count is unchanged. */\n");
+    P("%s_status %s_forward_backward_wrt(%s_model *m, const %s_dims *dims, const %s_inputs *in, %s_input_grads *d_in, float *loss);\n",
+      e->name, e->name, e->name, e->name, e->name, e->name);
+  }
   return b->p;
 }
 
@@ -543,8 +573,9 @@ static int golden(E *e, const char **why) {
     snprintf(err, sizeof err, "out of memory");
   InterpOptions opt = {sym, 0, g->spec->seed, 0};
   int ran = ok && interp_run(g, &opt, ins, ps, vals, err, sizeof err) == 0;
-  /* training: loss and gradients with dropout on (step 0), as the train pass;
-   * not for models whose gradients would bloat the project (over 4M params) */
+  /* training: loss and gradients (params, then train.wrt inputs) with dropout
+   * on (step 0), as the train pass; not for models whose gradients would bloat
+   * the project (over 4M params) */
   int train = g->grads != NULL && g->param_numel <= ((int64_t)4 << 20);
   Tensor *tv = train ? calloc((size_t)g->nnodes + 1, sizeof(Tensor)) : NULL;
   InterpOptions topt = {sym, 1, g->spec->seed, 0};
@@ -557,7 +588,7 @@ static int golden(E *e, const char **why) {
   if (ok && !ran)
     *why = arena_printf(e->a, "the reference interpreter failed: %s", err);
   if (ran) {
-    int n = 3 + g->ninputs + 2 * g->noutputs + (train ? 2 + g->nparams : 0), t = 0;
+    int n = 3 + g->ninputs + 2 * g->noutputs + (train ? 2 + g->ngrads : 0), t = 0;
     tgm_tensor_desc *d = arena_alloc(e->a, sizeof(tgm_tensor_desc) * (size_t)n);
     int32_t *dims = arena_alloc(e->a, sizeof(int32_t) * (MAXSYM + 1)), *seed = arena_alloc(e->a, 8);
     int ndyn = 0;
@@ -589,9 +620,10 @@ static int golden(E *e, const char **why) {
       d[t++] = (tgm_tensor_desc){k < g->noutputs ? arena_printf(e->a, "meta.dtype.%s", g->output_names[k]) : "meta.dtype",
                                  TGM_I32, 0, {0}, v};
     }
-    for (int k = 0; train && k <= g->nparams; k++) {
+    for (int k = 0; train && k <= g->ngrads; k++) { /* grad.<param checkpoint name>, then grad.<wrt input> */
       const Tensor *o = &tv[(k ? g->grads[k - 1] : g->loss)->id];
-      tgm_tensor_desc x = {k ? arena_printf(e->a, "expected.grad.%s", g->params[k - 1].ckpt) : "expected.train_loss",
+      const char *gname = !k ? NULL : k - 1 < g->nparams ? g->params[k - 1].ckpt : g->inputs[g->wrt[k - 1 - g->nparams]].name;
+      tgm_tensor_desc x = {k ? arena_printf(e->a, "expected.grad.%s", gname) : "expected.train_loss",
                            (int)DT_F32, o->rank, {0}, NULL};
       memcpy(x.shape, o->shape, sizeof x.shape);
       x.data = tensor_bytes(e, o, DT_F32);
@@ -687,6 +719,10 @@ static const char *readme(E *e, const char *golden_note) {
   for (int i = 0; i < g->noutputs; i++)
     buf_printf(&io, "- output `%s`: %s%s\n", g->output_names[i], dtype_names[g->outputs[i]->dtype],
                shape_str(g, &g->outputs[i]->shape));
+  for (int j = 0; j < g->nwrt; j++)
+    buf_printf(&io, "- gradient of input `%s` (train.wrt): %s%s, written by `%s_forward_backward_wrt`\n",
+               g->inputs[g->wrt[j]].name, dtype_names[g->inputs[g->wrt[j]].dtype],
+               shape_str(g, &g->inputs[g->wrt[j]].shape), e->name);
   for (int k2 = 0; k2 < g->nsyms; k2++)
     if (!g->syms[k2].derived)
       buf_printf(&io, "- dynamic dim `%s`: 1 to %lld\n", g->syms[k2].name, (long long)g->syms[k2].max);

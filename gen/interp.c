@@ -1073,7 +1073,7 @@ int interp_run_plan(const Graph *g, const Plan *p, const InterpOptions *opt, con
   Ctx c = {.g = g, .opt = opt ? opt : &none, .vals = vals, .err = err, .errlen = errlen};
   if (errlen)
     err[0] = 0;
-  memset(grads, 0, sizeof(Tensor) * (size_t)g->nparams);
+  memset(grads, 0, sizeof(Tensor) * (size_t)g->ngrads);
   memset(loss, 0, sizeof *loss);
   if (!vals)
     return fail(&c, "out of memory");
@@ -1129,11 +1129,11 @@ int interp_run_plan(const Graph *g, const Plan *p, const InterpOptions *opt, con
     if (eval_one(&c, n, inputs, params))
       goto error;
   }
-  for (int k = 0; k < g->nparams; k++) {
+  for (int k = 0; k < g->ngrads; k++) {
     const Node *d = g->grads[k];
     if (!vals[d->id].data) {
-      fail(&c, "plan: the gradient of param '%s' (%s '%s', %%%d) is not computed", g->params[k].name,
-           op_names[d->op], nname(d), d->id);
+      fail(&c, "plan: the gradient of %s '%s' (%s '%s', %%%d) is not computed", k < g->nparams ? "param" : "input",
+           k < g->nparams ? g->params[k].name : g->inputs[g->wrt[k - g->nparams]].name, op_names[d->op], nname(d), d->id);
       goto error;
     }
     if (copy_tensor(&c, &vals[d->id], &grads[k]))
@@ -1147,7 +1147,7 @@ error:
   free(vals);
   free(loss->data);
   loss->data = NULL;
-  for (int k = 0; k < g->nparams; k++) {
+  for (int k = 0; k < g->ngrads; k++) {
     free(grads[k].data);
     grads[k].data = NULL;
   }

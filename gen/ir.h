@@ -153,13 +153,17 @@ struct Graph {
   Input *inputs; int ninputs;
   Node **outputs; const char **output_names; int noutputs;
   Node *loss;    /* train.loss, or NULL */
+  int *wrt; int nwrt; /* train.wrt: input indices, in declaration order */
   Sym syms[MAXSYM]; int nsyms;
   int64_t param_numel;     /* total elements of all params */
   int ndropout;            /* dropout nodes, numbered in spec order (Node.index) */
   /* set by autodiff: nodes[0..nforward) are the forward graph, the rest its
-   * backward; grads[k] is d loss / d params[k] (a zero `full` if unused) */
+   * backward; grads[k] is d loss / d params[k] (a zero `full` if unused) for
+   * k < nparams, then grads[nparams + j] is d loss / d inputs[wrt[j]];
+   * ngrads = nparams + nwrt */
   int nforward;
   Node **grads;
+  int ngrads;
 };
 
 /* The front end in one call: read `src`, parse, build and infer. Returns NULL
@@ -195,7 +199,8 @@ int shape_eq(const Shape *a, const Shape *b);
 int broadcast_shapes(const Shape *a, const Shape *b, Shape *out);
 
 /* autodiff.c: append to g the nodes computing d g->loss / d param for every
- * param (g->grads), after the forward nodes (g->nforward). 0, or -1 if g has
+ * param and d g->loss / d input for every train.wrt input (g->grads), after
+ * the forward nodes (g->nforward). 0, or -1 if g has
  * no loss. Inference failing on a backward node is a bug (it aborts). */
 int autodiff(Graph *g);
 
@@ -230,13 +235,15 @@ double round_to_dtype(double v, DType t);
 enum { PASS_FORWARD, PASS_LOSS, PASS_TRAIN, NPASS };
 extern const char *const pass_names[NPASS]; /* "forward", "loss", "train" */
 
-typedef enum { HOME_ARENA, HOME_INPUT, HOME_PARAM, HOME_GRAD, HOME_OUTPUT, HOME_ALIAS } Home;
+/* HOME_IGRAD: the gradient of train.wrt input wrt[index], in the caller's
+ * buffer out[1 + index] of the train pass (out[0] is the loss). */
+typedef enum { HOME_ARENA, HOME_INPUT, HOME_PARAM, HOME_GRAD, HOME_OUTPUT, HOME_ALIAS, HOME_IGRAD } Home;
 
 typedef struct Buffer {
   Node *node;        /* the value it holds */
   const char *name;  /* its C name: "h", "d_h", "logits" */
   Home home;
-  int index;         /* input, param, gradient (param) or output index; HOME_ALIAS: the buffer it views */
+  int index;         /* input, param, gradient (param), output or wrt index; HOME_ALIAS: the buffer it views */
   int64_t bytes;     /* at each dynamic dim's max */
   int64_t offset;    /* HOME_ARENA: bytes from the arena's start (plan.c) */
   int first, last;   /* the kernels that write it and read it last (nk: read at the pass's end) */
@@ -392,7 +399,7 @@ int interp_run_nodes(const Graph *g, Node *const *nodes, int n, const InterpOpti
  * the forward part, then every forward value that is not saved (nor a param
  * or input) is freed, then the backward part. Fails (-1 with err) if a node
  * reads a value that is not there, so it checks the schedule as well as
- * computing. grads[g->nparams] and loss receive copies (caller frees data). */
+ * computing. grads[g->ngrads] and loss receive copies (caller frees data). */
 struct Plan;
 int interp_run_plan(const Graph *g, const struct Plan *p, const InterpOptions *opt, const Tensor *inputs,
                     const Tensor *params, Tensor *grads, Tensor *loss, char *err, size_t errlen);

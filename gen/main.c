@@ -48,7 +48,8 @@ static const char usage[] =
     "          --params / --inputs read the params (checkpoint names) and inputs\n"
     "          (input names) from safetensors files; --grad also runs the\n"
     "          backward (autodiff, dropout inactive) and shows the loss and\n"
-    "          grad.<checkpoint name> of every param; --out writes what would\n"
+    "          grad.<checkpoint name> of every param (and grad.<input> of the\n"
+    "          inputs train.wrt lists); --out writes what would\n"
     "          be shown to a safetensors file (floating tensors as f32, or f64)\n"
     "\n"
     "Exit status: 0 success, 1 the spec (or an evaluation) was refused, 2 bad usage.\n";
@@ -742,17 +743,18 @@ static int cmd_eval(int argc, char **argv) {
     rc = 1;
     goto done;
   }
-  /* what is shown or written: with --grad the loss and grad.<checkpoint name>
-   * of every param; else the outputs, and the loss when it is not one */
-  int cap = g->noutputs + g->nparams + 2, n = 0;
+  /* what is shown or written: with --grad the loss, grad.<checkpoint name>
+   * of every param and grad.<input> of every train.wrt input; else the
+   * outputs, and the loss when it is not one */
+  int cap = g->noutputs + g->nparams + g->nwrt + 2, n = 0;
   const char **names = arena_alloc(&ar, sizeof(char *) * (size_t)cap);
   const Tensor **ts = arena_alloc(&ar, sizeof(Tensor *) * (size_t)cap);
   DType *dts = arena_alloc(&ar, sizeof(DType) * (size_t)cap);
   if (grad) {
     names[n] = g->spec->train.loss.name, ts[n] = &vals[g->loss->id], dts[n++] = g->loss->dtype;
-    for (int k = 0; k < g->nparams; k++)
-      names[n] = arena_printf(&ar, "grad.%s", g->params[k].ckpt), ts[n] = &vals[g->grads[k]->id],
-      dts[n++] = g->grads[k]->dtype;
+    for (int k = 0; k < g->ngrads; k++)
+      names[n] = arena_printf(&ar, "grad.%s", k < g->nparams ? g->params[k].ckpt : g->inputs[g->wrt[k - g->nparams]].name),
+      ts[n] = &vals[g->grads[k]->id], dts[n++] = g->grads[k]->dtype;
   } else {
     int loss_shown = 0;
     for (int i = 0; i < g->noutputs; i++) {

@@ -210,9 +210,9 @@ static int part_init(Part *P, const Graph *g, const int64_t *sym, char *err, siz
     P->dist[i] = 1000;
   }
   /* backward users; the backward nodes the gradients need */
-  for (int k = 0; k < g->nparams; k++) {
+  for (int k = 0; k < g->ngrads; k++) {
     if (!g->grads[k])
-      return fail(err, errlen, "partition: internal error: param '%s' has no gradient node", g->params[k].name);
+      return fail(err, errlen, "partition: internal error: gradient %d has no node", k);
     int id = g->grads[k]->id;
     if (id < nf) {
       P->bwuse[id] = 1;
@@ -303,7 +303,7 @@ static int64_t train_order(Part *P, char *saved, int *nfwd, int *len) {
         place(P, saved, x->in[k]->id, P->bw, &nb);
     P->bw[nb++] = i;
   }
-  for (int k = 0; k < g->nparams; k++)
+  for (int k = 0; k < g->ngrads; k++)
     if (g->grads[k]->id < nf)
       place(P, saved, g->grads[k]->id, P->bw, &nb);
   int64_t bytes = 0;

@@ -1,9 +1,10 @@
 /* plan.c: the buffers of a scheduled pass and where they live.
  *
  * Inputs and params are the caller's and the model's memory; a gradient is
- * written straight into the gradient buffer and an output into the caller's
- * output buffer when a kernel computes it (else it is copied there at the
- * end); a stored reshape of a stored value is an alias of its bytes. Every
+ * written straight into the gradient buffer, an input's gradient (train.wrt)
+ * into the caller's buffer for it and an output into the caller's output
+ * buffer when a kernel computes it (else it is copied there at the end); a
+ * stored reshape of a stored value is an alias of its bytes. Every
  * other stored value gets a slot in the pass's one arena, sized for each
  * dynamic dim's max, live from the kernel that writes it to the last kernel
  * that reads it. Slots are placed largest first, each at the lowest
@@ -114,10 +115,12 @@ static int64_t place(Buffer *b, int nb) {
 }
 
 /* Where final k of a pass goes: the forward's outputs, the loss (final 0
- * of the loss and train passes) at out[0], the gradients in place. */
+ * of the loss and train passes) at out[0], the params' gradients in place,
+ * then the gradients of the train.wrt inputs at out[1 + j]. */
 void final_home(const BPass *p, int k, Home *h, int *index) {
-  *h = p->kind == PASS_FORWARD || k == 0 ? HOME_OUTPUT : HOME_GRAD;
-  *index = p->kind == PASS_FORWARD ? k : k == 0 ? 0 : k - 1;
+  int np = p->g->nparams;
+  *h = p->kind == PASS_FORWARD || k == 0 ? HOME_OUTPUT : k - 1 < np ? HOME_GRAD : HOME_IGRAD;
+  *index = p->kind == PASS_FORWARD ? k : k == 0 ? 0 : k - 1 < np ? k - 1 : k - 1 - np;
 }
 
 void plan(BPass *p) {
@@ -201,6 +204,8 @@ void plan(BPass *p) {
         base = arena_printf(a, "%s_%s", n->scope, base);
       if (home[i] == HOME_GRAD)
         base = arena_printf(a, "d_%s", g->params[hidx[i]].name);
+      else if (home[i] == HOME_IGRAD)
+        base = arena_printf(a, "d_%s", g->inputs[g->wrt[hidx[i]]].name);
       else if (home[i] == HOME_OUTPUT && p->kind == PASS_FORWARD)
         base = g->output_names[hidx[i]];
       else {

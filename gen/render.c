@@ -1294,12 +1294,13 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     case HOME_PARAM: at = arena_printf(f->a, "P + %lld", (long long)param_offset(g, x->index)); break;
     case HOME_GRAD: at = arena_printf(f->a, "G + %lld", (long long)param_offset(g, x->index)); break;
     case HOME_OUTPUT: at = arena_printf(f->a, "out[%d]", x->index); break;
+    case HOME_IGRAD: at = arena_printf(f->a, "out[%d]", 1 + x->index); break;
     case HOME_ALIAS: at = p->b[x->index].name; c = p->b[x->index].home == HOME_INPUT || p->b[x->index].home == HOME_PARAM ? "const " : ""; break;
     default: at = arena_printf(f->a, "ws + %lld", (long long)x->offset); break;
     }
     const Node *o = p->orig[x->node->id];
     buf_printf(b, "  %s_UNUSED %s%s *%s = (%s%s *)(%s);  /* %s", f->NAME, c, t, x->name, c, t, at, shape_text(g, x->node));
-    if (x->home == HOME_ARENA || x->home == HOME_GRAD || x->home == HOME_OUTPUT)
+    if (x->home == HOME_ARENA || x->home == HOME_GRAD || x->home == HOME_OUTPUT || x->home == HOME_IGRAD)
       buf_printf(b, "  %s:%d", f->spec, o->loc.line);
     buf_printf(b, " */\n");
   }
@@ -1325,7 +1326,8 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     if (bi >= 0 && p->b[bi].home == h && p->b[bi].index == idx)
       continue;
     const char *dst = h == HOME_OUTPUT ? arena_printf(f->a, "out[%d]", idx)
-                                       : arena_printf(f->a, "G + %lld", (long long)param_offset(g, idx));
+                      : h == HOME_GRAD ? arena_printf(f->a, "G + %lld", (long long)param_offset(g, idx))
+                                       : arena_printf(f->a, "out[%d]", 1 + idx);
     if (cuda)
       buf_printf(b, "  CK(%s_cuda_memcpy(m->cx, %s, %s, %s, 2));\n", f->name, dst, bname(p, n), bytes_c(f, n));
     else

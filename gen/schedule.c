@@ -608,7 +608,8 @@ void dump_pass(const BPass *p, int after, Buf *b) {
       buf_printf(b, "  stored by k%d", p->kern[i] + 1);
     if (after >= 2 && p->buf && p->buf[i] >= 0) {
       const Buffer *x = &p->b[p->buf[i]];
-      static const char *const homes[] = {"arena", "input", "param", "gradient", "output", "alias"};
+      static const char *const homes[] = {"arena", "input", "param", "gradient", "output", "alias",
+                                           "input gradient"};
       buf_printf(b, "  -> %s (%s", x->name, homes[x->home]);
       if (x->home == HOME_ARENA)
         buf_printf(b, " +%lld, %lld bytes, kernels %d..%d", (long long)x->offset, (long long)x->bytes, x->first + 1,

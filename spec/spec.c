@@ -390,15 +390,23 @@ static void parse_blocks(Spec *s, const YNode *y) {
 static void parse_train(Spec *s, const YNode *y) {
   Train *t = &s->train;
   want(y, Y_MAP, "'train'");
-  static const char *const keys[] = {"loss", "optimizer", "grad_clip"};
-  check_keys(y, keys, 3, "train");
+  static const char *const keys[] = {"loss", "optimizer", "grad_clip", "wrt"};
+  check_keys(y, keys, 4, "train");
   t->present = 1;
-  const YNode *loss = get(y, "loss"), *opt = get(y, "optimizer"), *clip = get(y, "grad_clip");
+  t->loc = y->loc;
+  const YNode *loss = get(y, "loss"), *opt = get(y, "optimizer"), *clip = get(y, "grad_clip"), *wrt = get(y, "wrt");
   if (!loss)
     error_at(y->loc, "train needs 'loss': the name of a scalar binding to minimise");
   want(loss, Y_SCALAR, "train.loss");
   t->loss.name = loss->str;
   t->loss.loc = loss->vloc;
+  if (wrt && !is_none(wrt))
+    t->wrt = parse_names(wrt, &t->nwrt, "train.wrt");
+  if (!opt && t->nwrt) { /* gradients w.r.t. inputs only (build.c: only if the model has no params) */
+    if (clip && !is_none(clip))
+      error_at(clip->loc, "grad_clip needs an optimizer (train.optimizer)");
+    return;
+  }
   if (!opt)
     error_at(y->loc, "train needs an 'optimizer': {sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}");
   if (opt->kind == Y_SCALAR && (!strcmp(opt->str, "sgd") || !strcmp(opt->str, "adamw")))

@@ -204,8 +204,11 @@ enum { TARGET_CUDA = 1, TARGET_CPU = 2 };
 
 typedef struct Train {
   int present;
+  Loc loc;           /* the train: mapping */
   NameRef loss;
-  OptKind opt;
+  NameRef *wrt;      /* train.wrt: the inputs whose gradients are computed too */
+  int nwrt;
+  OptKind opt;       /* OPT_NONE: no optimizer (allowed only with wrt and no params) */
   Loc opt_loc;
   double lr, beta1, beta2, eps, weight_decay, momentum;
   int has_clip;

@@ -143,6 +143,17 @@ mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void 
 mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss);
 /* The loss of the last loss, forward_backward or train_step call (waits for it). */
 mlp_status mlp_get_loss(mlp_model *m, float *loss);
+/* Gradients w.r.t. inputs (the spec's train.wrt lists them): forward_backward,
+ * and the gradient of each listed input written into the caller's buffer
+ * d_in[j] (in the inputs' declaration order; shape and dtype of the input,
+ * device memory on "cuda", like outputs; not overlapping the inputs). A
+ * model with wrt inputs declares the typed form mlp_forward_backward_wrt and
+ * its struct mlp_input_grads above. forward_backward and train_step compute
+ * them too, into scratch the model keeps. A train: section without an
+ * optimizer (allowed when the model has no params) only computes gradients:
+ * train_step returns MLP_EINVAL. */
+mlp_status mlp_forward_backward_wrt_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *d_in,
+                                      float *loss);
 /* The gradient buffer: mlp_param_bytes() bytes in the params' layout and
  * dtypes (device memory on "cuda"); NULL if the model cannot train. */
 const void *mlp_grads(mlp_model *m);

@@ -31,10 +31,14 @@ static const mlp_io_info outputs[] = {
   {"logits", MLP_F32, 2},
 };
 
+static const int wrt[] = {-1};
+
 const mlp_model_info mlp_info = {"mlp", 1, 1, sym_names, dyn_max, 4, params, 38656, 2, 1, inputs, outputs, 0ULL,
   /* training: loss and its dtype, optimizer (0 none, 1 sgd, 2 adamw), lr, beta1, beta2, eps, weight_decay, momentum,
    * grad_clip (0 = none); accuracy from output %d against input %d (-1: none) */
-  "loss", MLP_F32, 2, 0.01, 0.90000000000000002, 0.999, 1e-08, 0.0, 0.0, 0.0, 0, 1, 1, runs, 9664, 0};
+  "loss", MLP_F32, 2, 0.01, 0.90000000000000002, 0.999, 1e-08, 0.0, 0.0, 0.0, 0, 1, 1, runs, 9664, 0,
+  /* train.wrt: the inputs whose gradients the train pass writes */
+  0, wrt};
 
 /* The dims of a call: each dynamic dim within [1, max]; derived sizes
  * (non-exact divisions) must divide. */

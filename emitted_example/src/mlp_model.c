@@ -114,7 +114,7 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
 void mlp_destroy(mlp_model *m) {
   if (!m)
     return;
-  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v, m->loss, m->opt};
+  void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v, m->loss, m->opt, m->igrad};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     dev_free(m, bufs[i]);
 #ifdef MLP_HAVE_CUDA
@@ -361,7 +361,7 @@ static int enqueue(mlp_model *m, int pass, int opt, const int64_t *sym, const vo
 static struct mlp_graph *graph_slot(mlp_model *m, int pass, const int64_t *sym, const void *const *in,
                                     void *const *out, int *found) {
   unsigned gen = mlp_cuda_ctx_generation(m->cx) * 7919u + m->ws_gen;
-  int nout = pass == MLP_PASS_FORWARD ? mlp_info.noutputs : 1, victim = 0;
+  int nout = pass == MLP_PASS_FORWARD ? mlp_info.noutputs : pass == MLP_PASS_TRAIN ? 1 + mlp_info.nwrt : 1, victim = 0;
   *found = 0;
   for (int i = 0; i < MLP_GRAPHS; i++) {
     struct mlp_graph *e = &m->graph[i];
@@ -429,7 +429,7 @@ static int run_call(mlp_model *m, int pass, int opt, const int64_t *sym, const v
     m->step_dirty = 0;
   }
   if (m->device == 1 && m->graphs && !mlp_pass_dropout[pass] && mlp_info.ninputs <= MLP_GRAPH_IO &&
-      mlp_info.noutputs <= MLP_GRAPH_IO)
+      mlp_info.noutputs <= MLP_GRAPH_IO && 1 + mlp_info.nwrt <= MLP_GRAPH_IO)
     rc = graph_call(m, pass, opt, sym, in, out);
   else
 #endif
@@ -541,11 +541,42 @@ static int train_state(mlp_model *m) {
   return MLP_OK;
 }
 
-/* The loss pass, forward_backward or train_step: the work is enqueued; with
- * a loss pointer the call waits and reports; with NULL it returns at once
- * (on cuda: read the loss with get_loss, errors come from sync). */
+/* The train pass's out[]: the loss, then the gradient of each train.wrt
+ * input: the caller's buffer d_in[j], or (d_in NULL: train_step,
+ * forward_backward) scratch the model keeps, grown to the call's sizes. */
+static int train_outs(mlp_model *m, const int64_t *sym, void *const *d_in, void **out) {
+  int64_t need = 0, at = 0, shape[MLP_MAXRANK];
+  out[0] = m->loss;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int j = 0; j < mlp_info.nwrt; j++) {
+      const mlp_io_info *x = &mlp_info.inputs[mlp_info.wrt[j]];
+      int64_t n = mlp_dtype_sizes[x->dtype];
+      mlp_io_shape(0, mlp_info.wrt[j], sym, shape);
+      for (int i = 0; i < x->rank; i++)
+        n *= shape[i];
+      if (pass == 0)
+        need += (n + 255) & ~(int64_t)255;
+      else if (d_in)
+        out[1 + j] = d_in[j];
+      else
+        out[1 + j] = m->igrad + at, at += (n + 255) & ~(int64_t)255;
+    }
+    if (pass == 0 && !d_in && need > m->igrad_bytes) {
+      dev_free(m, m->igrad);
+      m->igrad_bytes = 0;
+      if (!(m->igrad = dev_zalloc(m, (size_t)need)))
+        return mlp_fail(m, MLP_ENOMEM, "out of memory for the input gradients (%lld bytes)", (long long)need);
+      m->igrad_bytes = need;
+    }
+  }
+  return MLP_OK;
+}
+
+/* The loss pass, forward_backward(_wrt) or train_step: the work is enqueued;
+ * with a loss pointer the call waits and reports; with NULL it returns at
+ * once (on cuda: read the loss with get_loss, errors come from sync). */
 static int train_call(mlp_model *m, const char *what, int pass, int opt, const int64_t *dims, const void *const *in,
-                      float *loss) {
+                      void *const *d_in, float *loss) {
   if (!m)
     return MLP_EINVAL;
   int64_t sym[16] = {0};
@@ -558,9 +589,11 @@ static int train_call(mlp_model *m, const char *what, int pass, int opt, const i
     rc = train_state(m);
   if (!rc && opt)
     rc = refresh_master(m);
+  void *out[1 + 64] = {m->loss};
+  if (!rc && pass == MLP_PASS_TRAIN)
+    rc = train_outs(m, sym, d_in, out);
   if (rc)
     return rc;
-  void *out[1] = {m->loss};
   if ((rc = run_call(m, pass, opt, sym, in, out)))
     return rc;
   if (m->device == 0 && opt)
@@ -569,17 +602,31 @@ static int train_call(mlp_model *m, const char *what, int pass, int opt, const i
 }
 
 mlp_status mlp_loss_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (mlp_status)train_call(m, "loss", MLP_PASS_LOSS, 0, dims, in, loss);
+  return (mlp_status)train_call(m, "loss", MLP_PASS_LOSS, 0, dims, in, NULL, loss);
 }
 
 mlp_status mlp_forward_backward_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
-  return (mlp_status)train_call(m, "forward_backward", MLP_PASS_TRAIN, 0, dims, in, loss);
+  return (mlp_status)train_call(m, "forward_backward", MLP_PASS_TRAIN, 0, dims, in, NULL, loss);
+}
+
+mlp_status mlp_forward_backward_wrt_v(mlp_model *m, const int64_t *dims, const void *const *in, void *const *d_in,
+                                      float *loss) {
+  if (!m)
+    return MLP_EINVAL;
+  if (mlp_info.nwrt && !d_in)
+    return mlp_fail(m, MLP_EINVAL, "forward_backward_wrt: d_in is NULL");
+  for (int j = 0; j < mlp_info.nwrt; j++)
+    if (!d_in[j])
+      return mlp_fail(m, MLP_EINVAL, "forward_backward_wrt: the gradient buffer of input '%s' is NULL",
+                      mlp_info.inputs[mlp_info.wrt[j]].name);
+  return (mlp_status)train_call(m, "forward_backward_wrt", MLP_PASS_TRAIN, 0, dims, in, d_in, loss);
 }
 
 mlp_status mlp_train_step_v(mlp_model *m, const int64_t *dims, const void *const *in, float *loss) {
   if (m && mlp_info.loss_name && !mlp_info.optimizer)
-    return mlp_fail(m, MLP_EINVAL, "train_step: model %s has no optimizer (use forward_backward)", mlp_info.name);
-  return (mlp_status)train_call(m, "train_step", MLP_PASS_TRAIN, 1, dims, in, loss);
+    return mlp_fail(m, MLP_EINVAL, "train_step: model %s has no optimizer (its train: section only asks for gradients)",
+                    mlp_info.name);
+  return (mlp_status)train_call(m, "train_step", MLP_PASS_TRAIN, 1, dims, in, NULL, loss);
 }
 
 mlp_status mlp_get_loss(mlp_model *m, float *loss) {

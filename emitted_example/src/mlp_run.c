@@ -16,7 +16,8 @@
  * What runs:
  *   default          the forward pass; --out gets the outputs by name
  *   --grad           loss and gradients; --out gets the loss under its name,
- *                    every gradient as grad.<param checkpoint name> and the
+ *                    every gradient as grad.<param checkpoint name> (and, for
+ *                    the inputs the spec's train.wrt lists, grad.<input>) and the
  *                    forward pass's outputs by name (dropout off; an output
  *                    named like the loss is written once, as the loss)
  *   --train-steps N  N training steps on the inputs; --out gets the updated
@@ -282,13 +283,21 @@ int main(int argc, char **argv) {
   mlp_host out[64];
   unsigned char *gbuf = NULL;
   float loss = 0, *losses = NULL;
+  mlp_host ig[64]; /* train.wrt: the inputs' gradients (--grad) */
+  void *dig[64];
+  memset(ig, 0, sizeof ig);
 
   if (grad) {
     size_t pb = mlp_param_bytes();
     gbuf = malloc(pb ? pb : 1);
     if (!gbuf)
       return die_("out of memory%s%s", "", "");
-    if (mlp_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss) || mlp_get_grads(m, gbuf, pb))
+    for (int j = 0; j < mlp_info.nwrt; j++)
+      if (mlp_host_alloc(&ig[j], 0, mlp_info.wrt[j], b.sym) || mlp_to_device(m, &ig[j], &dig[j]))
+        return die_("allocating the gradient of input '%s'%s", mlp_info.inputs[mlp_info.wrt[j]].name, "");
+    if ((mlp_info.nwrt ? mlp_forward_backward_wrt_v(m, b.dyn, (const void *const *)b.din, dig, &loss)
+                       : mlp_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss)) ||
+        mlp_get_grads(m, gbuf, pb))
       return die_("%s%s", mlp_error(m), "");
     printf("%s: %.7g\n", mlp_info.loss_name, loss);
     t[nt++] = (mlp_tensor_desc){mlp_info.loss_name, MLP_F32, 0, {0}, &loss};
@@ -302,6 +311,21 @@ int main(int argc, char **argv) {
       for (int64_t i = 0; i < p->numel; i++)
         ss += mlp_get(gbuf + p->offset, p->dtype, i) * mlp_get(gbuf + p->offset, p->dtype, i);
       printf("  grad.%s: norm %.6g\n", p->ckpt, sqrt(ss));
+    }
+    for (int j = 0; j < mlp_info.nwrt && nt < 256; j++) {
+      const char *name = mlp_info.inputs[mlp_info.wrt[j]].name;
+      mlp_host *h = &ig[j];
+      if (mlp_from_device(m, h, dig[j]))
+        return die_("copying the gradient of input '%s' back%s", name, "");
+      if (dig[j] != h->data)
+        mlp_device_free(m, dig[j]);
+      snprintf(names[mlp_info.nparams + j], sizeof names[0], "grad.%s", name);
+      t[nt] = (mlp_tensor_desc){names[mlp_info.nparams + j], h->dtype, h->rank, {0}, h->data};
+      memcpy(t[nt++].shape, h->shape, sizeof h->shape);
+      double ss = 0;
+      for (int64_t i = 0; i < h->numel; i++)
+        ss += mlp_get(h->data, h->dtype, i) * mlp_get(h->data, h->dtype, i);
+      printf("  grad.%s: norm %.6g\n", name, sqrt(ss));
     }
     if (forward(m, &b, out))
       return 1;
@@ -366,6 +390,8 @@ int main(int argc, char **argv) {
   if (train < 0 && have_batch)
     for (int k = 0; k < mlp_info.noutputs; k++)
       free(out[k].data);
+  for (int j = 0; j < mlp_info.nwrt; j++)
+    free(ig[j].data);
   free(gbuf);
   free(losses);
   mlp_destroy(m);

@@ -108,6 +108,14 @@ int main(int argc, char **argv) {
               mlp_get_loss(m, NULL) == MLP_EINVAL,
           "get_loss before any loss is computed, or into NULL, refused", mlp_error(m));
   check(mlp_train_step_v(NULL, dyn, ins, &loss) == MLP_EINVAL, "train_step on NULL model refused", "");
+  check(mlp_forward_backward_wrt_v(NULL, dyn, ins, NULL, &loss) == MLP_EINVAL, "forward_backward_wrt on NULL model refused",
+        "");
+  if (!mlp_info.loss_name)
+    check(mlp_forward_backward_wrt_v(m, dyn, ins, NULL, &loss) == MLP_EINVAL && contains(mlp_error(m), "train"),
+          "forward_backward_wrt on a model without train: refused", mlp_error(m));
+  else if (mlp_info.nwrt)
+    check(mlp_forward_backward_wrt_v(m, dyn, ins, NULL, &loss) == MLP_EINVAL && contains(mlp_error(m), "d_in"),
+          "forward_backward_wrt refuses NULL gradient buffers", mlp_error(m));
   if (!mlp_info.loss_name) {
     check(mlp_train_step_v(m, dyn, ins, &loss) == MLP_EINVAL && contains(mlp_error(m), "train"),
           "train_step on a model without train: refused", mlp_error(m));

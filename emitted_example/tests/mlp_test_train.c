@@ -2,7 +2,10 @@
  * vectors' params (the seed) and inputs (tests/golden.safetensors):
  *   1. forward_backward: the loss and every gradient against the reference
  *      interpreter's (expected.train_loss, expected.grad.NAME; dropout on,
- *      step 0); without golden vectors, only that they are finite;
+ *      step 0); without golden vectors, only that they are finite; with
+ *      train.wrt, forward_backward_wrt: the same loss and param gradients
+ *      bit for bit, and each input's gradient (expected.grad.INPUT). A model
+ *      without an optimizer stops here (train_step must refuse);
  *   2. the losses of the first train_steps against the interpreter's own
  *      training (expected.train_losses: tgen's optimizer in double, the
  *      params rounded to their dtype after each update), each within the
@@ -23,8 +26,9 @@
  * Exit: 0 pass, 1 fail, 77 skipped (no GPU, or no train: section).
  *
  * `mlp_test_train grad-file FILE` checks instead what `mlp_run --grad` wrote
- * to FILE: the loss, every gradient, and every output of the forward pass
- * (dtype and rank; an output named like the loss is the loss). */
+ * to FILE: the loss, every gradient (params and train.wrt inputs), and every
+ * output of the forward pass (dtype and rank; an output named like the loss
+ * is the loss). */
 #include "mlp_io.h"
 
 #include <stdarg.h>
@@ -86,6 +90,13 @@ static int grad_file(const char *path) {
     t = mlp_st_find(&f, key);
     check(t && t->dtype == p->dtype && mlp_numel(t->rank, t->shape) == p->numel, "%s: gradient '%s'", path, key);
   }
+  for (int j = 0; j < mlp_info.nwrt; j++) {
+    const mlp_io_info *x = &mlp_info.inputs[mlp_info.wrt[j]];
+    char key[300];
+    snprintf(key, sizeof key, "grad.%s", x->name);
+    t = mlp_st_find(&f, key);
+    check(t && t->dtype == x->dtype && t->rank == x->rank, "%s: input gradient '%s'", path, key);
+  }
   for (int k = 0; k < mlp_info.noutputs; k++) {
     const mlp_io_info *o = &mlp_info.outputs[k];
     t = mlp_st_find(&f, o->name);
@@ -96,6 +107,65 @@ static int grad_file(const char *path) {
   mlp_st_free(&f);
   printf("%d failed\n", fails);
   return fails ? 1 : 0;
+}
+
+/* 1, train.wrt: forward_backward_wrt into fresh buffers: the loss and the
+ * param gradients (g, from forward_backward) bit for bit, and each input's
+ * gradient against expected.grad.INPUT (else finite). */
+static void input_grads(mlp_model *m, mlp_case *c, const unsigned char *g, float loss, int mdt) {
+  size_t pb = mlp_param_bytes();
+  unsigned char *g2 = malloc(pb ? pb : 1);
+  mlp_host h[64];
+  void *d[64];
+  float loss2 = 0;
+  int nw = mlp_info.nwrt, ok = g2 != NULL;
+  for (int j = 0; j < nw; j++) {
+    d[j] = NULL;
+    if (mlp_host_alloc(&h[j], 0, mlp_info.wrt[j], c->sym) || mlp_to_device(m, &h[j], &d[j]))
+      ok = 0;
+  }
+  if (!ok || mlp_forward_backward_wrt_v(m, c->dyn, (const void *const *)c->din, d, &loss2) ||
+      mlp_get_grads(m, g2, pb)) {
+    check(0, "forward_backward_wrt: %s", mlp_error(m));
+    goto done;
+  }
+  check(memcmp(&loss, &loss2, sizeof loss) == 0 && memcmp(g, g2, pb) == 0,
+        "forward_backward_wrt: the same loss (%.9g) and param gradients as forward_backward, bit for bit", loss2);
+  for (int j = 0; j < nw; j++) {
+    const char *name = mlp_info.inputs[mlp_info.wrt[j]].name;
+    char key[300];
+    snprintf(key, sizeof key, "expected.grad.%s", name);
+    if (mlp_from_device(m, &h[j], d[j])) {
+      check(0, "copying the gradient of input %s back", name);
+      continue;
+    }
+    const mlp_tensor_desc *w = c->have ? mlp_st_find(&c->f, key) : NULL;
+    if (w && mlp_numel(w->rank, w->shape) != h[j].numel) {
+      check(0, "%s: golden gradient has the wrong size", key);
+      continue;
+    }
+    double maxref;
+    int finite;
+    double e = mlp_rel_err(h[j].data, h[j].dtype, w ? (const float *)w->data : NULL, h[j].numel, &maxref, &finite);
+    if (w)
+      check(finite && e <= tolerance(mdt >= 0 ? mdt : h[j].dtype), "grad %s (input): relative error %.3g (max |ref| %.3g)",
+            name, e, maxref);
+    else
+      check(finite, "grad %s (input): finite (no golden vectors)", name);
+  }
+  /* a NULL buffer is refused */
+  void *dn[64];
+  for (int j = 0; j < nw; j++)
+    dn[j] = j == nw - 1 ? NULL : d[j];
+  check(mlp_forward_backward_wrt_v(m, c->dyn, (const void *const *)c->din, dn, &loss2) == MLP_EINVAL,
+        "forward_backward_wrt refuses a NULL gradient buffer: %s", mlp_error(m));
+done:
+  for (int j = 0; j < nw; j++) {
+    if (d[j] && d[j] != h[j].data)
+      mlp_device_free(m, d[j]);
+    free(h[j].data);
+  }
+  free(g2);
 }
 
 /* 4. A step whose gradient norm is NaN: refused, nothing changes. Leaves m
@@ -256,6 +326,20 @@ int main(int argc, char **argv) {
     else
       check(finite, "grad %s: finite (no golden vectors)", p->ckpt);
   }
+  if (mlp_info.nwrt)
+    input_grads(m, &c, g, loss, mdt);
+  free(g);
+  g = NULL;
+  if (!mlp_info.optimizer) {
+    rc = mlp_train_step_v(m, c.dyn, (const void *const *)c.din, &loss);
+    check(rc == MLP_EINVAL && strstr(mlp_error(m), "no optimizer"), "train_step without an optimizer is refused: %s",
+          mlp_error(m));
+    printf("model %s has no optimizer: no training steps to check\n", mlp_info.name);
+    mlp_case_close(m, &c);
+    mlp_destroy(m);
+    printf("%d failed\n", fails);
+    return fails ? 1 : 0;
+  }
 
   /* 2. the first losses against the interpreter's training; 3. resume from a checkpoint */
   enum { N = 12, K = 4 };
@@ -318,7 +402,6 @@ nonfinite:
   nonfinite_step(m, &c, argv[3], argv[1], argc == 5 ? argv[4] : NULL);
   mlp_case_close(m, &c);
   mlp_destroy(m);
-  free(g);
   printf("%d failed\n", fails);
   return fails ? 1 : 0;
 }

@@ -4,7 +4,8 @@
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
  * call is printed too), and the workspace the pass needs at these dims. --train 1 times train_step
- * (forward, backward, optimizer) on a fixed batch. --graphs 1 replays each
+ * (forward, backward, optimizer) on a fixed batch; for a model without an
+ * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode). */
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
@@ -83,8 +84,9 @@ int main(int argc, char **argv) {
       cudaEventRecord(e0, st);
 #endif
     /* the calls do not wait for the GPU (the loss stays there); the timing must */
-    if ((train ? tgm_train_step_v(m, dyn, (const void *const *)din, NULL)
-               : tgm_forward_v(m, dyn, (const void *const *)din, dout)))
+    const void *const *in = (const void *const *)din;
+    if (train ? (tgm_info.optimizer ? tgm_train_step_v(m, dyn, in, NULL) : tgm_forward_backward_v(m, dyn, in, NULL))
+              : tgm_forward_v(m, dyn, in, dout))
       return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
     float ms = 0;
 #ifdef TGM_HAVE_CUDA
@@ -100,7 +102,7 @@ int main(int argc, char **argv) {
   }
   qsort(t, (size_t)iters, sizeof *t, cmp);
   qsort(w, (size_t)iters, sizeof *w, cmp);
-  printf("tgm %s on %s:", train ? "train_step" : "forward", device);
+  printf("tgm %s on %s:", train ? (tgm_info.optimizer ? "train_step" : "forward_backward") : "forward", device);
   for (int k = 0; k < tgm_info.ndyn; k++)
     printf(" %s=%lld", tgm_info.sym_names[k], (long long)dyn[k]);
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB\n",

@@ -108,6 +108,14 @@ int main(int argc, char **argv) {
               tgm_get_loss(m, NULL) == TGM_EINVAL,
           "get_loss before any loss is computed, or into NULL, refused", tgm_error(m));
   check(tgm_train_step_v(NULL, dyn, ins, &loss) == TGM_EINVAL, "train_step on NULL model refused", "");
+  check(tgm_forward_backward_wrt_v(NULL, dyn, ins, NULL, &loss) == TGM_EINVAL, "forward_backward_wrt on NULL model refused",
+        "");
+  if (!tgm_info.loss_name)
+    check(tgm_forward_backward_wrt_v(m, dyn, ins, NULL, &loss) == TGM_EINVAL && contains(tgm_error(m), "train"),
+          "forward_backward_wrt on a model without train: refused", tgm_error(m));
+  else if (tgm_info.nwrt)
+    check(tgm_forward_backward_wrt_v(m, dyn, ins, NULL, &loss) == TGM_EINVAL && contains(tgm_error(m), "d_in"),
+          "forward_backward_wrt refuses NULL gradient buffers", tgm_error(m));
   if (!tgm_info.loss_name) {
     check(tgm_train_step_v(m, dyn, ins, &loss) == TGM_EINVAL && contains(tgm_error(m), "train"),
           "train_step on a model without train: refused", tgm_error(m));

@@ -144,6 +144,17 @@ tgm_status tgm_forward_backward_v(tgm_model *m, const int64_t *dims, const void 
 tgm_status tgm_train_step_v(tgm_model *m, const int64_t *dims, const void *const *in, float *loss);
 /* The loss of the last loss, forward_backward or train_step call (waits for it). */
 tgm_status tgm_get_loss(tgm_model *m, float *loss);
+/* Gradients w.r.t. inputs (the spec's train.wrt lists them): forward_backward,
+ * and the gradient of each listed input written into the caller's buffer
+ * d_in[j] (in the inputs' declaration order; shape and dtype of the input,
+ * device memory on "cuda", like outputs; not overlapping the inputs). A
+ * model with wrt inputs declares the typed form tgm_forward_backward_wrt and
+ * its struct tgm_input_grads above. forward_backward and train_step compute
+ * them too, into scratch the model keeps. A train: section without an
+ * optimizer (allowed when the model has no params) only computes gradients:
+ * train_step returns TGM_EINVAL. */
+tgm_status tgm_forward_backward_wrt_v(tgm_model *m, const int64_t *dims, const void *const *in, void *const *d_in,
+                                      float *loss);
 /* The gradient buffer: tgm_param_bytes() bytes in the params' layout and
  * dtypes (device memory on "cuda"); NULL if the model cannot train. */
 const void *tgm_grads(tgm_model *m);

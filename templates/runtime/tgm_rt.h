@@ -444,6 +444,8 @@ typedef struct tgm_model_info {
   const tgm_param_run *runs;
   int64_t state_elems;        /* f32 elements of each optimizer state buffer */
   int need_master;            /* some params are bf16/f16: keep an f32 master copy */
+  int nwrt;                   /* train.wrt: inputs whose gradients the train pass computes */
+  const int *wrt;             /* the input index of each, in declaration order */
 } tgm_model_info;
 extern const tgm_model_info tgm_info;
 
@@ -475,6 +477,8 @@ struct tgm_model {
   int64_t step;            /* optimizer steps taken (dropout's step; AdamW's t - 1); on cuda the steps
                               enqueued, set from the device's count whenever the model waits for it */
   unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
+  unsigned char *igrad;    /* train.wrt: where the input gradients go when the caller gives no buffers */
+  int64_t igrad_bytes;
   tgm_cuda_ctx *cx;
   void *opt;               /* cuda: the device-driven optimizer's state (tgm_cuda_opt_new) */
   int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */
@@ -498,8 +502,9 @@ int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)
     ;
 /* The generated passes (NAME_cpu.c, NAME_cuda.cu): forward: out[k] =
  * output k; loss, train: out[0] = m->loss (the loss in its dtype, device
- * memory on cuda); train writes m->grads. A CUDA pass only enqueues work:
- * it never waits for the stream, so a graph may record it. */
+ * memory on cuda); train writes m->grads and out[1 + j] = the gradient of
+ * input tgm_info.wrt[j]. A CUDA pass only enqueues work: it never waits for
+ * the stream, so a graph may record it. */
 typedef int (*tgm_pass_fn)(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_forward_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);
 int tgm_loss_cpu(struct tgm_model *m, const int64_t *sym, const void *const *in, void *const *out);

@@ -16,7 +16,8 @@
  * What runs:
  *   default          the forward pass; --out gets the outputs by name
  *   --grad           loss and gradients; --out gets the loss under its name,
- *                    every gradient as grad.<param checkpoint name> and the
+ *                    every gradient as grad.<param checkpoint name> (and, for
+ *                    the inputs the spec's train.wrt lists, grad.<input>) and the
  *                    forward pass's outputs by name (dropout off; an output
  *                    named like the loss is written once, as the loss)
  *   --train-steps N  N training steps on the inputs; --out gets the updated
@@ -282,13 +283,21 @@ int main(int argc, char **argv) {
   tgm_host out[64];
   unsigned char *gbuf = NULL;
   float loss = 0, *losses = NULL;
+  tgm_host ig[64]; /* train.wrt: the inputs' gradients (--grad) */
+  void *dig[64];
+  memset(ig, 0, sizeof ig);
 
   if (grad) {
     size_t pb = tgm_param_bytes();
     gbuf = malloc(pb ? pb : 1);
     if (!gbuf)
       return die_("out of memory%s%s", "", "");
-    if (tgm_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss) || tgm_get_grads(m, gbuf, pb))
+    for (int j = 0; j < tgm_info.nwrt; j++)
+      if (tgm_host_alloc(&ig[j], 0, tgm_info.wrt[j], b.sym) || tgm_to_device(m, &ig[j], &dig[j]))
+        return die_("allocating the gradient of input '%s'%s", tgm_info.inputs[tgm_info.wrt[j]].name, "");
+    if ((tgm_info.nwrt ? tgm_forward_backward_wrt_v(m, b.dyn, (const void *const *)b.din, dig, &loss)
+                       : tgm_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss)) ||
+        tgm_get_grads(m, gbuf, pb))
       return die_("%s%s", tgm_error(m), "");
     printf("%s: %.7g\n", tgm_info.loss_name, loss);
     t[nt++] = (tgm_tensor_desc){tgm_info.loss_name, TGM_F32, 0, {0}, &loss};
@@ -302,6 +311,21 @@ int main(int argc, char **argv) {
       for (int64_t i = 0; i < p->numel; i++)
         ss += tgm_get(gbuf + p->offset, p->dtype, i) * tgm_get(gbuf + p->offset, p->dtype, i);
       printf("  grad.%s: norm %.6g\n", p->ckpt, sqrt(ss));
+    }
+    for (int j = 0; j < tgm_info.nwrt && nt < 256; j++) {
+      const char *name = tgm_info.inputs[tgm_info.wrt[j]].name;
+      tgm_host *h = &ig[j];
+      if (tgm_from_device(m, h, dig[j]))
+        return die_("copying the gradient of input '%s' back%s", name, "");
+      if (dig[j] != h->data)
+        tgm_device_free(m, dig[j]);
+      snprintf(names[tgm_info.nparams + j], sizeof names[0], "grad.%s", name);
+      t[nt] = (tgm_tensor_desc){names[tgm_info.nparams + j], h->dtype, h->rank, {0}, h->data};
+      memcpy(t[nt++].shape, h->shape, sizeof h->shape);
+      double ss = 0;
+      for (int64_t i = 0; i < h->numel; i++)
+        ss += tgm_get(h->data, h->dtype, i) * tgm_get(h->data, h->dtype, i);
+      printf("  grad.%s: norm %.6g\n", name, sqrt(ss));
     }
     if (forward(m, &b, out))
       return 1;
@@ -366,6 +390,8 @@ int main(int argc, char **argv) {
   if (train < 0 && have_batch)
     for (int k = 0; k < tgm_info.noutputs; k++)
       free(out[k].data);
+  for (int j = 0; j < tgm_info.nwrt; j++)
+    free(ig[j].data);
   free(gbuf);
   free(losses);
   tgm_destroy(m);

@@ -642,8 +642,9 @@ def run_grad(graph, params, inputs, dims=None, device="cpu", compute="model", al
     """The train loss and d loss / d param for every param, by torch.autograd
     over the node-by-node evaluation (each param a leaf tensor with
     requires_grad, in the compute dtype). Returns (loss, {checkpoint name:
-    grad}); a param the loss does not depend on (or of a non-floating dtype)
-    gets zeros. Refuses a loss that depends on a dropout with p > 0 unless
+    grad}), then d loss / d input under the input's name for every input the
+    graph's "wrt" lists (train.wrt); a param or input the loss does not depend
+    on (or a param of a non-floating dtype) gets zeros. Refuses a loss that depends on a dropout with p > 0 unless
     allow_dropout (see the module doc)."""
     if graph.get("loss", -1) < 0:
         raise ValueError(f"torch_oracle: model {graph.get('name')} has no train: loss to differentiate")
@@ -665,18 +666,25 @@ def run_grad(graph, params, inputs, dims=None, device="cpu", compute="model", al
         if t.is_floating_point():
             t.requires_grad_(True)
         leaves[p["ckpt"]] = t
+    inputs = dict(inputs)
+    itype = {i["name"]: i["dtype"] for i in graph["inputs"]}
+    wrt = {w: ev.leaf(inputs[w], itype[w]).detach().clone().requires_grad_(True) for w in graph.get("wrt", [])}
+    inputs.update(wrt)
     lid = graph["loss"]
     with torch.enable_grad():
         loss = ev.run(leaves, inputs, {lid})[lid]
-        diff = [k for k, v in leaves.items() if v.requires_grad]
+        diff = [(k, v) for k, v in leaves.items() if v.requires_grad] + [("input." + k, v) for k, v in wrt.items()]
         gs = [None] * len(diff)
         if diff and loss.requires_grad:
-            gs = torch.autograd.grad(loss, [leaves[k] for k in diff], allow_unused=True)
-    grads = dict(zip(diff, gs))
+            gs = torch.autograd.grad(loss, [v for _, v in diff], allow_unused=True)
+    grads = {k: g for (k, _), g in zip(diff, gs)}
     out = {}
     for p in graph["params"]:
         g = grads.get(p["ckpt"])
         out[p["ckpt"]] = torch.zeros_like(leaves[p["ckpt"]]).detach() if g is None else g.detach()
+    for k, v in wrt.items():
+        g = grads.get("input." + k)
+        out[k] = torch.zeros_like(v).detach() if g is None else g.detach()
     return loss.detach(), out
 
 

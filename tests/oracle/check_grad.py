@@ -27,8 +27,8 @@ Steps (files in --work DIR):
   oracle.safetensors  jax_oracle.py --grad --compute f64 on the same files
                       (--oracle torch: tests/gpu/torch_oracle.py --grad)
 
-then compares the loss (its binding name) and grad.<checkpoint name> of every
-param: err = max|subject - oracle|, rel = err / max(max|oracle|, floor),
+then compares the loss (its binding name), grad.<checkpoint name> of every
+param and grad.<input> of every input the spec's train.wrt lists: err = max|subject - oracle|, rel = err / max(max|oracle|, floor),
 pass when rel <= tol; floor = --floor-rel (default 1e-3) x the largest
 max|oracle| of all the gradients (1e-12 for the loss), so that a gradient
 that is zero but for rounding (a bias before a layer_norm) is not judged by
@@ -241,7 +241,7 @@ def compare(J, graph, subject_path, oracle_path, tol, floor_rel=1e-3):
     rounding noise alone."""
     sub, ref = J.st_load(subject_path), J.st_load(oracle_path)
     lname = J.loss_name(graph)
-    names = [lname] + [f"grad.{p['ckpt']}" for p in graph["params"]]
+    names = [lname] + [f"grad.{p['ckpt']}" for p in graph["params"]] + [f"grad.{w}" for w in graph.get("wrt", [])]
     scale = 0.0
     for name in names[1:]:
         r = ref.get(name)

@@ -784,8 +784,9 @@ def run_graph(graph, params, inputs, dims=None, compute="f64", include_loss=Fals
 
 def run_grad(graph, params, inputs, dims=None, compute="f64", allow_dropout=False, check=True, jit=True):
     """The loss and d loss / d param for every param, with jax.value_and_grad
-    over the node-by-node evaluation. Returns (loss, {checkpoint name: grad}).
-    Params of a non-floating dtype get a zero gradient."""
+    over the node-by-node evaluation. Returns (loss, {checkpoint name: grad}),
+    then d loss / d input for every input the graph's "wrt" lists (train.wrt),
+    under the input's name. Params of a non-floating dtype get a zero gradient."""
     if graph.get("loss", -1) < 0:
         raise RefusedGraph(f"jax_oracle: model {graph.get('name')} has no train: loss to differentiate")
     refuse_dropout(graph, allow_dropout)
@@ -796,18 +797,23 @@ def run_grad(graph, params, inputs, dims=None, compute="f64", allow_dropout=Fals
     fixed = {k: v for k, v in leaves.items() if k not in diff}
     loss_id = graph["loss"]
     inputs = {k: jnp.asarray(v) for k, v in inputs.items()}
+    itype = {i["name"]: i["dtype"] for i in graph["inputs"]}  # a wrt input in the compute dtype, as params are
+    wrt = {k: v.astype(ev.tdtype(itype[k])) for k, v in inputs.items() if k in graph.get("wrt", [])}
+    rest = {k: v for k, v in inputs.items() if k not in wrt}
     f, meta = _traced(ev, {loss_id})
 
-    def loss_fn(ps, fx, ins):
-        vals, aux = f(ps, fx, ins)
+    def loss_fn(ps, fx, ins, wins):
+        vals, aux = f(ps, fx, {**ins, **wins})
         return vals[loss_id], aux
 
-    vg = jax.value_and_grad(loss_fn, has_aux=True)
-    (loss, aux), grads = (jax.jit(vg) if jit else vg)(diff, fixed, inputs)
+    vg = jax.value_and_grad(loss_fn, argnums=(0, 3), has_aux=True)
+    (loss, aux), (grads, igrads) = (jax.jit(vg) if jit else vg)(diff, fixed, rest, wrt)
     validate(meta, aux)
     for k, v in fixed.items():
         grads[k] = jnp.zeros_like(v)
-    return loss, {p["ckpt"]: grads[p["ckpt"]] for p in graph["params"]}
+    out = {p["ckpt"]: grads[p["ckpt"]] for p in graph["params"]}
+    out.update({k: igrads[k] for k in graph.get("wrt", [])})
+    return loss, out
 
 
 def main(argv=None):

@@ -18,7 +18,9 @@
  *   kernel; a transpose feeding pointwise work is index arithmetic (one
  *   kernel, no copy); layer_norm -> linear -> gelu -> +x is a normalisation
  *   kernel, the GEMM and one epilogue kernel; mlp's forward is GEMM, relu,
- *   GEMM.
+ *   GEMM. The training pass of sum(tinyops(x)) w.r.t. x (train.wrt): the
+ *   forward part a pointwise kernel and the sum, the backward one pointwise
+ *   kernel that reads only x and writes d_x into the caller's buffer.
  *
  * Prints one line per case and "N passed, M failed". */
 #include "ir.h"
@@ -351,6 +353,58 @@ static void kernel_groups(void) {
   arena_free(&a);
 }
 
+/* The training pass of tests/e2e/tinyops_grad.yaml (d sum(tinyops(x)) / d x).
+ * Forward part: the chain's tanh is stored (two readers, costly to recompute)
+ * by one pointwise kernel, then the sum reads it: the scheduler does not fuse
+ * work over a whole input into a reduction to one value (its one block would
+ * not fill the GPU), so the forward part is two kernels, not one. Backward:
+ * nothing saved, the chain recomputed from x in one pointwise kernel that
+ * reads x only and writes d_x in place (HOME_IGRAD, out[1]). */
+static void wrt_kernels(void) {
+  Arena a = {.fail_after = -1};
+  char *src = slurp(&a, "tests/e2e/tinyops_grad.yaml");
+  Graph *g = src ? load(&a, "tinyops_grad", src) : NULL;
+  Plan pl = {0};
+  int64_t maxsym[MAXSYM] = {0};
+  char err[512];
+  if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err)) {
+    check(0, "tinyops_grad: train pass", "cannot load, differentiate or partition");
+    arena_free(&a);
+    return;
+  }
+  check(g->nwrt == 1 && g->ngrads == 1 && pl.nsaved == 0, "tinyops_grad: d_x from x alone (nothing saved)", "");
+  BPass *ps[NPASS] = {0};
+  build_passes(g, &pl, 1, 2, ps);
+  BPass *p = ps[PASS_TRAIN];
+  char fwd[16] = {0}, bwd[16] = {0};
+  int nf = 0, nb = 0;
+  for (int c = 0; c < p->nk && nf < 15 && nb < 15; c++) {
+    const Kernel *k = p->k[c];
+    char kind = k->kind == K_GEMM ? 'G' : k->kind == K_EXTERN ? 'C' : k->nreds ? 'R' : 'L';
+    if (k->nouts && k->outs[0]->id < p->nfwd)
+      fwd[nf++] = kind;
+    else
+      bwd[nb++] = kind;
+  }
+  char detail[128];
+  snprintf(detail, sizeof detail, "got forward %s, backward %s", fwd, bwd);
+  check(!strcmp(fwd, "LR") && !strcmp(bwd, "L"),
+        "kernels of tinyops_grad's train pass: forward LR (the chain, then the sum), backward L (d_x)", detail);
+  const Kernel *last = p->k[p->nk - 1];
+  char *mark = arena_alloc(&a, (size_t)p->n + 1);
+  kernel_loads(p, last, mark);
+  int reads = 0, reads_x = 0;
+  for (int i = 0; i < p->n; i++) {
+    reads += mark[i];
+    reads_x += mark[i] && p->nodes[i]->op == OP_INPUT;
+  }
+  const Buffer *out = last->nouts == 1 && p->buf[last->outs[0]->id] >= 0 ? &p->b[p->buf[last->outs[0]->id]] : NULL;
+  snprintf(detail, sizeof detail, "reads %d values (%d inputs), writes %s", reads, reads_x, out ? out->name : "?");
+  check(reads == 1 && reads_x == 1 && out && out->home == HOME_IGRAD && out->index == 0 && !strcmp(out->name, "d_x"),
+        "tinyops_grad's backward kernel reads x only and writes d_x in the caller's buffer", detail);
+  arena_free(&a);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   static const char *const models[] = {
@@ -358,12 +412,14 @@ int main(int argc, char **argv) {
       "spec/examples/tinyops.yaml", "spec/examples/ln_linear_gelu_res.yaml", "spec/examples/seed_attention.yaml",
       "spec/examples/gpt2.yaml", "tests/data/gpt2_tiny.yaml", "tests/e2e/all_ops.yaml", "tests/e2e/all_ops_bf16.yaml",
       "tests/e2e/train_ops.yaml", "tests/e2e/train_ops_bf16.yaml", "tests/e2e/train_f16.yaml",
-      "tests/oracle/all_ops_grad.yaml", NULL};
+      "tests/oracle/all_ops_grad.yaml", "tests/e2e/tinyops_grad.yaml", "tests/e2e/mlp_wrt.yaml", NULL};
   for (int i = 0; models[i]; i++)
     if (!only || strstr(models[i], only))
       run_model(models[i]);
-  if (!only)
+  if (!only) {
     kernel_groups();
+    wrt_kernels();
+  }
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
 }
