@@ -180,6 +180,12 @@ TGM_FN float tgm_gelu(float x, int tanh_form) {
 /* ---------------------------------------------------------------- CUDA reductions */
 
 #ifdef __CUDACC__
+/* N elements of type T as one aligned access (16 bytes for 4 f32 or 8
+ * bf16/f16): the vector loads and stores of the generated pointwise kernels,
+ * which index .v[lane] in an unrolled loop (registers, not memory). */
+template <typename T, int N> struct alignas(sizeof(T) * N) tgm_vec {
+  T v[N];
+};
 /* Every lane gets the sum (max) of the warp's values, combined in a fixed
  * butterfly order, so the result does not depend on timing. */
 TGM_FN float tgm_warp_sum(float v) {
