@@ -138,6 +138,8 @@ struct R {
   int lanes;          /* printing the vector loop's lane body */
   char *contig;       /* per buffer: loaded at the kernel's element i (a vector load's candidate) */
   Vec vstores;        /* the lane body's vector stores: "buffer|local" */
+  int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
+  int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
 };
 
 static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -711,8 +713,12 @@ static void cuda_r_loop(R *r) {
   const char *t = r->it;
   if (r->mode == M_WARP)
     head(r, "for (%s r = threadIdx.x %% 32; r < n_r; r += 32) {", t);
+  else if (r->mode == M_BLOCK && r->split)
+    head(r, "for (%s r = blockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t);
   else if (r->mode == M_BLOCK)
     head(r, "for (%s r = threadIdx.x; r < n_r; r += blockDim.x) {", t);
+  else if (r->mode == M_COLUMN && r->split)
+    head(r, "for (%s r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {", t);
   else if (r->mode == M_COLUMN)
     head(r, "for (%s r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {", t);
   else
@@ -903,6 +909,28 @@ static void vec_loop(R *r) {
   close_level(r);
 }
 
+/* A split reduction's accumulators after its r loop (CUDA): each block
+ * combines its lanes, writes its partials, and the last block of the output
+ * tile to finish combines the tile's partials (tgm_math.h's tgm_split_*, a
+ * fixed order) and goes on to the values over the output space; the others
+ * are done with the tile. Partial a of output o is at part[(o * na + a) *
+ * gridDim.y + blockIdx.y]. */
+static void split_combine(R *r, const char **accs, const Op *ops, int na) {
+  for (int a = 0; a < na; a++)
+    r->d->combine(r, ops[a], accs[a]);
+  int blk = r->mode == M_BLOCK;
+  emit(r, 1, "if (%s) {  /* this block's partials */", blk ? "threadIdx.x == 0" : "threadIdx.x / 32 == 0 && live");
+  for (int a = 0; a < na; a++)
+    emit(r, 1, "  split_part[(o * %d + %d) * gridDim.y + blockIdx.y] = %s;", na, a, accs[a]);
+  emit(r, 1, "}");
+  emit(r, 1, "if (!%s_split_last(&split_count[%s]))  /* the tile's last block to finish goes on */", r->name,
+       blk ? "o" : "o0 / 32");
+  emit(r, 1, "  continue;");
+  for (int a = 0; a < na; a++)
+    emit(r, 1, "%s = %s_split_%s_%s(split_part + (o * %d + %d) * gridDim.y%s);", accs[a], r->name, blk ? "block" : "column",
+         ops[a] == OP_AMAX ? "max" : "sum", na, a, blk ? "" : ", live");
+}
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
@@ -953,6 +981,7 @@ static void loop_body(R *r) {
         last_full = d > last_full ? d : last_full;
       }
     }
+  r->nph = nph, r->last_full = last_full;
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
     const char *accs[64];
     int na = 0, all_sum = 1;
@@ -1015,12 +1044,20 @@ static void loop_body(R *r) {
       }
     }
     close_level(r);
+    if (r->split && ph <= nph) {
+      Op ops[64];
+      for (int i = 0, j = 0; i < k->nreds; i++)
+        if (dep(r, k->reds[i], cache) == ph)
+          ops[j++] = k->reds[i]->op;
+      split_combine(r, accs, ops, na);
+    }
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
       if (dep(r, red, cache) != ph)
         continue;
-      r->d->combine(r, red->op, accs[na]);
+      if (!r->split)
+        r->d->combine(r, red->op, accs[na]);
       const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
       emit(r, 1, "const %s %s = %s;", vtype(red->dtype), v,
            half_round(r, red->dtype, arena_printf(r->a, "(%s)%s", vtype(red->dtype), accs[na])));
@@ -1058,6 +1095,9 @@ static void choose_mode(R *r) {
     r->mode = !kernel_rows(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
   }
 }
+
+/* A split reduction's least reduced elements per block (tgm_split's per). */
+static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : 512; }
 
 /* Whether every position kernel r->k computes fits an int (CUDA's 32-bit
  * index arithmetic): its iteration space, every buffer it touches (from a
@@ -1105,6 +1145,27 @@ static int vec_width(R *r) {
       w = sz > w ? sz : w;
     }
   return !w ? 0 : 16 / w > 8 ? 8 : 16 / w;
+}
+
+/* Whether reduction kernel r->k (probe r printed it) splits its reduced
+ * elements over several blocks per output tile (CUDA): when it has few
+ * tiles at the dims' maxima (at most 256: a block's worth of output
+ * elements, or 32 columns) and many reduced elements each, one phase (a
+ * value over the input space after the reduction would need the total),
+ * at most 8 reductions, all float (the partials' room). */
+static int split_ok(R *r) {
+  const Kernel *k = r->k;
+  if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || r->nph != 1 || r->last_full || k->nreds > 8)
+    return 0;
+  for (int i = 0; i < k->nreds; i++)
+    if (!dtype_is_float(k->reds[i]->dtype))
+      return 0;
+  int64_t no, nr;
+  const char *err;
+  if (!dim_eval(r->g, &k->outer, r->p->sym, &no, &err) || !dim_eval(r->g, &k->rnum, r->p->sym, &nr, &err))
+    return 0;
+  int64_t tiles = r->mode == M_BLOCK ? no : (no + 31) / 32;
+  return tiles <= 256 && nr >= 2 * split_per(r);
 }
 
 int render_check(BPass *p, const Kernel *k) {
@@ -1192,6 +1253,7 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
   int cuda = !strcmp(f->d->name, "cuda");
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
+    r->split = split_ok(probe);
     if (r->mode == M_PW && (r->vec = vec_width(probe)))
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi] || probe->written[bi];
@@ -1229,6 +1291,11 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
     buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
     first = 0;
   }
+  if (r->split) {
+    buf_printf(&sig, "%sfloat *split_part, unsigned *split_count", first ? "" : ", ");
+    buf_printf(&args, "%s%s_cuda_split_part(m->cx), %s_cuda_split_count(m->cx)", first ? "" : ", ", f->name, f->name);
+    first = 0;
+  }
   if (r->has_bad && cuda) {
     buf_printf(&sig, "%sunsigned long long *bad", first ? "" : ", ");
     buf_printf(&args, "%s%s_cuda_bad_ptr(m->cx)", first ? "" : ", ", f->name);
@@ -1257,6 +1324,11 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), 512", f->name, n)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
+    if (r->split) { /* gridDim.y: the blocks per output tile */
+      const char *tiles = r->mode == M_BLOCK ? n : arena_printf(f->a, "((%s) + 31) / 32", n);
+      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s)), %d", f->name, n, r->mode == M_BLOCK ? 1 : 32,
+                          f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, r->mode == M_BLOCK ? 512 : 1024);
+    }
     buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {
     buf_printf(call, "  bad = %s(%s);\n", kn, args.p);
