@@ -1099,37 +1099,32 @@ static void choose_mode(R *r) {
 /* A split reduction's least reduced elements per block (tgm_split's per). */
 static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : 512; }
 
+static Dim numel_of(const Shape *sh) {
+  Dim n = dim_const(1);
+  Loc none = {0, 0};
+  for (int j = 0; j < sh->rank; j++)
+    n = dim_mul(n, sh->d[j], none);
+  return n;
+}
+static int small(R *r, Dim d) {
+  int64_t v;
+  const char *err;
+  return dim_eval(r->g, &d, r->p->sym, &v, &err) && v <= (int64_t)1 << 30;
+}
+
 /* Whether every position kernel r->k computes fits an int (CUDA's 32-bit
  * index arithmetic): its iteration space, every buffer it touches (from a
  * printed probe r) and every dim, at the dims' maxima, are at most 2^30, so
  * a grid-stride step (at most 2^26 threads) cannot overflow either. */
 static int fits_int(R *r) {
-  const int64_t lim = (int64_t)1 << 30;
   const Kernel *k = r->k;
-  Loc none = {0, 0};
-  Dim d[2 + MAXRANK] = {k->numel, k->outer};
-  int nd = 2;
-  for (int j = 0; j < k->full.rank; j++)
-    d[0] = j ? dim_mul(d[0], k->full.d[j], none) : k->full.d[j];
-  for (int i = 0; i < r->params.n; i++) {
-    const Shape *sh = &r->p->b[(int)(intptr_t)r->params.p[i] - 1].node->shape;
-    Dim n = dim_const(1);
-    for (int j = 0; j < sh->rank; j++)
-      n = dim_mul(n, sh->d[j], none);
-    d[nd] = n;
-    int64_t v;
-    const char *err;
-    if (!dim_eval(r->g, &d[nd], r->p->sym, &v, &err) || v > lim)
+  if (!small(r, k->numel) || !small(r, k->outer) || !small(r, numel_of(&k->full)))
+    return 0;
+  for (int i = 0; i < r->params.n; i++)
+    if (!small(r, numel_of(&r->p->b[(int)(intptr_t)r->params.p[i] - 1].node->shape)))
       return 0;
-  }
-  for (int i = 0; i < nd; i++) {
-    int64_t v;
-    const char *err;
-    if (!dim_eval(r->g, &d[i], r->p->sym, &v, &err) || v > lim)
-      return 0;
-  }
   for (int s = 0; s < r->g->nsyms; s++)
-    if (r->p->sym[s] > lim)
+    if (r->p->sym[s] > (int64_t)1 << 30)
       return 0;
   return 1;
 }
