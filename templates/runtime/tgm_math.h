@@ -239,8 +239,10 @@ TGM_FN int tgm_split_last(unsigned *count) {
   __syncthreads();
   if (threadIdx.x == 0) {
     last = atomicAdd(count, 1u) == gridDim.y - 1;
-    if (last)
+    if (last) {
       *count = 0;
+      __threadfence(); /* the others' partials are read after their count */
+    }
   }
   __syncthreads();
   return last;
