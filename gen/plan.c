@@ -38,7 +38,8 @@ static int is_keyword(const char *s) {
                                    "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct",
                                    "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
                                    "true", "false", "NULL", "main", "ws", "P", "G", "m", "sym", "in", "out", "bad",
-                                   "st", "i", "o", "r", "n", "n_o", "n_r", "o0", "live", "gemm", "lb", NULL};
+                                   "st", "i", "o", "r", "n", "n_o", "n_r", "o0", "live", "gemm", "lb", "iv",
+                                   "nv", "lane", "split_part", "split_count", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
       return 1;

@@ -133,6 +133,13 @@ struct R {
   Shape outer_shape;
   const char *name;   /* the model's name, for the math functions */
   const char *NAME;
+  const char *it;     /* the index type: "int64_t", or "int" where every size fits (CUDA) */
+  int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
+  int lanes;          /* printing the vector loop's lane body */
+  char *contig;       /* per buffer: loaded at the kernel's element i (a vector load's candidate) */
+  Vec vstores;        /* the lane body's vector stores: "buffer|local" */
+  int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
+  int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
 };
 
 static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -238,7 +245,7 @@ static void memo_put(R *r, const char *key, const char *var, int level) {
 
 /* A local holding expression e (of C type t), at the innermost level e needs;
  * the same expression at a visible level is reused. */
-static const char *bind(R *r, const char *t, const char *e) {
+static const char *bind_as(R *r, const char *t, const char *e, const char *prefix) {
   int plain = 1; /* an identifier or a number needs no local */
   for (const char *c = e; *c && plain; c++)
     plain = idc(*c) || *c == '.';
@@ -251,12 +258,15 @@ static const char *bind(R *r, const char *t, const char *e) {
   int lv = expr_level(r, e);
   if (lv < 1 && r->level >= 1)
     lv = 1; /* values are per element; dims-only ones too (cheap) */
-  v = arena_printf(r->a, "%s%d", !strcmp(t, "int64_t") ? "ix" : "v", r->nvars++);
+  v = arena_printf(r->a, "%s%d", prefix, r->nvars++);
   emit(r, lv, "const %s %s = %s;", t, v, e);
   memo_put(r, key, v, lv);
   set_var_level(r, v, lv);
   return v;
 }
+static const char *bind(R *r, const char *t, const char *e) { return bind_as(r, t, e, strcmp(t, "int64_t") ? "v" : "ix"); }
+/* An index (a position in a buffer or a dim). */
+static const char *bind_ix(R *r, const char *e) { return bind_as(r, r->it, e, "ix"); }
 
 /* ---------------------------------------------------------------- indices */
 
@@ -293,7 +303,7 @@ static const char *ix_dim(R *r, Ix *ix, int k) {
     all_before_one &= is_one(&ix->sh->d[j]);
   if (!all_before_one)
     e = arena_printf(r->a, "(%s) %% (%s)", e, c_dim(r->g, &ix->sh->d[k]));
-  return ix->d[k] = bind(r, "int64_t", e);
+  return ix->d[k] = bind_ix(r, e);
 }
 
 static const char *ix_flat(R *r, Ix *ix) {
@@ -312,7 +322,7 @@ static const char *ix_flat(R *r, Ix *ix) {
                strcmp(st, "1") ? arena_printf(r->a, "(%s)", st) : "");
     any = 1;
   }
-  return ix->flat = any ? bind(r, "int64_t", b.p) : "0";
+  return ix->flat = any ? bind_ix(r, b.p) : "0";
 }
 
 /* The index as text, for the memo, without printing any local. */
@@ -350,7 +360,7 @@ static Ix ix_bcast(R *r, Ix *ix, const Shape *to) {
       n = dim_mul(n, to->d[k], none);
     o.flat = to->rank ? arena_printf(r->a, "%s %% (%s)", ix->flat, c_dim(r->g, &n)) : "0";
     if (to->rank)
-      o.flat = bind(r, "int64_t", o.flat);
+      o.flat = bind_ix(r, o.flat);
     return o;
   }
   for (int k = 0; k < to->rank; k++)
@@ -378,7 +388,7 @@ static Ix ix_view(R *r, const Node *n, Ix *ix) {
     for (int k = 0; k < x->shape.rank; k++)
       o.d[k] = ix_dim(r, ix, k);
     if (n->lo.n)
-      o.d[n->axis] = bind(r, "int64_t", arena_printf(r->a, "%s + (%s)", o.d[n->axis], c_dim(r->g, &n->lo)));
+      o.d[n->axis] = bind_ix(r, arena_printf(r->a, "%s + (%s)", o.d[n->axis], c_dim(r->g, &n->lo)));
     return o;
   default:
     die("render: %s is not a view", op_info[n->op].name);
@@ -410,13 +420,32 @@ static const char *bufname(R *r, const Node *n) {
   return r->p->b[bi].name;
 }
 
+/* The vector type of r->vec elements of dtype t (tgm_math.h's NAME_vec). */
+static const char *vec_type(R *r, DType t) { return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec); }
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   const char *p = bufname(r, n), *i = ix_flat(r, ix);
+  const char *at = arena_printf(r->a, "%s[%s]", p, i);
+  if (r->p->buf && !strcmp(i, "i")) {
+    int bi = r->p->buf[n->id];
+    r->contig[bi] = 1;
+    if (r->lanes) { /* the lane of one vector load per buffer and vector */
+      const char *key = arena_printf(r->a, "vec|%s", p), *v = memo_get(r, key);
+      if (!v) {
+        v = arena_printf(r->a, "v%d", r->nvars++);
+        const char *vt = vec_type(r, n->dtype);
+        emit(r, 1, "const %s %s = ((const %s *)%s)[iv];", vt, v, vt, p);
+        memo_put(r, key, v, 1);
+        set_var_level(r, v, 1);
+      }
+      at = arena_printf(r->a, "%s.v[lane]", v);
+    }
+  }
   const char *e;
   switch (n->dtype) {
-  case DT_BF16: e = arena_printf(r->a, "%s_load_bf16(%s[%s])", r->name, p, i); break;
-  case DT_F16: e = arena_printf(r->a, "%s_load_f16(%s[%s])", r->name, p, i); break;
-  default: e = arena_printf(r->a, "%s[%s]", p, i); break;
+  case DT_BF16: e = arena_printf(r->a, "%s_load_bf16(%s)", r->name, at); break;
+  case DT_F16: e = arena_printf(r->a, "%s_load_f16(%s)", r->name, at); break;
+  default: e = at; break;
   }
   return bind(r, vtype(n->dtype), e);
 }
@@ -528,7 +557,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
         const Node *x = n->in[k];
         Ix xi = ix_make(&x->shape, NULL);
         for (int j = 0; j < x->shape.rank; j++)
-          xi.d[j] = j == n->axis ? bind(r, "int64_t", arena_printf(r->a, "%s - (%s)", pos, c_dim(r->g, &at))) : ix_dim(r, ix, j);
+          xi.d[j] = j == n->axis ? bind_ix(r, arena_printf(r->a, "%s - (%s)", pos, c_dim(r->g, &at))) : ix_dim(r, ix, j);
         at = dim_add(at, x->shape.d[n->axis], none);
         const char *pn = bufname(r, x), *fi = ix_flat(r, &xi);
         const char *ld = x->dtype == DT_BF16 ? arena_printf(r->a, "%s_load_bf16(%s[%s])", r->name, pn, fi)
@@ -560,7 +589,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
       lv = 1;
     emit(r, lv, "if (!%s && !(%s))", ok, ign); /* the check and its statement at one level */
     r->d->bad(r, lv, pos);
-    const char *tc = bind(r, "int64_t", arena_printf(r->a, "%s ? %s : 0", ok, t));
+    const char *tc = bind_ix(r, arena_printf(r->a, "%s ? %s : 0", ok, t));
     Ix xi = ix_make(xs, NULL);
     for (int k = 0, j = 0; k < xs->rank; k++)
       xi.d[k] = k == n->axis ? tc : ix_dim(r, ix, j++);
@@ -619,7 +648,16 @@ static void store(R *r, const Node *n, Ix *ix, int guard) {
   case DT_F16: e = arena_printf(r->a, "%s_store_f16(%s)", r->name, v); break;
   default: e = arena_printf(r->a, "(%s)%s", ctype(n->dtype), v); break;
   }
-  if (guard && *r->d->one_lane(r))
+  if (r->lanes) { /* into the lane of the vector the loop stores after the lanes */
+    const char *key = arena_printf(r->a, "vst|%s", pn), *vv = memo_get(r, key);
+    if (!vv) {
+      vv = arena_printf(r->a, "v%d", r->nvars++);
+      emit(r, 1, "%s %s;", vec_type(r, n->dtype), vv);
+      memo_put(r, key, vv, 1);
+      vec_push(r->a, &r->vstores, (void *)arena_printf(r->a, "((%s *)%s)[iv] = %s;", vec_type(r, n->dtype), pn, vv));
+    }
+    emit(r, r->level, "%s.v[lane] = %s;", vv, e);
+  } else if (guard && *r->d->one_lane(r))
     emit(r, r->level, "if (%s) %s[%s] = %s;", r->d->one_lane(r), pn, i, e);
   else
     emit(r, r->level, "%s[%s] = %s;", pn, i, e);
@@ -651,29 +689,40 @@ static const Dialect dl_cpu = {"cpu", "static", "restrict", "double", cpu_pw_loo
 /* ---------------------------------------------------------------- CUDA */
 
 static void cuda_pw_loop(R *r) {
-  head(r, "for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {");
+  const char *t = r->it;
+  if (r->vec) /* the elements past the vectors (all where a buffer is not aligned) */
+    head(r, "for (%s i = nv * %d + blockIdx.x * (%s)blockDim.x + threadIdx.x; i < n; i += (%s)gridDim.x * blockDim.x) {", t,
+         r->vec, t, t);
+  else
+    head(r, "for (%s i = blockIdx.x * (%s)blockDim.x + threadIdx.x; i < n; i += (%s)gridDim.x * blockDim.x) {", t, t, t);
 }
 static void cuda_o_loop(R *r) {
+  const char *t = r->it;
   if (r->mode == M_WARP)
-    head(r, "for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {");
+    head(r, "for (%s o = blockIdx.x * (%s)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (%s)gridDim.x * (blockDim.x / 32)) {", t, t, t);
   else if (r->mode == M_BLOCK)
-    head(r, "for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {");
+    head(r, "for (%s o = blockIdx.x; o < n_o; o += gridDim.x) {", t);
   else if (r->mode == M_COLUMN) {
-    head(r, "for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {");
+    head(r, "for (%s o0 = blockIdx.x * (%s)32; o0 < n_o; o0 += (%s)gridDim.x * 32) {", t, t, t);
     head(r, "  const int live = o0 + threadIdx.x %% 32 < n_o;  /* the tile's last columns may be past the end */");
-    head(r, "  const int64_t o = live ? o0 + threadIdx.x %% 32 : n_o - 1;");
+    head(r, "  const %s o = live ? o0 + threadIdx.x %% 32 : n_o - 1;", t);
   } else
-    head(r, "for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n_o; o += (int64_t)gridDim.x * blockDim.x) {");
+    head(r, "for (%s o = blockIdx.x * (%s)blockDim.x + threadIdx.x; o < n_o; o += (%s)gridDim.x * blockDim.x) {", t, t, t);
 }
 static void cuda_r_loop(R *r) {
+  const char *t = r->it;
   if (r->mode == M_WARP)
-    head(r, "for (int64_t r = threadIdx.x %% 32; r < n_r; r += 32) {");
+    head(r, "for (%s r = threadIdx.x %% 32; r < n_r; r += 32) {", t);
+  else if (r->mode == M_BLOCK && r->split)
+    head(r, "for (%s r = blockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t);
   else if (r->mode == M_BLOCK)
-    head(r, "for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {");
+    head(r, "for (%s r = threadIdx.x; r < n_r; r += blockDim.x) {", t);
+  else if (r->mode == M_COLUMN && r->split)
+    head(r, "for (%s r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {", t);
   else if (r->mode == M_COLUMN)
-    head(r, "for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {");
+    head(r, "for (%s r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {", t);
   else
-    head(r, "for (int64_t r = 0; r < n_r; r++) {");
+    head(r, "for (%s r = 0; r < n_r; r++) {", t);
 }
 static void cuda_combine(R *r, Op op, const char *acc) {
   const char *f = op == OP_AMAX ? "max" : "sum";
@@ -792,6 +841,8 @@ static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
   r->acc = arena_alloc(a, sizeof(char *) * (size_t)(p->n + 1));
   r->own = arena_alloc(a, (size_t)p->n + 1);
   r->written = arena_alloc(a, (size_t)p->nb + 1);
+  r->contig = arena_alloc(a, (size_t)p->nb + 1);
+  r->it = "int64_t";
   r->capv = 256;
   r->vlev = arena_alloc(a, sizeof(char *) * (size_t)r->capv);
   r->vlevel = arena_alloc(a, sizeof(int) * (size_t)r->capv);
@@ -803,12 +854,91 @@ static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
   return r;
 }
 
+/* Whether identifier w occurs in text. */
+static int uses(const char *text, const char *w) {
+  size_t n = strlen(w);
+  for (const char *h = strstr(text, w); h; h = strstr(h + 1, w))
+    if (!idc(h[n]) && (h == text || !idc(h[-1])))
+      return 1;
+  return 0;
+}
+
+/* A pointwise kernel's vector loop (CUDA): each thread takes r->vec
+ * consecutive elements, loads each buffer read at the element itself (every
+ * such buffer, r->contig) as one vector, computes the lanes in an unrolled
+ * loop (a broadcast operand's load stays scalar) and stores each result as
+ * one vector. It runs when every vector buffer is aligned to its vector's
+ * bytes; the scalar loop after it does the rest (all elements otherwise). */
+static void vec_loop(R *r) {
+  const Kernel *k = r->k;
+  Buf al;
+  buf_init(&al, r->a);
+  for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
+    if (r->contig[bi])
+      buf_printf(&al, "%s(uintptr_t)%s %% %d", nal++ ? " | " : "", r->p->b[bi].name,
+                 r->vec * dtype_size(r->p->b[bi].node->dtype));
+  emit(r, 0, "const %s nv = (%s) == 0 ? n / %d : 0;  /* vectors of %d elements: aligned buffers only */", r->it, al.p,
+       r->vec, r->vec);
+  open_level(r);
+  head(r, "for (%s iv = blockIdx.x * (%s)blockDim.x + threadIdx.x; iv < nv; iv += (%s)gridDim.x * blockDim.x) {", r->it,
+       r->it, r->it);
+  set_var_level(r, "iv", 1);
+  open_level(r);
+  head(r, "#pragma unroll");
+  head(r, "for (int lane = 0; lane < %d; lane++) {", r->vec);
+  set_var_level(r, "lane", 2);
+  emit(r, 2, "const %s i = iv * %d + lane;", r->it, r->vec);
+  set_var_level(r, "i", 2);
+  r->lanes = 1;
+  r->vstores.n = 0;
+  for (int i = 0; i < k->nouts; i++) {
+    Ix ix = ix_make(&k->outs[i]->shape, "i");
+    store(r, k->outs[i], &ix, 0);
+  }
+  r->lanes = 0;
+  const char *t = r->lv[2].p, *decl = strstr(t, " i = iv * "), *next = strchr(decl, '\n') + 1;
+  if (!uses(next, "i")) { /* no lane reads its index: drop it */
+    while (decl > t && decl[-1] != '\n')
+      decl--;
+    buf_init(&r->lv[2], r->a);
+    buf_printf(&r->lv[2], "%.*s%s", (int)(decl - t), t, next);
+  }
+  close_level(r);
+  for (int i = 0; i < r->vstores.n; i++)
+    emit(r, 1, "%s", (const char *)r->vstores.p[i]);
+  close_level(r);
+}
+
+/* A split reduction's accumulators after its r loop (CUDA): each block
+ * combines its lanes, writes its partials, and the last block of the output
+ * tile to finish combines the tile's partials (tgm_math.h's tgm_split_*, a
+ * fixed order) and goes on to the values over the output space; the others
+ * are done with the tile. Partial a of output o is at part[(o * na + a) *
+ * gridDim.y + blockIdx.y]. */
+static void split_combine(R *r, const char **accs, const Op *ops, int na) {
+  for (int a = 0; a < na; a++)
+    r->d->combine(r, ops[a], accs[a]);
+  int blk = r->mode == M_BLOCK;
+  emit(r, 1, "if (%s) {  /* this block's partials */", blk ? "threadIdx.x == 0" : "threadIdx.x / 32 == 0 && live");
+  for (int a = 0; a < na; a++)
+    emit(r, 1, "  split_part[(o * %d + %d) * gridDim.y + blockIdx.y] = %s;", na, a, accs[a]);
+  emit(r, 1, "}");
+  emit(r, 1, "if (!%s_split_last(&split_count[%s]))  /* the tile's last block to finish goes on */", r->name,
+       blk ? "o" : "o0 / 32");
+  emit(r, 1, "  continue;");
+  for (int a = 0; a < na; a++)
+    emit(r, 1, "%s = %s_split_%s_%s(split_part + (o * %d + %d) * gridDim.y%s);", accs[a], r->name, blk ? "block" : "column",
+         ops[a] == OP_AMAX ? "max" : "sum", na, a, blk ? "" : ", live");
+}
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
   BPass *p = r->p;
   if (!k->nreds) {
-    emit(r, 0, "const int64_t n = %s;", c_dim(r->g, &k->numel));
+    emit(r, 0, "const %s n = %s;", r->it, c_dim(r->g, &k->numel));
+    if (r->vec)
+      vec_loop(r);
     open_level(r);
     r->d->pw_loop(r);
     set_var_level(r, "i", 1);
@@ -827,7 +957,7 @@ static void loop_body(R *r) {
     else
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
-  emit(r, 0, "const int64_t n_o = %s, n_r = %s;", c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
+  emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
   open_level(r);
   r->d->o_loop(r);
   set_var_level(r, "o", 1);
@@ -851,6 +981,7 @@ static void loop_body(R *r) {
         last_full = d > last_full ? d : last_full;
       }
     }
+  r->nph = nph, r->last_full = last_full;
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
     const char *accs[64];
     int na = 0, all_sum = 1;
@@ -880,7 +1011,7 @@ static void loop_body(R *r) {
     for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
       ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
     if (kernel_rows(k))
-      ixF.flat = bind(r, "int64_t", "o * n_r + r");
+      ixF.flat = bind_ix(r, "o * n_r + r");
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
@@ -913,12 +1044,20 @@ static void loop_body(R *r) {
       }
     }
     close_level(r);
+    if (r->split && ph <= nph) {
+      Op ops[64];
+      for (int i = 0, j = 0; i < k->nreds; i++)
+        if (dep(r, k->reds[i], cache) == ph)
+          ops[j++] = k->reds[i]->op;
+      split_combine(r, accs, ops, na);
+    }
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
       if (dep(r, red, cache) != ph)
         continue;
-      r->d->combine(r, red->op, accs[na]);
+      if (!r->split)
+        r->d->combine(r, red->op, accs[na]);
       const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
       emit(r, 1, "const %s %s = %s;", vtype(red->dtype), v,
            half_round(r, red->dtype, arena_printf(r->a, "(%s)%s", vtype(red->dtype), accs[na])));
@@ -955,6 +1094,73 @@ static void choose_mode(R *r) {
     dim_eval(r->g, &k->rnum, r->p->sym, &rn, &err);
     r->mode = !kernel_rows(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
   }
+}
+
+/* A split reduction's least reduced elements per block (tgm_split's per). */
+static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : 512; }
+
+static Dim numel_of(const Shape *sh) {
+  Dim n = dim_const(1);
+  Loc none = {0, 0};
+  for (int j = 0; j < sh->rank; j++)
+    n = dim_mul(n, sh->d[j], none);
+  return n;
+}
+static int small(R *r, Dim d) {
+  int64_t v;
+  const char *err;
+  return dim_eval(r->g, &d, r->p->sym, &v, &err) && v <= (int64_t)1 << 30;
+}
+
+/* Whether every position kernel r->k computes fits an int (CUDA's 32-bit
+ * index arithmetic): its iteration space, every buffer it touches (from a
+ * printed probe r) and every dim, at the dims' maxima, are at most 2^30, so
+ * a grid-stride step (at most 2^26 threads) cannot overflow either. */
+static int fits_int(R *r) {
+  const Kernel *k = r->k;
+  if (!small(r, k->numel) || !small(r, k->outer) || !small(r, numel_of(&k->full)))
+    return 0;
+  for (int i = 0; i < r->params.n; i++)
+    if (!small(r, numel_of(&r->p->b[(int)(intptr_t)r->params.p[i] - 1].node->shape)))
+      return 0;
+  for (int s = 0; s < r->g->nsyms; s++)
+    if (r->p->sym[s] > (int64_t)1 << 30)
+      return 0;
+  return 1;
+}
+
+/* The vector width of pointwise kernel r->k on CUDA (probe r printed it):
+ * 16 bytes of the widest buffer it loads at its own element or stores (4
+ * f32, 8 bf16/f16), at most 8 elements; 0 when there is none. */
+static int vec_width(R *r) {
+  int w = 0;
+  for (int bi = 0; bi < r->p->nb; bi++)
+    if (r->contig[bi] || r->written[bi]) {
+      int sz = dtype_size(r->p->b[bi].node->dtype);
+      w = sz > w ? sz : w;
+    }
+  return !w ? 0 : 16 / w > 8 ? 8 : 16 / w;
+}
+
+/* Whether reduction kernel r->k (probe r printed it) splits its reduced
+ * elements over several blocks per output tile (CUDA): when it has few
+ * tiles at the dims' maxima (at most 256: a block's worth of output
+ * elements, or 32 columns) and many reduced elements each, one phase (a
+ * value over the input space after the reduction would need the total),
+ * at most 8 reductions, all float (the partials' room). */
+static int split_ok(R *r) {
+  const Kernel *k = r->k;
+  if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || r->nph != 1 || r->last_full || k->nreds > 8)
+    return 0;
+  for (int i = 0; i < k->nreds; i++)
+    if (!dtype_is_float(k->reds[i]->dtype))
+      return 0;
+  int64_t no, nr;
+  const char *err;
+  if (!dim_eval(r->g, &k->outer, r->p->sym, &no, &err) || !dim_eval(r->g, &k->rnum, r->p->sym, &nr, &err))
+    return 0;
+  int64_t tiles = r->mode == M_BLOCK ? no : (no + 31) / 32;
+  return tiles <= 256 && nr >= 2 * split_per(r);
 }
 
 int render_check(BPass *p, const Kernel *k) {
@@ -1040,6 +1246,14 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   R *r = new_r(p, k, f->d);
   r->mode = probe->mode;
   r->has_bad = probe->saw_take;
+  int cuda = !strcmp(f->d->name, "cuda");
+  if (cuda) {
+    r->it = fits_int(probe) ? "int" : "int64_t";
+    r->split = split_ok(probe);
+    if (r->mode == M_PW && (r->vec = vec_width(probe)))
+      for (int bi = 0; bi < p->nb; bi++)
+        r->contig[bi] = probe->contig[bi] || probe->written[bi];
+  }
   loop_body(r);
   r->d->close_kernel(r);
   if (r->fail) {
@@ -1060,7 +1274,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
     const char *hit = strstr(body, dn);
     if (hit && !idc(hit[strlen(dn)])) {
-      buf_printf(&sig, "%sint64_t %s", first ? "" : ", ", dn);
+      buf_printf(&sig, "%s%s %s", first ? "" : ", ", r->it, dn);
       buf_printf(&args, "%s%s", first ? "" : ", ", dn);
       first = 0;
     }
@@ -1073,7 +1287,11 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
     first = 0;
   }
-  int cuda = !strcmp(f->d->name, "cuda");
+  if (r->split) {
+    buf_printf(&sig, "%sfloat *split_part, unsigned *split_count", first ? "" : ", ");
+    buf_printf(&args, "%s%s_cuda_split_part(m->cx), %s_cuda_split_count(m->cx)", first ? "" : ", ", f->name, f->name);
+    first = 0;
+  }
   if (r->has_bad && cuda) {
     buf_printf(&sig, "%sunsigned long long *bad", first ? "" : ", ");
     buf_printf(&args, "%s%s_cuda_bad_ptr(m->cx)", first ? "" : ", ", f->name);
@@ -1093,7 +1311,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                                         "32 output elements per block, 32 threads each"};
     buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
-               cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
+               r->vec ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec) : cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
                ret, kn, text);
   }
   k->name = kn;
@@ -1102,7 +1320,12 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), 512", f->name, n)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
-                                            : arena_printf(f->a, "%s_blocks(%s, 256), 256", f->name, n);
+                                            : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
+    if (r->split) { /* gridDim.y: the blocks per output tile */
+      const char *tiles = r->mode == M_BLOCK ? n : arena_printf(f->a, "((%s) + 31) / 32", n);
+      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s)), %d", f->name, n, r->mode == M_BLOCK ? 1 : 32,
+                          f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, r->mode == M_BLOCK ? 512 : 1024);
+    }
     buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {
     buf_printf(call, "  bad = %s(%s);\n", kn, args.p);

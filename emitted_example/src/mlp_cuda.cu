@@ -18,20 +18,20 @@
 #define CK(call) do { if (call) return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)); } while (0)
 
 /* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k1_cross_entropy(int64_t dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
-  const int64_t n_o = dim_B, n_r = 10;
-  for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
+static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
+  const int n_o = dim_B, n_r = 10;
+  for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t ix1 = o * n_r + r;
+    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix1 = o * n_r + r;
       const float v2 = logits[ix1];
       acc0 = mlp_max(acc0, v2);
     }
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t ix5 = o * n_r + r;
+    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
       const float v7 = v6 - s3;
       const float v8 = mlp_exp(v7);
@@ -45,13 +45,13 @@ static __global__ void k1_cross_entropy(int64_t dim_B, const float *__restrict__
 }
 
 /* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k2_cross_entropy(int64_t dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
-  const int64_t n_o = 1, n_r = dim_B;
-  for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {
+static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
+  const int n_o = 1, n_r = dim_B;
+  for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     float acc1 = 0;
-    for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int64_t ix2 = o * n_r + r;
+    for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
+      const int ix2 = o * n_r + r;
       const int64_t ix3 = y[ix2];
       const int v4 = ix3 != -100;
       const float v5 = loss_sum[ix2];
@@ -61,8 +61,8 @@ static __global__ void k2_cross_entropy(int64_t dim_B, const int32_t *__restrict
       const int v9 = ix3 >= 0 && ix3 < 10;
       if (!v9 && !(ix3 == -100))
         atomicMin(bad, (unsigned long long)(ix2));
-      const int64_t ix10 = v9 ? ix3 : 0;
-      const int64_t ix11 = r * (10) + ix10;
+      const int ix10 = v9 ? ix3 : 0;
+      const int ix11 = r * (10) + ix10;
       const float v12 = logits[ix11];
       const float v13 = v8 - v12;
       const float v14 = v4 ? v13 : 0.0f;
@@ -79,23 +79,35 @@ static __global__ void k2_cross_entropy(int64_t dim_B, const int32_t *__restrict
   }
 }
 
-/* k3_relu: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
-static __global__ void k3_relu(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h_relu) {
-  const int64_t n = 128 * dim_B;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h_relu[i] = (float)v1;
+/* k3_relu: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
+static __global__ void k3_relu(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h_relu) {
+  const int n = 128 * dim_B;
+  const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)h_relu % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
+  for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
+    const mlp_vec<float, 4> v0 = ((const mlp_vec<float, 4> *)h_linear)[iv];
+    mlp_vec<float, 4> v3;
+    #pragma unroll
+    for (int lane = 0; lane < 4; lane++) {
+      const float v1 = v0.v[lane];
+      const float v2 = v1 < 0 ? 0 : v1;
+      v3.v[lane] = (float)v2;
+    }
+    ((mlp_vec<float, 4> *)h_relu)[iv] = v3;
+  }
+  for (int i = nv * 4 + blockIdx.x * (int)blockDim.x + threadIdx.x; i < n; i += (int)gridDim.x * blockDim.x) {
+    const float v4 = h_linear[i];
+    const float v5 = v4 < 0 ? 0 : v4;
+    h_relu[i] = (float)v5;
   }
 }
 
 /* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k4_sum(int64_t dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
-  const int64_t n_o = 1, n_r = dim_B;
-  for (int64_t o = blockIdx.x; o < n_o; o += gridDim.x) {
+static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
+  const int n_o = 1, n_r = dim_B;
+  for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
-    for (int64_t r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int64_t ix1 = o * n_r + r;
+    for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
+      const int ix1 = o * n_r + r;
       const int64_t ix2 = y[ix1];
       const int v3 = ix2 != -100;
       const float v4 = (float)v3;
@@ -108,20 +120,20 @@ static __global__ void k4_sum(int64_t dim_B, const int32_t *__restrict__ y, floa
 }
 
 /* k5_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k5_softmax_mul(int64_t dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
-  const int64_t n_o = dim_B, n_r = 10;
-  for (int64_t o = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int64_t)gridDim.x * (blockDim.x / 32)) {
+static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
+  const int n_o = dim_B, n_r = 10;
+  for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t ix1 = o * n_r + r;
+    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix1 = o * n_r + r;
       const float v2 = logits[ix1];
       acc0 = mlp_max(acc0, v2);
     }
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t ix5 = o * n_r + r;
+    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
       const float v7 = v6 - s3;
       const float v8 = mlp_exp(v7);
@@ -135,13 +147,13 @@ static __global__ void k5_softmax_mul(int64_t dim_B, const float *__restrict__ l
     const float v22 = d_loss_sum[0];
     const float v23 = 1.0f / v22;
     const float v24 = v21 * v23;
-    for (int64_t r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int64_t ix10 = o * n_r + r;
+    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix10 = o * n_r + r;
       const float v11 = logits[ix10];
       const float v12 = v11 - s3;
       const float v13 = mlp_exp(v12);
       const float v14 = v13 / s9;
-      const int64_t ix16 = ix10 % (10);
+      const int ix16 = ix10 % (10);
       const int v17 = ix15 == ix16;
       const float v18 = (float)v17;
       const float v19 = v14 - v18;
@@ -151,52 +163,84 @@ static __global__ void k5_softmax_mul(int64_t dim_B, const float *__restrict__ l
   }
 }
 
-/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (one thread per element) */
-static __global__ void k6_relu_mul(int64_t dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
-  const int64_t n = 128 * dim_B;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h[i] = (float)v1;
-    const float v2 = d_logits_matmul[i];
-    const int v3 = v0 > 0.0f;
-    const float v4 = (float)v3;
-    const float v5 = v2 * v4;
-    d_h[i] = (float)v5;
+/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
+static __global__ void k6_relu_mul(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
+  const int n = 128 * dim_B;
+  const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)d_logits_matmul % 16 | (uintptr_t)h % 16 | (uintptr_t)d_h % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
+  for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
+    const mlp_vec<float, 4> v0 = ((const mlp_vec<float, 4> *)h_linear)[iv];
+    mlp_vec<float, 4> v3;
+    const mlp_vec<float, 4> v4 = ((const mlp_vec<float, 4> *)d_logits_matmul)[iv];
+    mlp_vec<float, 4> v9;
+    #pragma unroll
+    for (int lane = 0; lane < 4; lane++) {
+      const float v1 = v0.v[lane];
+      const float v2 = v1 < 0 ? 0 : v1;
+      v3.v[lane] = (float)v2;
+      const float v5 = v4.v[lane];
+      const int v6 = v1 > 0.0f;
+      const float v7 = (float)v6;
+      const float v8 = v5 * v7;
+      v9.v[lane] = (float)v8;
+    }
+    ((mlp_vec<float, 4> *)h)[iv] = v3;
+    ((mlp_vec<float, 4> *)d_h)[iv] = v9;
+  }
+  for (int i = nv * 4 + blockIdx.x * (int)blockDim.x + threadIdx.x; i < n; i += (int)gridDim.x * blockDim.x) {
+    const float v10 = h_linear[i];
+    const float v11 = v10 < 0 ? 0 : v10;
+    h[i] = (float)v11;
+    const float v12 = d_logits_matmul[i];
+    const int v13 = v10 > 0.0f;
+    const float v14 = (float)v13;
+    const float v15 = v12 * v14;
+    d_h[i] = (float)v15;
   }
 }
 
 /* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (32 output elements per block, 32 threads each) */
-static __global__ void k7_sum(int64_t dim_B, const float *__restrict__ d_loss, float *__restrict__ d_b2) {
-  const int64_t n_o = 10, n_r = dim_B;
-  for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {
+static __global__ void k7_sum(int dim_B, const float *__restrict__ d_loss, float *__restrict__ d_b2, float *split_part, unsigned *split_count) {
+  const int n_o = 10, n_r = dim_B;
+  for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
-    const int64_t o = live ? o0 + threadIdx.x % 32 : n_o - 1;
+    const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
     float acc0 = 0;
-    for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {
-      const int64_t ix1 = r * (10) + o;
+    for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
+      const int ix1 = r * (10) + o;
       const float v2 = d_loss[ix1];
       acc0 += v2;
     }
     acc0 = mlp_column_sum(acc0);
+    if (threadIdx.x / 32 == 0 && live) {  /* this block's partials */
+      split_part[(o * 1 + 0) * gridDim.y + blockIdx.y] = acc0;
+    }
+    if (!mlp_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */
+      continue;
+    acc0 = mlp_split_column_sum(split_part + (o * 1 + 0) * gridDim.y, live);
     const float s3 = (float)acc0;
     if (threadIdx.x / 32 == 0 && live) d_b2[o] = (float)s3;
   }
 }
 
 /* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (32 output elements per block, 32 threads each) */
-static __global__ void k8_sum(int64_t dim_B, const float *__restrict__ d_h, float *__restrict__ d_b1) {
-  const int64_t n_o = 128, n_r = dim_B;
-  for (int64_t o0 = blockIdx.x * (int64_t)32; o0 < n_o; o0 += (int64_t)gridDim.x * 32) {
+static __global__ void k8_sum(int dim_B, const float *__restrict__ d_h, float *__restrict__ d_b1, float *split_part, unsigned *split_count) {
+  const int n_o = 128, n_r = dim_B;
+  for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
-    const int64_t o = live ? o0 + threadIdx.x % 32 : n_o - 1;
+    const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
     float acc0 = 0;
-    for (int64_t r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {
-      const int64_t ix1 = r * (128) + o;
+    for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
+      const int ix1 = r * (128) + o;
       const float v2 = d_h[ix1];
       acc0 += v2;
     }
     acc0 = mlp_column_sum(acc0);
+    if (threadIdx.x / 32 == 0 && live) {  /* this block's partials */
+      split_part[(o * 1 + 0) * gridDim.y + blockIdx.y] = acc0;
+    }
+    if (!mlp_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */
+      continue;
+    acc0 = mlp_split_column_sum(split_part + (o * 1 + 0) * gridDim.y, live);
     const float s3 = (float)acc0;
     if (threadIdx.x / 32 == 0 && live) d_b1[o] = (float)s3;
   }
@@ -305,7 +349,7 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k3_relu<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h_relu);
+  k3_relu<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h_relu);
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
@@ -322,21 +366,21 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k6_relu_mul<<<mlp_blocks(128 * dim_B, 256), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
+  k6_relu_mul<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
                        d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k7_sum<<<mlp_blocks(10, 32), 1024, 0, st>>>(dim_B, d_loss, d_b2);
+  k7_sum<<<dim3(mlp_blocks(10, 32), mlp_split(dim_B, 512, ((10) + 31) / 32)), 1024, 0, st>>>(dim_B, d_loss, d_b2, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
                        d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k8_sum<<<mlp_blocks(128, 32), 1024, 0, st>>>(dim_B, d_h, d_b1);
+  k8_sum<<<dim3(mlp_blocks(128, 32), mlp_split(dim_B, 512, ((128) + 31) / 32)), 1024, 0, st>>>(dim_B, d_h, d_b1, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }

@@ -93,6 +93,8 @@ struct mlp_cuda_ctx {
   struct mlp_cuda_gemm_plan plans[MLP_CUDA_GEMM_PLANS]; /* mlp_cuda_gemm's plan cache, round robin */
   int next_plan;
   unsigned long long *d_bad; /* device int64: smallest bad data position, INT64_MAX if none */
+  float *d_split_part;       /* split reductions: the blocks' partials (MLP_CUDA_SPLIT_PARTS floats) */
+  unsigned *d_split_count;   /* and per output tile the blocks done (MLP_CUDA_SPLIT_TILES, zero between kernels) */
   void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
   size_t scratch_bytes;
   const char *op; /* the entry point running, for messages */
@@ -1342,6 +1344,15 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemcpy (d_bad)";
     goto cuda_error;
   }
+  if ((e = cudaMalloc((void **)&cx->d_split_part, MLP_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
+      (e = cudaMalloc((void **)&cx->d_split_count, MLP_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+    what = "cudaMalloc (split reductions)";
+    goto cuda_error;
+  }
+  if ((e = cudaMemset(cx->d_split_count, 0, MLP_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+    what = "cudaMemset (split reductions)";
+    goto cuda_error;
+  }
   if ((e = cudaMalloc(&cx->blas_ws, MLP_CUDA_BLAS_WS)) != cudaSuccess) {
     what = "cudaMalloc (cuBLAS workspace)";
     goto cuda_error;
@@ -1401,6 +1412,8 @@ void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx) {
   cudaFree(cx->scratch);
   cudaFree(cx->blas_ws);
   cudaFree(cx->d_bad);
+  cudaFree(cx->d_split_part);
+  cudaFree(cx->d_split_count);
   if (cx->own)
     cudaStreamDestroy(cx->own);
   cudaGetLastError();
@@ -1418,6 +1431,8 @@ int mlp_cuda_sync(mlp_cuda_ctx *cx) {
 
 /* Reads d_bad after the work so far; resets it when it was set. */
 unsigned long long *mlp_cuda_bad_ptr(mlp_cuda_ctx *cx) { return cx->d_bad; }
+float *mlp_cuda_split_part(mlp_cuda_ctx *cx) { return cx->d_split_part; }
+unsigned *mlp_cuda_split_count(mlp_cuda_ctx *cx) { return cx->d_split_count; }
 
 int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos) {
   cx->op = "mlp_cuda_bad_index";

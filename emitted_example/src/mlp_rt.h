@@ -296,6 +296,14 @@ const char *mlp_cuda_ctx_error(const mlp_cuda_ctx *cx);
 int mlp_cuda_sync(mlp_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
 int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
 unsigned long long *mlp_cuda_bad_ptr(mlp_cuda_ctx *cx); /* d_bad, for generated kernels' atomicMin */
+/* The scratch of the generated reductions split over several blocks per
+ * output tile (tgen keeps every kernel within these sizes): the blocks'
+ * partials, and per tile a count of the blocks done, zero between kernels
+ * (the last block resets it). Only the context's stream uses them. */
+#define MLP_CUDA_SPLIT_PARTS (1 << 18)
+#define MLP_CUDA_SPLIT_TILES 1024
+float *mlp_cuda_split_part(mlp_cuda_ctx *cx);
+unsigned *mlp_cuda_split_count(mlp_cuda_ctx *cx);
 int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n);
 void mlp_cuda_free(mlp_cuda_ctx *cx, void *p);
 int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */

@@ -93,6 +93,8 @@ struct tgm_cuda_ctx {
   struct tgm_cuda_gemm_plan plans[TGM_CUDA_GEMM_PLANS]; /* tgm_cuda_gemm's plan cache, round robin */
   int next_plan;
   unsigned long long *d_bad; /* device int64: smallest bad data position, INT64_MAX if none */
+  float *d_split_part;       /* split reductions: the blocks' partials (TGM_CUDA_SPLIT_PARTS floats) */
+  unsigned *d_split_count;   /* and per output tile the blocks done (TGM_CUDA_SPLIT_TILES, zero between kernels) */
   void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
   size_t scratch_bytes;
   const char *op; /* the entry point running, for messages */
@@ -1342,6 +1344,15 @@ int tgm_cuda_ctx_create(tgm_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemcpy (d_bad)";
     goto cuda_error;
   }
+  if ((e = cudaMalloc((void **)&cx->d_split_part, TGM_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
+      (e = cudaMalloc((void **)&cx->d_split_count, TGM_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+    what = "cudaMalloc (split reductions)";
+    goto cuda_error;
+  }
+  if ((e = cudaMemset(cx->d_split_count, 0, TGM_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+    what = "cudaMemset (split reductions)";
+    goto cuda_error;
+  }
   if ((e = cudaMalloc(&cx->blas_ws, TGM_CUDA_BLAS_WS)) != cudaSuccess) {
     what = "cudaMalloc (cuBLAS workspace)";
     goto cuda_error;
@@ -1401,6 +1412,8 @@ void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx) {
   cudaFree(cx->scratch);
   cudaFree(cx->blas_ws);
   cudaFree(cx->d_bad);
+  cudaFree(cx->d_split_part);
+  cudaFree(cx->d_split_count);
   if (cx->own)
     cudaStreamDestroy(cx->own);
   cudaGetLastError();
@@ -1418,6 +1431,8 @@ int tgm_cuda_sync(tgm_cuda_ctx *cx) {
 
 /* Reads d_bad after the work so far; resets it when it was set. */
 unsigned long long *tgm_cuda_bad_ptr(tgm_cuda_ctx *cx) { return cx->d_bad; }
+float *tgm_cuda_split_part(tgm_cuda_ctx *cx) { return cx->d_split_part; }
+unsigned *tgm_cuda_split_count(tgm_cuda_ctx *cx) { return cx->d_split_count; }
 
 int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos) {
   cx->op = "tgm_cuda_bad_index";

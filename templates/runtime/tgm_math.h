@@ -180,6 +180,12 @@ TGM_FN float tgm_gelu(float x, int tanh_form) {
 /* ---------------------------------------------------------------- CUDA reductions */
 
 #ifdef __CUDACC__
+/* N elements of type T as one aligned access (16 bytes for 4 f32 or 8
+ * bf16/f16): the vector loads and stores of the generated pointwise kernels,
+ * which index .v[lane] in an unrolled loop (registers, not memory). */
+template <typename T, int N> struct alignas(sizeof(T) * N) tgm_vec {
+  T v[N];
+};
 /* Every lane gets the sum (max) of the warp's values, combined in a fixed
  * butterfly order, so the result does not depend on timing. */
 TGM_FN float tgm_warp_sum(float v) {
@@ -222,6 +228,54 @@ TGM_FN float tgm_column_sum(float v) { return tgm_column_reduce(v, 0); }
 TGM_FN float tgm_column_max(float v) { return tgm_column_reduce(v, 1); }
 TGM_FN float tgm_block_sum(float v) { return tgm_block_reduce(v, 0); }
 TGM_FN float tgm_block_max(float v) { return tgm_block_reduce(v, 1); }
+/* A reduction split over gridDim.y blocks per output tile (the last kernel
+ * dim's partials in `part`, one per block, in blockIdx.y order): whether this
+ * block is the last of its tile to finish. All threads call it after the
+ * block's partials are written; the fence makes them visible before the
+ * count says so, and the last block resets the count for the next kernel. */
+TGM_FN int tgm_split_last(unsigned *count) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(count, 1u) == gridDim.y - 1;
+    if (last) {
+      *count = 0;
+      __threadfence(); /* the others' partials are read after their count */
+    }
+  }
+  __syncthreads();
+  return last;
+}
+/* The last block's total of the gridDim.y partials at part (of one output
+ * element, or of each live thread's column): each thread adds a fixed
+ * subset in order, then the block (column) combines them as tgm_block_sum
+ * (tgm_column_sum) does, so the result does not depend on timing. The loads
+ * bypass L1: other blocks wrote the partials. */
+TGM_FN float tgm_split_block_reduce(const float *part, int is_max) {
+  float v = is_max ? -INFINITY : 0.0f;
+  for (unsigned p = threadIdx.x; p < gridDim.y; p += blockDim.x)
+    v = is_max ? tgm_max(v, __ldcg(part + p)) : v + __ldcg(part + p);
+  return tgm_block_reduce(v, is_max);
+}
+TGM_FN float tgm_split_column_reduce(const float *part, int live, int is_max) {
+  float v = is_max ? -INFINITY : 0.0f;
+  for (unsigned p = threadIdx.x / 32; live && p < gridDim.y; p += blockDim.x / 32)
+    v = is_max ? tgm_max(v, __ldcg(part + p)) : v + __ldcg(part + p);
+  return tgm_column_reduce(v, is_max);
+}
+TGM_FN float tgm_split_block_sum(const float *part) { return tgm_split_block_reduce(part, 0); }
+TGM_FN float tgm_split_block_max(const float *part) { return tgm_split_block_reduce(part, 1); }
+TGM_FN float tgm_split_column_sum(const float *part, int live) { return tgm_split_column_reduce(part, live, 0); }
+TGM_FN float tgm_split_column_max(const float *part, int live) { return tgm_split_column_reduce(part, live, 1); }
+/* Blocks per output tile of a split reduction of n_r elements: at least
+ * `per` elements each, about 512 blocks in all over `tiles` tiles, at most
+ * 256 (tgen sizes the partials for this). */
+static inline unsigned tgm_split(int64_t n_r, int64_t per, int64_t tiles) {
+  int64_t p = (n_r + per - 1) / per, q = (512 + tiles - 1) / tiles;
+  p = p < q ? p : q;
+  return (unsigned)(p < 1 ? 1 : p > 256 ? 256 : p);
+}
 /* Blocks for n items, `per` to a block: enough to fill the GPU, no more. */
 static inline unsigned tgm_blocks(int64_t n, int64_t per) {
   int64_t b = (n + per - 1) / per;

@@ -296,6 +296,14 @@ const char *tgm_cuda_ctx_error(const tgm_cuda_ctx *cx);
 int tgm_cuda_sync(tgm_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
 int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos); /* reads and resets d_bad; pos = -1 if none */
 unsigned long long *tgm_cuda_bad_ptr(tgm_cuda_ctx *cx); /* d_bad, for generated kernels' atomicMin */
+/* The scratch of the generated reductions split over several blocks per
+ * output tile (tgen keeps every kernel within these sizes): the blocks'
+ * partials, and per tile a count of the blocks done, zero between kernels
+ * (the last block resets it). Only the context's stream uses them. */
+#define TGM_CUDA_SPLIT_PARTS (1 << 18)
+#define TGM_CUDA_SPLIT_TILES 1024
+float *tgm_cuda_split_part(tgm_cuda_ctx *cx);
+unsigned *tgm_cuda_split_count(tgm_cuda_ctx *cx);
 int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n);
 void tgm_cuda_free(tgm_cuda_ctx *cx, void *p);
 int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */

@@ -21,6 +21,13 @@
  *   GEMM. The training pass of sum(tinyops(x)) w.r.t. x (train.wrt): the
  *   forward part a pointwise kernel and the sum, the backward one pointwise
  *   kernel that reads only x and writes d_x into the caller's buffer.
+ * And the CUDA mapping of loop kernels, in the printed CUDA (the CPU text
+ * has none of it): a pointwise kernel loads each operand it reads at its
+ * own element, and stores each result, as 16-byte vectors (4 f32, 8 bf16),
+ * a broadcast operand scalar; its indices are int when every size fits,
+ * int64_t otherwise; a reduction with few outputs and many reduced elements
+ * (a full sum, a column sum over many rows) is split over blocks, one with
+ * few reduced elements or two phases (softmax) is not.
  *
  * Prints one line per case and "N passed, M failed". */
 #include "ir.h"
@@ -402,6 +409,80 @@ static void wrt_kernels(void) {
   snprintf(detail, sizeof detail, "reads %d values (%d inputs), writes %s", reads, reads_x, out ? out->name : "?");
   check(reads == 1 && reads_x == 1 && out && out->home == HOME_IGRAD && out->index == 0 && !strcmp(out->name, "d_x"),
         "tinyops_grad's backward kernel reads x only and writes d_x in the caller's buffer", detail);
+}
+
+/* ---------------------------------------------------------------- the CUDA mapping */
+
+/* The CUDA (cuda = 1) or CPU file of a model's forward pass. */
+static const char *forward_text(Arena *a, const char *name, const char *src, int cuda, BPass **out) {
+  Graph *g = load(a, name, src);
+  if (!g)
+    return "";
+  BPass *p[NPASS] = {0};
+  build_passes(g, NULL, 1, 2, p);
+  if (out)
+    *out = p[PASS_FORWARD];
+  return render_file(g, p, cuda, name);
+}
+
+/* The name of the buffer that holds the forward pass's value `name`. */
+static const char *buf_of(BPass *p, const char *name) {
+  for (int i = 0; p && i < p->nb; i++) {
+    const Node *o = p->orig[p->b[i].node->id];
+    if (o->name && !strcmp(o->name, name))
+      return p->b[i].name;
+  }
+  return "?";
+}
+
+static void expect_text(const char *text, const char *what, const char *needle, int present) {
+  char w[256];
+  snprintf(w, sizeof w, "%s: %s'%s'", what, present ? "" : "no ", needle);
+  check(!strstr(text, needle) == !present, w, "");
+}
+
+static void cuda_mapping(void) {
+  Arena a = {.fail_after = -1};
+  BPass *p = NULL;
+  /* tinyops: one pointwise kernel, x read and y written as float4 */
+  char *tiny = slurp(&a, "spec/examples/tinyops.yaml");
+  if (tiny) {
+    const char *cu = forward_text(&a, "tinyops", tiny, 1, &p);
+    const char *x = buf_of(p, "x"), *y = buf_of(p, "y");
+    expect_text(cu, "tinyops: x loaded as vectors", arena_printf(&a, "((const tinyops_vec<float, 4> *)%s)[iv]", x), 1);
+    expect_text(cu, "tinyops: y stored as vectors", arena_printf(&a, "((tinyops_vec<float, 4> *)%s)[iv] = ", y), 1);
+    expect_text(cu, "tinyops: the scalar loop only past the vectors", "i = nv * 4 + ", 1);
+    expect_text(cu, "tinyops: 32-bit indices (8192^2 elements)", "const int n = ", 1);
+    expect_text(cu, "tinyops: 32-bit indices", "int64_t i", 0);
+    const char *cpu = forward_text(&a, "tinyops", tiny, 0, NULL);
+    expect_text(cpu, "tinyops CPU", "_vec<", 0);
+    expect_text(cpu, "tinyops CPU: 64-bit indices", "for (int64_t i = 0; i < n; i++)", 1);
+  }
+  const char *dims = "  B: {dynamic: true, max: 64}\n  D: 48";
+  /* a broadcast operand stays a scalar load */
+  const char *cu = forward_text(&a, "bias", spec(&a, dims, "  x: [B, D]\n  c: [D]", NULL, "  - y: x * c + 1"), 1, &p);
+  expect_text(cu, "x * c: x loaded as vectors", arena_printf(&a, "((const t_vec<float, 4> *)%s)[iv]", buf_of(p, "x")), 1);
+  expect_text(cu, "x * c: c loaded by element", arena_printf(&a, "t_vec<float, 4> *)%s)", buf_of(p, "c")), 0);
+  /* bf16: 8 elements a vector, f32 math */
+  cu = forward_text(&a, "bf16", arena_printf(&a, "dtype: bf16\n%s", spec(&a, dims, "  x: [B, D]", NULL, "  - y: exp(x) * 2")), 1,
+                    &p);
+  expect_text(cu, "bf16 pointwise: 8 lanes", arena_printf(&a, "((const t_vec<uint16_t, 8> *)%s)[iv]", buf_of(p, "x")), 1);
+  /* more than 2^30 elements: 64-bit indices */
+  cu = forward_text(&a, "huge", spec(&a, "  N: 65536", "  x: [N, N]", NULL, "  - y: x * 2"), 1, NULL);
+  expect_text(cu, "2^32 elements: 64-bit indices", "const int64_t n = ", 1);
+  /* a full sum of 2^24 elements, and a column sum over 2^16 rows: split */
+  cu = forward_text(&a, "full sum", spec(&a, "  N: 4096", "  x: [N, N]", NULL, "  - s: sum(x * x)"), 1, NULL);
+  expect_text(cu, "full sum: split over blocks", "t_split_last(", 1);
+  expect_text(cu, "full sum: its grid", "dim3(t_blocks(1, 1), t_split(16777216, ", 1);
+  cu = forward_text(&a, "column sum", spec(&a, "  B: {dynamic: true, max: 65536}\n  D: 48", "  x: [B, D]", NULL,
+                                           "  - s: sum(x, 0)\n  - y: exp(s)"),
+                    1, NULL);
+  expect_text(cu, "column sum over many rows: split", "t_split_column_sum(", 1);
+  cu = forward_text(&a, "small sum", spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x)"), 1, NULL);
+  expect_text(cu, "sum of 64 x 48: one block", "split", 0);
+  cu = forward_text(&a, "long softmax", spec(&a, "  B: 4\n  D: 65536", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
+                    NULL);
+  expect_text(cu, "softmax over 65536 (two phases): one block a row", "split", 0);
   arena_free(&a);
 }
 
@@ -419,6 +500,7 @@ int main(int argc, char **argv) {
   if (!only) {
     kernel_groups();
     wrt_kernels();
+    cuda_mapping();
   }
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;

@@ -1,0 +1,62 @@
+/* emu.h: just enough of CUDA to run generated kernels on the CPU: one
+ * std::thread per CUDA thread of a block, blocks one after another (in
+ * blockIdx order), barriers for __syncthreads and the warp shuffles. */
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+#include <algorithm>
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+static std::barrier<> *blk_bar;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
+static float xch[32][32];
+#define __CUDACC__ 1
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+static void __syncthreads() { blk_bar->arrive_and_wait(); }
+static void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static float __shfl_xor_sync(unsigned, float v, int m) {
+  unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+  xch[w][l] = v;
+  warp_bar[w]->arrive_and_wait();
+  float r = xch[w][l ^ m];
+  warp_bar[w]->arrive_and_wait();
+  return r;
+}
+static float __ldcg(const float *p) { return *p; }
+static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static unsigned atomicAdd(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+static unsigned long long atomicMin(unsigned long long *p, unsigned long long v) {
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long o = a.load();
+  while (v < o && !a.compare_exchange_weak(o, v)) {}
+  return o;
+}
+template <typename K, typename... A> static void launch(dim3 g, dim3 b, K k, A... args) {
+  gridDim = g, blockDim = b;
+  for (unsigned by = 0; by < g.y; by++)
+    for (unsigned bx = 0; bx < g.x; bx++) {
+      std::barrier<> bar(b.x);
+      blk_bar = &bar;
+      warp_bar.clear();
+      for (unsigned w = 0; w < (b.x + 31) / 32; w++)
+        warp_bar.emplace_back(new std::barrier<>(32));
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < b.x; t++)
+        ts.emplace_back([=] { threadIdx = dim3(t); blockIdx = dim3(bx, by); k(args...); });
+      for (auto &t : ts) t.join();
+    }
+}

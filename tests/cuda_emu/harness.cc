@@ -1,0 +1,88 @@
+/* harness.cc: runs m.yaml's generated CUDA kernels and checks y (a column
+ * sum, split over blocks, then exp), z (x * c + 1, vector loads and stores,
+ * aligned and not, with a scalar tail) and w (a full sum and amax, split)
+ * against plain loops. Built by run.sh on the CPU through emu.h, or by
+ * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
+#include "t_math.h"
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#ifdef __NVCC__
+template <typename T> static T *alloc(size_t n) {
+  T *p = nullptr;
+  if (cudaMallocManaged(&p, n * sizeof(T)) != cudaSuccess) {
+    printf("cudaMallocManaged failed\n");
+    exit(1);
+  }
+  memset(p, 0, n * sizeof(T));
+  return p;
+}
+static void wait_all() {
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    printf("CUDA error: %s\n", cudaGetErrorString(e));
+    exit(1);
+  }
+}
+static const cudaStream_t st = 0;
+#else
+template <typename T> static T *alloc(size_t n) { return (T *)calloc(n, sizeof(T)); }
+static void wait_all() {}
+#endif
+struct Cx { void *cx; } mm, *m = &mm;
+static float *part;
+static unsigned *count;
+float *t_cuda_split_part(void *) { return part; }
+unsigned *t_cuda_split_count(void *) { return count; }
+#include "kernels.inc"
+static int fails;
+static void cmp(const char *what, double got, double want, double tol) {
+  int ok = std::fabs(got - want) <= tol * (1 + std::fabs(want));
+  if (!ok && fails++ < 10)
+    printf("FAIL %s: %.9g vs %.9g\n", what, got, want);
+}
+static void run(int64_t dim_B, int shift) {
+  const int D = 47;
+  int64_t n = dim_B * D;
+  float *xs = alloc<float>(n + 8), *c = alloc<float>(D), *y = alloc<float>(D), *zs = alloc<float>(n + 8), *w = alloc<float>(1);
+  for (int64_t i = 0; i < n; i++)
+    xs[i + shift] = (float)((i * 7919 % 1000) - 500) / 250.0f;
+  for (int j = 0; j < D; j++)
+    c[j] = 0.5f + j * 0.01f;
+  const float *x = xs + shift;
+  float *z = zs + shift;
+  for (int rep = 0; rep < 2; rep++) { /* twice: the counts are back at zero after a kernel */
+#include "launches.inc"
+    wait_all();
+    double tot = 0, mx = -INFINITY;
+    for (int j = 0; j < D; j++) {
+      double s = 0;
+      for (int64_t b = 0; b < dim_B; b++)
+        s += x[b * D + j];
+      cmp("y", y[j], std::exp(s * 0.001), 1e-5);
+    }
+    for (int64_t i = 0; i < n; i++) {
+      cmp("z", z[i], (double)x[i] * c[i % D] + 1, 1e-6);
+      tot += (double)x[i] * x[i];
+      mx = std::max(mx, (double)x[i]);
+    }
+    cmp("w", w[0], tot + mx, 1e-5);
+    for (int i = 0; i < 1024; i++)
+      if (count[i] && fails++ < 10)
+        printf("FAIL count[%d] = %u left\n", i, count[i]);
+  }
+  printf("B=%lld shift=%d: %s\n", (long long)dim_B, shift, fails ? "FAIL" : "ok");
+}
+int main(int argc, char **argv) {
+  part = alloc<float>(1 << 18);
+  count = alloc<unsigned>(1024);
+  run(3, 0);
+  run(5001, 0);
+  run(5001, 1);
+  run(20000, 0);
+  if (argc > 1) /* the dims' maxima: 256 blocks a tile */
+    run(65536, 0), run(65536, 2);
+  return fails != 0;
+}
