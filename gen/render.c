@@ -83,6 +83,7 @@ typedef struct R R;
  * threads splitting the reduced elements (columns: the kept dims innermost,
  * so the 32 threads of a row read 32 neighbours) */
 enum { M_PW, M_SERIAL, M_WARP, M_BLOCK, M_COLUMN };
+enum { CHUNKS = 64 }; /* a split CPU reduction's chunks: fixed, so its sums do not depend on the thread count */
 
 typedef struct Dialect {
   const char *name;       /* "cpu", "cuda" */
@@ -140,6 +141,7 @@ struct R {
   Vec vstores;        /* the lane body's vector stores: "buffer|local" */
   int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
   int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
+  int csplit;         /* on the CPU: few outputs, the reduced elements split into CHUNKS parallel chunks */
 };
 
 static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -149,7 +151,7 @@ static void emit(R *r, int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tmp, sizeof tmp, fmt, ap);
   va_end(ap);
-  for (int i = 0; i < level + 1; i++)
+  for (int i = 0; i < level + 1 + (r->csplit && level >= 2); i++) /* a split's r loop sits in its chunk loop */
     buf_printf(&r->lv[level], "  ");
   buf_printf(&r->lv[level], "%s\n", tmp);
 }
@@ -178,7 +180,7 @@ static void head(R *r, const char *fmt, ...) {
 static void close_level(R *r) {
   int l = r->level--;
   buf_printf(&r->lv[r->level], "%s", r->lv[l].p ? r->lv[l].p : "");
-  for (int i = 0; i < r->level + 1; i++)
+  for (int i = 0; i < r->level + 1 + (r->csplit && l == 2); i++)
     buf_printf(&r->lv[r->level], "  ");
   buf_printf(&r->lv[r->level], "}\n");
   int w = 0;
@@ -670,10 +672,16 @@ static void cpu_pw_loop(R *r) {
   head(r, "for (int64_t i = 0; i < n; i++) {");
 }
 static void cpu_o_loop(R *r) {
-  emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+  if (!r->csplit) /* a split kernel's threads share each output's reduced elements instead */
+    emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
   head(r, "for (int64_t o = 0; o < n_o; o++) {");
 }
-static void cpu_r_loop(R *r) { head(r, "for (int64_t r = 0; r < n_r; r++) {"); }
+static void cpu_r_loop(R *r) {
+  if (r->csplit)
+    head(r, "  for (int64_t r = c * n_r / %d; r < (c + 1) * n_r / %d; r++) {", CHUNKS, CHUNKS);
+  else
+    head(r, "for (int64_t r = 0; r < n_r; r++) {");
+}
 static void cpu_combine(R *r, Op op, const char *acc) { (void)r, (void)op, (void)acc; }
 static void cpu_bad(R *r, int level, const char *pos) { emit(r, level, "  bad = bad < %s ? bad : %s;", pos, pos); }
 static void cpu_close(R *r) {
@@ -711,6 +719,8 @@ static void cuda_o_loop(R *r) {
 }
 static void cuda_r_loop(R *r) {
   const char *t = r->it;
+  if (r->mode != M_SERIAL) /* several loads in flight per thread, not one load's latency per element */
+    head(r, "#pragma unroll 4");
   if (r->mode == M_WARP)
     head(r, "for (%s r = threadIdx.x %% 32; r < n_r; r += 32) {", t);
   else if (r->mode == M_BLOCK && r->split)
@@ -983,7 +993,7 @@ static void loop_body(R *r) {
     }
   r->nph = nph, r->last_full = last_full;
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
-    const char *accs[64];
+    const char *accs[64], *tys[64];
     int na = 0, all_sum = 1;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
@@ -994,15 +1004,26 @@ static void loop_body(R *r) {
       const char *t = red->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
       emit(r, 1, "%s %s = %s;", t, acc, red->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
       all_sum &= red->op == OP_SUM;
+      tys[na] = t;
       accs[na++] = acc;
     }
+    if (r->csplit) /* each chunk's accumulators, then the chunks in order */
+      for (int a = 0; a < na; a++)
+        emit(r, 1, "%s %s_part[%d];", tys[a], accs[a], CHUNKS);
     open_level(r);
+    if (r->csplit) {
+      head(r, "%s_OMP(parallel for schedule(static) if (n_r > 16384)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+      head(r, "for (int64_t c = 0; c < %d; c++) {", CHUNKS);
+      for (int i = 0, a = 0; i < k->nreds; i++)
+        if (dep(r, k->reds[i], cache) == ph)
+          head(r, "  %s %s = %s;  /* this chunk's */", tys[a], accs[a], k->reds[i]->op == OP_SUM ? "0" : "-INFINITY"), a++;
+    }
     if (na && all_sum && !strcmp(r->d->name, "cpu")) {
       Buf b;
       buf_init(&b, r->a);
       for (int i = 0; i < na; i++)
         buf_printf(&b, "%s%s", i ? ", " : "", accs[i]);
-      head(r, "%s_OMP(simd reduction(+ : %s))", r->NAME, b.p);
+      head(r, "%s%s_OMP(simd reduction(+ : %s))", r->csplit ? "  " : "", r->NAME, b.p);
     }
     r->d->r_loop(r);
     set_var_level(r, "r", 2);
@@ -1044,6 +1065,19 @@ static void loop_body(R *r) {
       }
     }
     close_level(r);
+    if (r->csplit && ph <= nph) {
+      for (int a = 0; a < na; a++)
+        emit(r, 1, "  %s_part[c] = %s;", accs[a], accs[a]);
+      emit(r, 1, "}");
+      for (int i = 0, a = 0; i < k->nreds; i++)
+        if (dep(r, k->reds[i], cache) == ph) {
+          if (k->reds[i]->op == OP_SUM)
+            emit(r, 1, "for (int c = 0; c < %d; c++) %s += %s_part[c];", CHUNKS, accs[a], accs[a]);
+          else
+            emit(r, 1, "for (int c = 0; c < %d; c++) %s = %s_max(%s, %s_part[c]);", CHUNKS, accs[a], r->name, accs[a], accs[a]);
+          a++;
+        }
+    }
     if (r->split && ph <= nph) {
       Op ops[64];
       for (int i = 0, j = 0; i < k->nreds; i++)
@@ -1148,6 +1182,24 @@ static int vec_width(R *r) {
  * elements, or 32 columns) and many reduced elements each, one phase (a
  * value over the input space after the reduction would need the total),
  * at most 8 reductions, all float (the partials' room). */
+/* Whether reduction kernel r->k splits on the CPU: at most 8 outputs and
+ * at least 65536 reduced elements each at the dims' maxima, one phase, all
+ * float, nothing over the input space after the reduction (the chunks run
+ * in parallel; their results combine in a fixed order). */
+static int cpu_split_ok(R *r) {
+  const Kernel *k = r->k;
+  if (r->mode != M_SERIAL || r->nph != 1 || r->last_full || !k->nreds)
+    return 0;
+  for (int i = 0; i < k->nreds; i++)
+    if (!dtype_is_float(k->reds[i]->dtype))
+      return 0;
+  int64_t no, nr;
+  const char *err;
+  if (!dim_eval(r->g, &k->outer, r->p->sym, &no, &err) || !dim_eval(r->g, &k->rnum, r->p->sym, &nr, &err))
+    return 0;
+  return no <= 8 && nr >= 65536;
+}
+
 static int split_ok(R *r) {
   const Kernel *k = r->k;
   if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || r->nph != 1 || r->last_full || k->nreds > 8)
@@ -1247,6 +1299,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   r->mode = probe->mode;
   r->has_bad = probe->saw_take;
   int cuda = !strcmp(f->d->name, "cuda");
+  r->csplit = !cuda && cpu_split_ok(probe);
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
     r->split = split_ok(probe);

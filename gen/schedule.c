@@ -262,6 +262,31 @@ static int in_backward(const BPass *p, const Kernel *k) {
   return 0;
 }
 
+/* Whether kernel k (its loads marked sj) reads only inputs and params and
+ * stores only pass results (gradients) and values no other kernel reads
+ * (kept in registers): such a backward kernel may join a forward one that
+ * reads the same inputs (sum(f(x)) w.r.t. x: the loss and d_x in one pass
+ * over x), since it needs nothing the forward computes and keeps nothing in
+ * the arena. */
+static int leaves_to_finals(S *s, const Kernel *k, int sj) {
+  BPass *p = s->p;
+  for (int q = 0; q < p->n; q++)
+    if (s->mark[q] == sj && !is_leaf(p->nodes[q]))
+      return 0;
+  for (int i = 0; i < k->nouts; i++) {
+    int final = 0;
+    for (int f = 0; f < p->nfinals && !final; f++)
+      final = p->finals[f] == k->outs[i];
+    for (int m = 0; m < p->nk && !final; m++)
+      if (p->k[m] != k) {
+        kernel_loads(p, p->k[m], s->seen);
+        if (s->seen[k->outs[i]->id])
+          return 0;
+      }
+  }
+  return 1;
+}
+
 /* What kernel k is, in words, for the reasons below ("a GEMM (linear)"). */
 static const char *kernel_what(const BPass *p, const Kernel *k) {
   if (k->kind == K_LOOP)
@@ -306,21 +331,26 @@ static const char *merge(S *s, int i, int j, int commit) {
     return arena_printf(g->arena, "the next loop runs over another space (this: %s; the next: %s)", space(p, ki),
                         space(p, kj));
   }
-  /* a full reduction (one output element) fused with work over its whole
-   * input would serialise that work */
+  /* a reduction to few values fused with work over its whole input would
+   * serialise that work, unless the renderer splits its reduced elements
+   * over blocks (CUDA) and chunks (CPU): one reduction to at most 8 values
+   * of at least 65536 elements each (render.c's split_ok, cpu_split_ok) */
   if ((ki->nreds || kj->nreds) && !(ki->nreds && kj->nreds)) {
     const Kernel *r = ki->nreds ? ki : kj, *q = ki->nreds ? kj : ki;
-    int64_t o;
-    if (dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer))
+    int64_t o, rn;
+    const char *e;
+    int splits = r->nreds == 1 && dim_is_const(&r->outer, &o) && o <= 8 && dim_eval(g, &r->rnum, p->sym, &rn, &e) &&
+                 rn >= 65536;
+    if (!splits && dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer))
       return arena_printf(g->arena, "a reduction to %lld value%s does not take work over its whole input (it would run on "
                           "%lld thread%s)", (long long)o, o == 1 ? "" : "s", (long long)o, o == 1 ? "" : "s");
   }
   /* the training schedule's forward part stays apart from its backward
    * (fusing a recomputation into the forward would store what the
    * partitioner chose not to save) */
-  if (in_backward(p, ki) != in_backward(p, kj))
-    return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
   int sj = loads(s, kj);
+  if (in_backward(p, ki) != in_backward(p, kj) && !(!in_backward(p, ki) && leaves_to_finals(s, kj, sj)))
+    return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
     related = s->mark[ki->outs[q]->id] == sj;
@@ -548,7 +578,7 @@ void schedule(BPass *p, int fuse) {
       for (int i = j - 1; i >= 0 && i >= j - 64 && (p->kind != PASS_TRAIN || merges < limit); i--)
         if (!merge(s, i, j, 1)) {
           merges++;
-          j = i; /* the merged kernel may take more */
+          j = i - 1; /* the merged kernel may join an earlier one, and take more */
           break;
         }
     /* stored values only their own kernel reads: kept in registers */

@@ -22,6 +22,7 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
   const int n_o = dim_B, n_r = 10;
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
+    #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix1 = o * n_r + r;
       const float v2 = logits[ix1];
@@ -30,6 +31,7 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
+    #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
@@ -50,6 +52,7 @@ static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     float acc1 = 0;
+    #pragma unroll 4
     for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
       const int ix2 = o * n_r + r;
       const int64_t ix3 = y[ix2];
@@ -106,6 +109,7 @@ static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *_
   const int n_o = 1, n_r = dim_B;
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
+    #pragma unroll 4
     for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
       const int ix1 = o * n_r + r;
       const int64_t ix2 = y[ix1];
@@ -124,6 +128,7 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
   const int n_o = dim_B, n_r = 10;
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
+    #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix1 = o * n_r + r;
       const float v2 = logits[ix1];
@@ -132,6 +137,7 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
     acc0 = mlp_warp_max(acc0);
     const float s3 = (float)acc0;
     float acc4 = 0;
+    #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
@@ -147,6 +153,7 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
     const float v22 = d_loss_sum[0];
     const float v23 = 1.0f / v22;
     const float v24 = v21 * v23;
+    #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix10 = o * n_r + r;
       const float v11 = logits[ix10];
@@ -205,6 +212,7 @@ static __global__ void k7_sum(int dim_B, const float *__restrict__ d_loss, float
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
     const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
     float acc0 = 0;
+    #pragma unroll 4
     for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
       const int ix1 = r * (10) + o;
       const float v2 = d_loss[ix1];
@@ -229,6 +237,7 @@ static __global__ void k8_sum(int dim_B, const float *__restrict__ d_h, float *_
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
     const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
     float acc0 = 0;
+    #pragma unroll 4
     for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
       const int ix1 = r * (128) + o;
       const float v2 = d_h[ix1];

@@ -18,9 +18,9 @@
  *   kernel; a transpose feeding pointwise work is index arithmetic (one
  *   kernel, no copy); layer_norm -> linear -> gelu -> +x is a normalisation
  *   kernel, the GEMM and one epilogue kernel; mlp's forward is GEMM, relu,
- *   GEMM. The training pass of sum(tinyops(x)) w.r.t. x (train.wrt): the
- *   forward part a pointwise kernel and the sum, the backward one pointwise
- *   kernel that reads only x and writes d_x into the caller's buffer.
+ *   GEMM. The training pass of sum(tinyops(x)) w.r.t. x (train.wrt): one
+ *   kernel that reads x and writes the loss and d_x where the sum splits
+ *   over blocks (8192 x 8192), else the sum apart.
  * And the CUDA mapping of loop kernels, in the printed CUDA (the CPU text
  * has none of it): a pointwise kernel loads each operand it reads at its
  * own element, and stores each result, as 16-byte vectors (4 f32, 8 bf16),
@@ -360,55 +360,59 @@ static void kernel_groups(void) {
   arena_free(&a);
 }
 
-/* The training pass of tests/e2e/tinyops_grad.yaml (d sum(tinyops(x)) / d x).
- * Forward part: the chain's tanh is stored (two readers, costly to recompute)
- * by one pointwise kernel, then the sum reads it: the scheduler does not fuse
- * work over a whole input into a reduction to one value (its one block would
- * not fill the GPU), so the forward part is two kernels, not one. Backward:
- * nothing saved, the chain recomputed from x in one pointwise kernel that
- * reads x only and writes d_x in place (HOME_IGRAD, out[1]). */
-static void wrt_kernels(void) {
+/* The training pass of d sum(tinyops(x)) / d x (train.wrt). Nothing is
+ * saved; the backward recomputes the chain from x, so the kernel that
+ * writes d_x reads x only and joins the forward kernel that reads x (a
+ * backward kernel that needs nothing the forward computes). Small
+ * (tests/e2e/tinyops_grad.yaml, 64 x 64): the sum is not split (too few
+ * elements), so the work over x stays out of it: a pointwise kernel that
+ * writes d_x, then the sum. Large (bench/specs/tinyops_fwdbwd.yaml, 8192 x
+ * 8192): the sum is split over blocks, and the pass is one kernel that reads
+ * x and writes the loss and d_x. */
+static void wrt_pass(const char *path, const char *want, int dx_kernel) {
   Arena a = {.fail_after = -1};
-  char *src = slurp(&a, "tests/e2e/tinyops_grad.yaml");
-  Graph *g = src ? load(&a, "tinyops_grad", src) : NULL;
+  char *src = slurp(&a, path);
+  Graph *g = src ? load(&a, path, src) : NULL;
   Plan pl = {0};
   int64_t maxsym[MAXSYM] = {0};
-  char err[512];
+  char err[512], detail[160];
   if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err)) {
-    check(0, "tinyops_grad: train pass", "cannot load, differentiate or partition");
+    check(0, path, "cannot load, differentiate or partition");
     arena_free(&a);
     return;
   }
-  check(g->nwrt == 1 && g->ngrads == 1 && pl.nsaved == 0, "tinyops_grad: d_x from x alone (nothing saved)", "");
+  check(g->nwrt == 1 && g->ngrads == 1 && pl.nsaved == 0, path, "d_x from x alone (nothing saved)");
   BPass *ps[NPASS] = {0};
   build_passes(g, &pl, 1, 2, ps);
   BPass *p = ps[PASS_TRAIN];
-  char fwd[16] = {0}, bwd[16] = {0};
-  int nf = 0, nb = 0;
-  for (int c = 0; c < p->nk && nf < 15 && nb < 15; c++) {
-    const Kernel *k = p->k[c];
-    char kind = k->kind == K_GEMM ? 'G' : k->kind == K_EXTERN ? 'C' : k->nreds ? 'R' : 'L';
-    if (k->nouts && k->outs[0]->id < p->nfwd)
-      fwd[nf++] = kind;
-    else
-      bwd[nb++] = kind;
-  }
-  char detail[128];
-  snprintf(detail, sizeof detail, "got forward %s, backward %s", fwd, bwd);
-  check(!strcmp(fwd, "LR") && !strcmp(bwd, "L"),
-        "kernels of tinyops_grad's train pass: forward LR (the chain, then the sum), backward L (d_x)", detail);
-  const Kernel *last = p->k[p->nk - 1];
+  char kinds[16] = {0};
+  for (int c = 0; c < p->nk && c < 15; c++)
+    kinds[c] = p->k[c]->kind == K_GEMM ? 'G' : p->k[c]->kind == K_EXTERN ? 'C' : p->k[c]->nreds ? 'R' : 'L';
+  snprintf(detail, sizeof detail, "%s: train pass kernels %s, want %s", path, kinds, want);
+  check(!strcmp(kinds, want), detail, "");
+  if (dx_kernel >= p->nk)
+    return;
+  const Kernel *k = p->k[dx_kernel];
   char *mark = arena_alloc(&a, (size_t)p->n + 1);
-  kernel_loads(p, last, mark);
-  int reads = 0, reads_x = 0;
+  kernel_loads(p, k, mark);
+  int reads = 0, reads_x = 0, writes_dx = 0;
   for (int i = 0; i < p->n; i++) {
     reads += mark[i];
     reads_x += mark[i] && p->nodes[i]->op == OP_INPUT;
   }
-  const Buffer *out = last->nouts == 1 && p->buf[last->outs[0]->id] >= 0 ? &p->b[p->buf[last->outs[0]->id]] : NULL;
-  snprintf(detail, sizeof detail, "reads %d values (%d inputs), writes %s", reads, reads_x, out ? out->name : "?");
-  check(reads == 1 && reads_x == 1 && out && out->home == HOME_IGRAD && out->index == 0 && !strcmp(out->name, "d_x"),
-        "tinyops_grad's backward kernel reads x only and writes d_x in the caller's buffer", detail);
+  for (int i = 0; i < k->nouts; i++) {
+    int bi = p->buf[k->outs[i]->id];
+    writes_dx |= bi >= 0 && p->b[bi].home == HOME_IGRAD && p->b[bi].index == 0 && !strcmp(p->b[bi].name, "d_x");
+  }
+  snprintf(detail, sizeof detail, "%s: kernel %d reads %d values (%d inputs), writes d_x: %d", path, dx_kernel, reads,
+           reads_x, writes_dx);
+  check(reads == 1 && reads_x == 1 && writes_dx, detail, "reads x only and writes d_x in the caller's buffer");
+  arena_free(&a);
+}
+
+static void wrt_kernels(void) {
+  wrt_pass("tests/e2e/tinyops_grad.yaml", "LR", 0);
+  wrt_pass("bench/specs/tinyops_fwdbwd.yaml", "R", 0);
 }
 
 /* ---------------------------------------------------------------- the CUDA mapping */
