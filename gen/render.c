@@ -124,7 +124,7 @@ struct R {
   int nvars;
   const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
   char *own;          /* per node: the kernel computes it */
-  int fail;           /* a reduction read at another element (render_check) */
+  int fail;           /* render_check: 1 a reduction read at another element, 2 a load of a value it stores */
   Vec params;         /* Buffer indices the kernel reads or writes, in first-use order */
   char *written;      /* per buffer: the kernel stores it */
   int has_bad;        /* the kernel reports bad indices (a take) */
@@ -410,7 +410,20 @@ static const char *bufname(R *r, const Node *n) {
   return r->p->b[bi].name;
 }
 
+/* Are n's bytes a value this kernel stores (n itself, or a stored reshape
+ * of one)? A load of them would run before the store that writes them, or
+ * on another iteration (another thread) than it: the schedule must not
+ * fuse so (render_check fails). */
+static int own_bytes(R *r, const Node *n) {
+  while (!r->own[n->id] && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
+         r->p->kern[n->id] < 0 && n->in[0])
+    n = n->in[0];
+  return r->own[n->id];
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
+  if (own_bytes(r, n))
+    r->fail = 2;
   const char *p = bufname(r, n), *i = ix_flat(r, ix);
   const char *e;
   switch (n->dtype) {
@@ -526,6 +539,8 @@ static const char *val(R *r, const Node *n, Ix *ix) {
       Loc none = {0, 0};
       for (int k = 0; k < n->nin; k++) {
         const Node *x = n->in[k];
+        if (own_bytes(r, x))
+          r->fail = 2;
         Ix xi = ix_make(&x->shape, NULL);
         for (int j = 0; j < x->shape.rank; j++)
           xi.d[j] = j == n->axis ? bind(r, "int64_t", arena_printf(r->a, "%s - (%s)", pos, c_dim(r->g, &at))) : ix_dim(r, ix, j);
@@ -962,7 +977,7 @@ int render_check(BPass *p, const Kernel *k) {
   choose_mode(r);
   r->has_bad = 0;
   loop_body(r);
-  return r->fail ? -1 : 0;
+  return r->fail;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -1047,7 +1062,7 @@ static void loop_kernel(File *f, BPass *p, const Kernel *k, Buf *call) {
     for (int i = 0; i < k->nreds; i++)
       fprintf(stderr, "red %d %s %s\n", k->reds[i]->id, op_info[k->reds[i]->op].name, shape_str(f->g, &k->reds[i]->shape));
     fprintf(stderr, "%s\n", r->lv[0].p);
-    die("render: kernel with a reduction read at another element");
+    die(r->fail == 2 ? "render: kernel loading a value it stores" : "render: kernel with a reduction read at another element");
   }
   /* the signature: the dims it uses, then its buffers */
   Buf sig, args;
