@@ -327,7 +327,9 @@ void final_home(const BPass *p, int k, Home *h, int *index);
  * else -1 and a message. */
 int plan_check(const BPass *p, char *err, size_t errlen);
 /* render.c: 0 when loop kernel k (its values as the schedule stands) can be
- * printed: every read of a reduction it computes is at its own element. */
+ * printed: every read of a reduction it computes is at its own element (else
+ * 1), and it loads no value it stores itself (else 2: the load could run
+ * before the store, or on another thread). */
 int render_check(BPass *p, const Kernel *k);
 /* The pass in words (tgen check --dump-after). */
 void dump_pass(const BPass *p, int after, Buf *b); /* after: 0 decompose, 1 schedule, 2 plan */

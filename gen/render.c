@@ -82,8 +82,15 @@ typedef struct R R;
  * innermost); a tile of 32 output elements per block, its 32 rows of
  * threads splitting the reduced elements (columns: the kept dims innermost,
  * so the 32 threads of a row read 32 neighbours) */
-enum { M_PW, M_SERIAL, M_WARP, M_BLOCK, M_COLUMN };
+enum { M_PW, M_SERIAL, M_WARP, M_BLOCK, M_COLUMN, M_CTILE };
 enum { CHUNKS = 64 }; /* a split CPU reduction's chunks: fixed, so its sums do not depend on the thread count */
+/* CPU, M_CTILE: a column reduction (kept dims innermost) as tiles of
+ * CTILE neighbouring output elements, each tile one iteration of the
+ * parallel loop: for each reduced element r, a vector loop over the tile's
+ * outputs reads a row's contiguous elements into an array of accumulators
+ * (instead of a loop per output element striding over the rows). */
+#define CTILE 16
+#define CTILE_TEXT "16"
 
 typedef struct Dialect {
   const char *name;       /* "cpu", "cuda" */
@@ -125,7 +132,7 @@ struct R {
   int nvars;
   const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
   char *own;          /* per node: the kernel computes it */
-  int fail;           /* a reduction read at another element (render_check) */
+  int fail;           /* render_check: 1 a reduction read at another element, 2 a load of a value it stores */
   Vec params;         /* Buffer indices the kernel reads or writes, in first-use order */
   char *written;      /* per buffer: the kernel stores it */
   int has_bad;        /* the kernel reports bad indices (a take) */
@@ -425,7 +432,20 @@ static const char *bufname(R *r, const Node *n) {
 /* The vector type of r->vec elements of dtype t (tgm_math.h's NAME_vec). */
 static const char *vec_type(R *r, DType t) { return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec); }
 
+/* Are n's bytes a value this kernel stores (n itself, or a stored reshape
+ * of one)? A load of them would run before the store that writes them, or
+ * on another iteration (another thread) than it: the schedule must not
+ * fuse so (render_check fails). */
+static int own_bytes(R *r, const Node *n) {
+  while (!r->own[n->id] && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
+         r->p->kern[n->id] < 0 && n->in[0])
+    n = n->in[0];
+  return r->own[n->id];
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
+  if (own_bytes(r, n))
+    r->fail = 2;
   const char *p = bufname(r, n), *i = ix_flat(r, ix);
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
   if (r->p->buf && !strcmp(i, "i")) {
@@ -557,6 +577,8 @@ static const char *val(R *r, const Node *n, Ix *ix) {
       Loc none = {0, 0};
       for (int k = 0; k < n->nin; k++) {
         const Node *x = n->in[k];
+        if (own_bytes(r, x))
+          r->fail = 2;
         Ix xi = ix_make(&x->shape, NULL);
         for (int j = 0; j < x->shape.rank; j++)
           xi.d[j] = j == n->axis ? bind_ix(r, arena_printf(r->a, "%s - (%s)", pos, c_dim(r->g, &at))) : ix_dim(r, ix, j);
@@ -941,6 +963,92 @@ static void split_combine(R *r, const char **accs, const Op *ops, int na) {
          ops[a] == OP_AMAX ? "max" : "sum", na, a, blk ? "" : ", live");
 }
 
+/* Does kernel k store values over its input's space (not only reductions
+ * and values over the output space)? */
+static int full_outputs(R *r) {
+  const Kernel *k = r->k;
+  for (int i = 0; i < k->nouts; i++) {
+    const Node *n = k->outs[i];
+    Loc none = {0, 0};
+    Dim nn = dim_const(1);
+    for (int j = 0; j < n->shape.rank; j++)
+      nn = dim_mul(nn, n->shape.d[j], none);
+    if (op_info[n->op].cls != C_REDUCE && dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer))
+      return 1;
+  }
+  return 0;
+}
+
+/* M_CTILE (CPU): one phase of reductions over leading dims, and the values
+ * over the output space after it. Levels: 1 a tile of outputs o0..o0+nc, 2
+ * a reduced element r, 3 an output o of the tile; then 2 again, an output
+ * o of the tile after the loop over r. Each output's sum runs over r in
+ * order, as in a loop per output element. */
+static void column_tiles(R *r, const Shape *rsh) {
+  const Kernel *k = r->k;
+  emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME,
+       r->has_bad ? " reduction(min : bad)" : "");
+  head(r, "for (int64_t o0 = 0; o0 < n_o; o0 += %d) {", CTILE);
+  set_var_level(r, "o0", 1);
+  emit(r, 1, "const int64_t nc = n_o - o0 < %d ? n_o - o0 : %d;", CTILE, CTILE);
+  set_var_level(r, "nc", 1);
+  const char *accs[64];
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    int fl = dtype_is_float(red->dtype);
+    const char *t = red->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
+    accs[i] = arena_printf(r->a, "acc%d", r->nvars++);
+    emit(r, 1, "%s %s[%d];", t, accs[i], CTILE);
+    emit(r, 1, "for (int64_t c = 0; c < %d; c++)", CTILE);
+    emit(r, 1, "  %s[c] = %s;", accs[i], red->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
+  }
+  open_level(r);
+  head(r, "for (int64_t r = 0; r < n_r; r++) {");
+  set_var_level(r, "r", 2);
+  open_level(r);
+  head(r, "%s_OMP(simd%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+  head(r, "for (int64_t c = 0; c < nc; c++) {");
+  head(r, "  const int64_t o = o0 + c;");
+  set_var_level(r, "c", 3);
+  set_var_level(r, "o", 3);
+  Ix ixF = ix_make(&k->full, NULL);
+  Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(rsh, "r");
+  for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
+    ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    Ix xi = ixF;
+    const char *v = val(r, red->in[0], &xi);
+    if (red->op == OP_SUM)
+      emit(r, 3, "%s[c] += %s;", accs[i], v);
+    else
+      emit(r, 3, "%s[c] = %s_max(%s[c], %s);", accs[i], r->name, accs[i], v);
+  }
+  close_level(r);
+  close_level(r);
+  /* the results and the values over the output space */
+  open_level(r);
+  head(r, "for (int64_t c = 0; c < nc; c++) {");
+  head(r, "  const int64_t o = o0 + c;");
+  set_var_level(r, "c", 2);
+  set_var_level(r, "o", 2);
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    const char *v = arena_printf(r->a, "s%d", r->nvars++);
+    emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
+         half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[c]", vtype(red->dtype), accs[i])));
+    set_var_level(r, v, 2);
+    r->acc[red->id] = v;
+  }
+  for (int i = 0; i < k->nouts; i++) {
+    const Node *n = k->outs[i];
+    Ix xi = ix_make(&n->shape, "o");
+    store(r, n, &xi, 1);
+  }
+  close_level(r);
+  close_level(r);
+}
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
@@ -968,9 +1076,6 @@ static void loop_body(R *r) {
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
   emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
-  open_level(r);
-  r->d->o_loop(r);
-  set_var_level(r, "o", 1);
   int *cache = arena_alloc(r->a, sizeof(int) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++)
     cache[i] = -1;
@@ -992,6 +1097,16 @@ static void loop_body(R *r) {
       }
     }
   r->nph = nph, r->last_full = last_full;
+  if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
+    open_level(r);
+    column_tiles(r, &rsh);
+    return;
+  }
+  if (r->mode == M_CTILE) /* several phases, or values over the input space: a loop per output element */
+    r->mode = M_SERIAL;
+  open_level(r);
+  r->d->o_loop(r);
+  set_var_level(r, "o", 1);
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
     const char *accs[64], *tys[64];
     int na = 0, all_sum = 1;
@@ -1121,7 +1236,7 @@ static void choose_mode(R *r) {
     r->mode = M_PW;
     return;
   }
-  r->mode = M_SERIAL;
+  r->mode = kernel_rows(k) ? M_SERIAL : M_CTILE;
   if (!strcmp(r->d->name, "cuda")) {
     int64_t rn = 0;
     const char *err;
@@ -1220,7 +1335,7 @@ int render_check(BPass *p, const Kernel *k) {
   choose_mode(r);
   r->has_bad = 0;
   loop_body(r);
-  return r->fail ? -1 : 0;
+  return r->fail;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -1315,7 +1430,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     for (int i = 0; i < k->nreds; i++)
       fprintf(stderr, "red %d %s %s\n", k->reds[i]->id, op_info[k->reds[i]->op].name, shape_str(f->g, &k->reds[i]->shape));
     fprintf(stderr, "%s\n", r->lv[0].p);
-    die("render: kernel with a reduction read at another element");
+    die(r->fail == 2 ? "render: kernel loading a value it stores" : "render: kernel with a reduction read at another element");
   }
   /* the signature: the dims it uses, then its buffers */
   Buf sig, args;
@@ -1361,10 +1476,16 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     vec_push(f->a, &f->names, (void *)kn);
     static const char *const modes[] = {"one thread per element", "one thread per output element",
                                         "one warp per output element", "one block per output element",
-                                        "32 output elements per block, 32 threads each"};
+                                        "32 output elements per block, 32 threads each", ""};
     buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
-               r->vec ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec) : cuda ? modes[r->mode] : k->nreds ? "a loop per output element" : "a loop over the elements", f->d->qual,
+               r->vec               ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec)
+               : cuda               ? modes[r->mode]
+               : r->mode == M_CTILE ? "tiles of " CTILE_TEXT " output elements, a vector loop over each tile per reduced element"
+               : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
+               : k->nreds           ? "a loop per output element"
+                                    : "a loop over the elements",
+               f->d->qual,
                ret, kn, text);
   }
   k->name = kn;

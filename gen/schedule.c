@@ -177,6 +177,11 @@ static void loads_walk(const BPass *p, const Node *n, const Kernel *k, int top, 
   }
   if (!top && !own && is_call(n))
     die("schedule: %s is read unrealized", op_info[n->op].name);
+  if (n->op == OP_CONCAT) { /* its operands are read from memory, even one this kernel stores */
+    for (int j = 0; j < n->nin; j++)
+      mark_alias(p, n->in[j], mark);
+    return;
+  }
   for (int j = 0; j < n->nin; j++)
     if (n->in[j])
       loads_walk(p, n->in[j], k, 0, seen, mark);
@@ -418,7 +423,9 @@ static const char *merge(S *s, int i, int j, int commit) {
   if (bad || !commit) {
     memcpy(p->kern, saved, sizeof(int) * (size_t)p->n);
     p->k[pos] = pos == i ? ki : kj;
-    return bad ? "a reduction's result would be read at another element than the fused loop's own" : NULL;
+    return bad == 2   ? "the fused kernel would load a value it stores (a concat's operand)"
+           : bad      ? "a reduction's result would be read at another element than the fused loop's own"
+                      : NULL;
   }
   /* remove the other slot */
   int gone = pos == i ? j : i;
@@ -497,11 +504,7 @@ void schedule(BPass *p, int fuse) {
       tail = c;
       c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
     }
-    /* the residual add only in the forward part: in a training backward it
-     * gave a wrong element for one model (tests/e2e/train_ops_bf16.yaml:
-     * grad.b[0] read before written, found by the resume test) and the cause
-     * is not found yet */
-    if (c && n->id < p->nfwd && c->op == OP_ADD && c->dtype == n->dtype && shape_eq(&c->in[0]->shape, &c->in[1]->shape) &&
+    if (c && c->op == OP_ADD && c->dtype == n->dtype && shape_eq(&c->in[0]->shape, &c->in[1]->shape) &&
         shape_eq(&c->shape, &tail->shape)) {
       Node *r = c->in[0] == tail ? c->in[1] : c->in[0];
       if (r != tail && r->id < n->id) { /* computed before the GEMM runs */

@@ -169,37 +169,55 @@ static void k6_relu_mul(int64_t dim_B, const float *restrict h_linear, float *re
   }
 }
 
-/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (a loop per output element) */
+/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
 static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_b2) {
   const int64_t n_o = 10, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
-    double acc0 = 0;
-    MLP_OMP(simd reduction(+ : acc0))
+  for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
+    const int64_t nc = n_o - o0 < 16 ? n_o - o0 : 16;
+    double acc0[16];
+    for (int64_t c = 0; c < 16; c++)
+      acc0[c] = 0;
     for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix1 = r * (10) + o;
-      const float v2 = d_loss[ix1];
-      acc0 += v2;
+      MLP_OMP(simd)
+      for (int64_t c = 0; c < nc; c++) {
+        const int64_t o = o0 + c;
+        const int64_t ix1 = r * (10) + o;
+        const float v2 = d_loss[ix1];
+        acc0[c] += v2;
+      }
     }
-    const float s3 = (float)acc0;
-    d_b2[o] = (float)s3;
+    for (int64_t c = 0; c < nc; c++) {
+      const int64_t o = o0 + c;
+      const float s3 = (float)acc0[c];
+      d_b2[o] = (float)s3;
+    }
   }
 }
 
-/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (a loop per output element) */
+/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
 static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_b1) {
   const int64_t n_o = 128, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
-    double acc0 = 0;
-    MLP_OMP(simd reduction(+ : acc0))
+  for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
+    const int64_t nc = n_o - o0 < 16 ? n_o - o0 : 16;
+    double acc0[16];
+    for (int64_t c = 0; c < 16; c++)
+      acc0[c] = 0;
     for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix1 = r * (128) + o;
-      const float v2 = d_h[ix1];
-      acc0 += v2;
+      MLP_OMP(simd)
+      for (int64_t c = 0; c < nc; c++) {
+        const int64_t o = o0 + c;
+        const int64_t ix1 = r * (128) + o;
+        const float v2 = d_h[ix1];
+        acc0[c] += v2;
+      }
     }
-    const float s3 = (float)acc0;
-    d_b1[o] = (float)s3;
+    for (int64_t c = 0; c < nc; c++) {
+      const int64_t o = o0 + c;
+      const float s3 = (float)acc0[c];
+      d_b1[o] = (float)s3;
+    }
   }
 }
 

@@ -52,6 +52,26 @@ static void dev_free(mlp_model *m, void *p) {
 #endif
 }
 
+/* Fill n bytes on the model's device with 0xff (MLP_POISON_ARENA). */
+static int dev_poison(mlp_model *m, void *p, size_t n) {
+  if (!p || !n)
+    return MLP_OK;
+  if (m->device == 0) {
+    memset(p, 0xff, n);
+    return MLP_OK;
+  }
+#ifdef MLP_HAVE_CUDA
+  unsigned char *ff = malloc(n);
+  int rc = !ff || mlp_cuda_memcpy(m->cx, p, memset(ff, 0xff, n), n, 0);
+  free(ff);
+  if (rc)
+    return mlp_fail(m, MLP_EDEVICE, "poisoning the arena: %s", ff ? mlp_cuda_ctx_error(m->cx) : "out of memory");
+  return MLP_OK;
+#else
+  return mlp_fail(m, MLP_EDEVICE, "no CUDA path in this build");
+#endif
+}
+
 /* Copy n bytes between the host and the model's device (to_host: dev -> host). */
 static int dev_copy(mlp_model *m, void *host, void *dev, size_t n, int to_host) {
   if (m->device == 0) {
@@ -422,6 +442,19 @@ static int run_call(mlp_model *m, int pass, int opt, const int64_t *sym, const v
   int rc = ensure_ws(m, mlp_pass_arena[pass]);
   if (rc)
     return rc;
+  /* a test aid: MLP_POISON_ARENA=1 fills the arena (and before a train pass
+   * each param's gradient) with 0xff bytes, NaN in every float dtype, so that a value
+   * read before the pass writes it shows */
+  const char *poison = getenv("MLP_POISON_ARENA");
+  if (poison && *poison && strcmp(poison, "0") != 0) {
+    rc = dev_poison(m, m->ws, (size_t)mlp_pass_arena[pass]);
+    for (int k = 0; !rc && pass == MLP_PASS_TRAIN && k < mlp_info.nparams; k++) {
+      const mlp_param_info *q = &mlp_info.params[k]; /* not the padding between them: it stays 0 */
+      rc = dev_poison(m, m->grads + q->offset, (size_t)(q->numel * (q->dtype == MLP_F32 ? 4 : 2)));
+    }
+    if (rc)
+      return rc;
+  }
 #ifdef MLP_HAVE_CUDA
   if (m->device == 1 && opt && m->step_dirty) {
     if (mlp_cuda_opt_set_step(m->cx, m->opt, m->step))

@@ -12,7 +12,8 @@
  *     and no two arena buffers that are live together share a byte
  *     (plan_check); each kernel's values are stored once; the unfused pass
  *     has one kernel per computed node.
- * Then the expected kernel groups, derived from the graphs' structure:
+ * Then the expected kernel groups, derived from the graphs' structure (and
+ * a concat never fused with the kernel that stores its operand):
  *   tinyops' forward is one kernel; softmax and layer_norm one kernel each
  *   (two reductions and their epilogue); a column sum and its epilogue one
  *   kernel; a transpose feeding pointwise work is index arithmetic (one
@@ -346,6 +347,16 @@ static void kernel_groups(void) {
   expect_kernels("two reductions of one input",
                  spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x, -1)\n  - m: amax(x, -1)\n  - y: s + m"), "R",
                  "reductions over the same space share one kernel");
+  /* a concat reads its operands from memory: the kernel storing one (here
+   * a row mean's epilogue) is not fused with the concat, which would read it
+   * before the store, and from another thread (the kernel order check of
+   * check_schedule fails on such a kernel) */
+  const char *cc = spec(&a, dims, "  x: [B, D]", NULL,
+                        "  - m: mean(x, -1, keepdim=true)\n  - c: concat([m * 2, slice(x, 1, 1, 48)], -1)\n  - y: c * 3");
+  expect_kernels("concat of a reduction's epilogue", cc, "RLL", "the concat's operand is stored before the concat runs");
+  BPass *pc = forward_of(&a, "concat of a reduction's epilogue", cc, 1);
+  if (pc)
+    check_schedule(pc->g, pc, 1, "concat of a reduction's epilogue");
   char *ln = slurp(&a, "spec/examples/ln_linear_gelu_res.yaml");
   if (ln)
     expect_kernels("ln_linear_gelu_res", ln, "RG", "normalisation, then the GEMM with gelu and the residual in its epilogue");
