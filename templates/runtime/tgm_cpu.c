@@ -573,6 +573,50 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
 #ifdef TGM_HAVE_CBLAS
 /* 1 = never use the CBLAS (tests compare the two). */
 static int gemm_no_blas = 0;
+
+#if defined(__GNUC__) && defined(__ELF__)
+/* OpenBLAS's thread count, when the CBLAS is OpenBLAS (weak: absent otherwise). */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+#endif
+
+/* cblas_sgemm in one thread pool: the rows (or the columns, when there are
+ * more) in one piece per OpenMP thread, each piece a one-thread call (OpenBLAS
+ * is told so once). A BLAS with threads of its own leaves them spinning after
+ * each call, taking the cores from the OpenMP kernels that follow. */
+static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+#if defined(__GNUC__) && defined(__ELF__)
+  static int one;
+  if (!one && openblas_set_num_threads) {
+    OMP(critical(tgm_blas_threads))
+    {
+      if (!one)
+        openblas_set_num_threads(1);
+      one = 1;
+    }
+  }
+#endif
+  int by_rows = M >= N, nt = nthreads();
+  int64_t len = by_rows ? M : N, np = len / 64 < nt ? len / 64 : nt;
+  if (np < 1)
+    np = 1;
+  OMP(parallel for schedule(static) if (np > 1))
+  for (int64_t q = 0; q < np; q++) {
+    int64_t a0 = len * q / np, a1 = len * (q + 1) / np;
+    const float *Aq = A, *Bq = B;
+    float *Cq = C;
+    if (by_rows) {
+      Aq += ta ? a0 : a0 * lda;
+      Cq += a0 * ldc;
+    } else {
+      Bq += tb ? a0 * ldb : a0;
+      Cq += a0;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)(by_rows ? a1 - a0 : M), (int)(by_rows ? N : a1 - a0), (int)K, alpha, Aq, (int)lda, Bq, (int)ldb,
+                beta, Cq, (int)ldc);
+  }
+}
 #endif
 
 /* The f32 GEMM every op uses: cblas_sgemm when built with it (and `par`:
@@ -583,8 +627,7 @@ static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 #ifdef TGM_HAVE_CBLAS
   if (par && !gemm_no_blas && M > 0 && N > 0 && K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX &&
       lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    cblas_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
 #endif
@@ -1017,9 +1060,8 @@ static int gemm_cblas(const tgm_gemm *g) {
     return 0;
   for (int64_t b = 0; b < g->batch; b++) {
     GemmOne o = gemm_one(g, b);
-    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->M,
-                (int)g->N, (int)g->K, 1.0f, o.A, (int)g->lda, o.B, (int)g->ldb, g->accumulate ? 1.0f : 0.0f, o.C,
-                (int)g->ldc);
+    cblas_split(g->ta, g->tb, g->M, g->N, g->K, 1.0f, (const float *)o.A, g->lda, (const float *)o.B, g->ldb,
+                g->accumulate ? 1.0f : 0.0f, (float *)o.C, g->ldc);
     if (plain)
       continue;
     OMP(parallel for schedule(static) if (g->M * g->N >= PAR_MIN))
