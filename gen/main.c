@@ -75,7 +75,13 @@ static Graph *load(Arena *a, Diag *d, const char *path) {
   char *src = read_file(a, path, &len);
   diag = NULL;
   if (!src) {
-    fprintf(stderr, "%s: error: cannot read: %s\n", path, strerror(errno));
+    if (errno == EFBIG)
+      fprintf(stderr, "%s: error: larger than %d MiB; a model spec is limited to that size\n", path,
+              MAX_SPEC_BYTES >> 20);
+    else if (errno == EISDIR)
+      fprintf(stderr, "%s: error: is a directory; MODEL is the spec file (a .yaml)\n", path);
+    else
+      fprintf(stderr, "%s: error: cannot read: %s\n", path, strerror(errno));
     return NULL;
   }
   Graph *g = tgen_load(d, a, path, src, len);

@@ -17,6 +17,8 @@
 
 #define TGEN_VERSION "0.1.0"
 #define MAX_DEPTH 64 /* YAML and expression nesting bound: no stack overflow */
+#define MAX_SPEC_BYTES (16 << 20) /* a spec file larger than this is refused */
+#define MAX_EXPR_DEPTH 256 /* depth of an expression tree, operator chains included */
 
 /* ---------------------------------------------------------------- util.c */
 
@@ -131,12 +133,14 @@ struct Expr {
   Expr *lhs, *rhs;  /* E_BINOP, E_NEG (lhs), E_KWARG (lhs = value) */
   Expr **args;      /* E_CALL, E_LIST */
   int nargs;
+  int depth;        /* height of the tree below: 0 for a leaf, at most MAX_EXPR_DEPTH */
 };
 
 /* Parse the text of a YAML scalar as an expression; locations are computed
  * from the scalar's position in the file. */
 Expr *parse_expr(const YNode *scalar);
-const char *expr_str(const Expr *e); /* short printed form for messages */
+const char *expr_str(const Expr *e); /* short printed form for messages (long ones cut: "...") */
+const char *expr_str_max(const Expr *e, size_t max); /* NULL if longer than max */
 
 /* ---------------------------------------------------------------- spec.c */
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 Diag *diag;
 
@@ -137,7 +138,8 @@ void buf_printf(Buf *b, const char *fmt, ...) {
 /* ---------------------------------------------------------------- diagnostics */
 
 /* Append the source line `line` and a caret under column `col` to `out`.
- * Tabs in the line are kept in the caret's padding so it lines up. */
+ * Tabs in the line are kept in the caret's padding so it lines up. A long line
+ * is shown as a window of at most 240 characters around the column. */
 static size_t put_caret(char *out, size_t cap, int line, int col) {
   const char *s = diag->src, *end = s + diag->srclen;
   for (int l = 1; l < line && s < end; s++)
@@ -149,12 +151,18 @@ static size_t put_caret(char *out, size_t cap, int line, int col) {
   while (e < end && *e != '\n' && *e != '\r')
     e++;
   size_t n = 0;
-  int len = (int)(e - s) > 300 ? 300 : (int)(e - s);
-  n += (size_t)snprintf(out + n, cap - n, "%.*s\n", len, s);
+  const char *pre = "";
+  if (col > 160 && col - 1 <= e - s) { /* start the window 80 characters before the column */
+    s += col - 81;
+    col = 81 + 3;
+    pre = "...";
+  }
+  int len = (int)(e - s) > 240 ? 240 : (int)(e - s);
+  n += (size_t)snprintf(out + n, cap - n, "%s%.*s%s\n", pre, len, s, len < e - s ? "..." : "");
   if (n >= cap)
     return cap - 1;
-  for (int c = 1; c < col && c <= len + 1 && n + 2 < cap; c++)
-    out[n++] = s[c - 1] == '\t' ? '\t' : ' ';
+  for (int c = 1; c < col && c <= len + 4 && n + 2 < cap; c++)
+    out[n++] = c <= (int)strlen(pre) ? ' ' : s[c - 1 - strlen(pre)] == '\t' ? '\t' : ' ';
   if (n + 2 < cap) {
     out[n++] = '^';
     out[n++] = '\n';
@@ -260,6 +268,12 @@ char *read_file(Arena *a, const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return NULL;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    errno = EISDIR;
+    return NULL;
+  }
   size_t cap = 4096, n = 0;
   char *p = malloc(cap);
   for (;;) {
@@ -272,13 +286,13 @@ char *read_file(Arena *a, const char *path, size_t *len) {
     n += r;
     if (r == 0)
       break;
+    if (n > MAX_SPEC_BYTES) { /* /dev/zero, a stray binary: refused after the limit, not read whole */
+      free(p);
+      fclose(f);
+      errno = EFBIG;
+      return NULL;
+    }
     if (n == cap) {
-      if (cap > ((size_t)1 << 30)) {
-        free(p);
-        fclose(f);
-        errno = EFBIG;
-        return NULL;
-      }
       char *q = realloc(p, cap * 2);
       if (!q)
         free(p);

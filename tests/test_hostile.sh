@@ -1,0 +1,49 @@
+#!/bin/sh
+# test_hostile.sh TGEN DIR: inputs a hostile user would try, generated here
+# (too big to keep as files): each must be refused with a located message, or
+# accepted, in linear time and memory; never a crash.
+tgen=$1
+dir=$2
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+fail=0
+# each run gets 20 s and 1 GiB of address space: a quadratic pass or a stack
+# overflow shows as a timeout or a signal
+run() { (ulimit -v 1048576; timeout 20 "$tgen" "$@") >"$dir/out" 2>"$dir/err"; }
+expect() { # expect RC FIRST-LINE-OF-STDERR (a prefix) -- what
+  if [ "$rc" -ne "$1" ]; then echo "FAIL ($3): exit status $rc, expected $1"; head -c 600 "$dir/err"; fail=1; return; fi
+  case "$(head -n 1 "$dir/err")" in
+    "$2"*) ;;
+    *) echo "FAIL ($3): stderr starts:"; head -c 600 "$dir/err"; echo "expected: $2"; fail=1 ;;
+  esac
+}
+header() { printf 'name: chain\ndtype: f32\ndims:\n  B: 4\ninputs:\n  x: [B]\ngraph:\n'; }
+
+# one binding with an N-term chain x + x + ... + x (80 KB and 800 KB)
+for n in 20000 200000; do
+  { header; printf '  - y: x'; awk -v n=$n 'BEGIN { for (i = 1; i < n; i++) printf " + x"; print "" }'
+    printf 'outputs: [y]\n'; } >"$dir/chain$n.yaml"
+  run check "$dir/chain$n.yaml"; rc=$?
+  expect 1 "$dir/chain$n.yaml:8:1034: error: expression nested more than 256 levels deep" "chain of $n terms"
+done
+# 256 terms in one chain are fine; 20,000 bindings in a line and side by side too
+{ header; printf '  - y: x'; awk 'BEGIN { for (i = 1; i < 256; i++) printf " * x"; print "" }'
+  printf 'outputs: [y]\n'; } >"$dir/chain256.yaml"
+run check "$dir/chain256.yaml"; rc=$?
+expect 0 "" "chain of 256 terms"
+{ header; echo "  - y0: x"; awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "  - y%d: y%d + x\n", i, i - 1 }'
+  printf '  - y: y20000 + 1\noutputs: [y]\n'; } >"$dir/long.yaml"
+run check "$dir/long.yaml"; rc=$?
+expect 0 "" "20,000 bindings in a line"
+{ header; awk 'BEGIN { for (i = 0; i < 20000; i++) printf "  - y%d: x * %d\n", i, i }'
+  printf '  - y: y19999 + y0\noutputs: [y]\n'; } >"$dir/wide.yaml"
+run check "$dir/wide.yaml"; rc=$?
+expect 0 "" "20,000 bindings side by side"
+
+# a file that never ends, and a directory
+run check /dev/zero; rc=$?
+expect 1 "/dev/zero: error: larger than 16 MiB; a model spec is limited to that size" "/dev/zero"
+run check "$dir"; rc=$?
+expect 1 "$dir: error: is a directory" "a directory as MODEL"
+
+[ $fail -eq 0 ] && echo "hostile inputs: ok"
+exit $fail
