@@ -77,7 +77,8 @@ static const char *instantiate(E *e, const char *path) {
   buf_init(&b, e->a);
   const char *s = (const char *)t->data, *end = s + t->len;
   while (s < end) {
-    int word_start = s == (const char *)t->data || !(isalnum((unsigned char)s[-1]) || s[-1] == '_');
+    int word_start = s == (const char *)t->data || !(isalnum((unsigned char)s[-1]) || s[-1] == '_') ||
+                     (s - (const char *)t->data >= 2 && s[-2] == '-' && s[-1] == 'D'); /* -DTGM_CUDA */
     if (word_start && end - s >= 3 && (!strncmp(s, "tgm", 3) || !strncmp(s, "TGM", 3)) &&
         !(s + 3 < end && isalnum((unsigned char)s[3]))) {
       buf_printf(&b, "%s", s[0] == 't' ? e->name : e->NAME);
@@ -277,6 +278,17 @@ static const char *input_dim_text(E *e, int k, int j) {
   return j < t->rank ? expr_str(t->shape[j]) : "?";
 }
 
+/* The API's field for a dim, input or output: its spec name, with '_' appended
+ * where C would break on it (c_reserved: int -> int_, linux -> linux_). */
+static const char *field(E *e, const char *name) {
+  return c_reserved(name, e->name) ? arena_printf(e->a, "%s_", name) : name;
+}
+
+/* The field's comment: the spec name when the field differs from it. */
+static const char *field_note(E *e, const char *name) {
+  return c_reserved(name, e->name) ? arena_printf(e->a, "; '%s' in the spec", name) : "";
+}
+
 static const char *common_file(E *e) {
   Graph *g = e->g;
   Buf bb, *b = &bb;
@@ -407,14 +419,14 @@ static const char *common_file(E *e) {
   P("  if (%d && !in)                                                        \\\n    return %s_fail(m, %s_EINVAL, \"%%s: in is NULL\", what);          \\\n", g->ninputs, e->name, e->NAME);
   P("  const void *iv[%d] = {", g->ninputs ? g->ninputs : 1);
   for (int k = 0; k < g->ninputs; k++)
-    P("%sin->%s", k ? ", " : "", g->inputs[k].name);
+    P("%sin->%s", k ? ", " : "", field(e, g->inputs[k].name));
   P("%s};                                                               \\\n", g->ninputs ? "" : "NULL");
   if (ndyn) {
     P("  if (!dims)                                                           \\\n    return %s_fail(m, %s_EINVAL, \"%%s: dims is NULL\", what);        \\\n", e->name, e->NAME);
     P("  const int64_t dv[%d] = {", ndyn);
     for (int k = 0, j = 0; k < g->nsyms; k++)
       if (!g->syms[k].derived)
-        P("%sdims->%s", j++ ? ", " : "", g->syms[k].name);
+        P("%sdims->%s", j++ ? ", " : "", field(e, g->syms[k].name));
     P("};\n\n");
     dv = "dv";
   } else {
@@ -425,7 +437,7 @@ static const char *common_file(E *e) {
   P("  DIMS_INPUTS(\"forward\");\n  if (!out)\n    return %s_fail(m, %s_EINVAL, \"forward: out is NULL\");\n", e->name, e->NAME);
   P("  void *ov[%d] = {", g->noutputs);
   for (int k = 0; k < g->noutputs; k++)
-    P("%sout->%s", k ? ", " : "", g->output_names[k]);
+    P("%sout->%s", k ? ", " : "", field(e, g->output_names[k]));
   P("};\n  return %s_forward_v(m, %s, iv, ov);\n}\n\n", e->name, dv);
   static const char *const tfn[] = {"loss", "forward_backward", "train_step"};
   for (int k = 0; k < 3; k++) {
@@ -448,20 +460,21 @@ static const char *api_types(E *e) {
   P("/* Dynamic dims of one call (each 1 <= value <= its max). */\ntypedef struct %s_dims {\n", e->name);
   for (int k = 0; k < g->nsyms; k++)
     if (!g->syms[k].derived)
-      P("  int64_t %s; /* max %lld */\n", g->syms[k].name, (long long)g->syms[k].max);
+      P("  int64_t %s; /* max %lld%s */\n", field(e, g->syms[k].name), (long long)g->syms[k].max,
+        field_note(e, g->syms[k].name));
   if (!ndyn)
     P("  int64_t unused; /* the model has no dynamic dims: pass NULL */\n");
   P("} %s_dims;\n\n/* Inputs: caller buffers, row-major. */\ntypedef struct %s_inputs {\n", e->name, e->name);
   for (int k = 0; k < g->ninputs; k++)
-    P("  const %s *%s; /* %s%s */\n", ctype(g->inputs[k].dtype), g->inputs[k].name, dtype_names[g->inputs[k].dtype],
-      shape_str(g, &g->inputs[k].shape));
+    P("  const %s *%s; /* %s%s%s */\n", ctype(g->inputs[k].dtype), field(e, g->inputs[k].name),
+      dtype_names[g->inputs[k].dtype], shape_str(g, &g->inputs[k].shape), field_note(e, g->inputs[k].name));
   if (!g->ninputs)
     P("  const void *unused; /* the model has no inputs */\n");
   P("} %s_inputs;\n\n/* Outputs: caller buffers, written by %s_forward. */\ntypedef struct %s_outputs {\n", e->name,
     e->name, e->name);
   for (int k = 0; k < g->noutputs; k++)
-    P("  %s *%s; /* %s%s */\n", ctype(g->outputs[k]->dtype), g->output_names[k], dtype_names[g->outputs[k]->dtype],
-      shape_str(g, &g->outputs[k]->shape));
+    P("  %s *%s; /* %s%s%s */\n", ctype(g->outputs[k]->dtype), field(e, g->output_names[k]),
+      dtype_names[g->outputs[k]->dtype], shape_str(g, &g->outputs[k]->shape), field_note(e, g->output_names[k]));
   P("} %s_outputs;\n", e->name);
   return b->p;
 }

@@ -18,6 +18,7 @@
 #define TGEN_VERSION "0.1.0"
 #define MAX_DEPTH 64 /* YAML and expression nesting bound: no stack overflow */
 #define MAX_SPEC_BYTES (16 << 20) /* a spec file larger than this is refused */
+#define MAX_IO 64 /* inputs, and outputs, of a model */
 #define MAX_EXPR_DEPTH 256 /* depth of an expression tree, operator chains included */
 
 /* ---------------------------------------------------------------- util.c */
@@ -77,6 +78,7 @@ void buf_putn(Buf *b, const char *s, size_t n);
 /* The closest candidate to `s` by edit distance, or NULL if none is close. */
 const char *did_you_mean(const char *s, const char *const *cands, int n);
 int is_ident(const char *s);
+int c_reserved(const char *s, const char *model); /* emitted C would break on this name (a '_' is appended) */
 
 /* Growable pointer array in the arena. */
 typedef struct Vec {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 Diag *diag;
@@ -224,6 +225,52 @@ int is_ident(const char *s) {
     if (!(isalnum((unsigned char)*s) || *s == '_'))
       return 0;
   return 1;
+}
+
+/* Is `s` unusable as an identifier in emitted C/CUDA (a struct field, a kernel
+ * parameter)? C11 and C23 keywords, macros that compilers predefine (linux,
+ * unix in GNU mode) or that the emitted code's headers define (NULL, EOF,
+ * errno, ...), the math functions the kernels call, CUDA's built-in variables,
+ * identifiers reserved to the implementation (__x, _X), and, when `model` is
+ * given, the model's own prefixes (model_..., MODEL_...), which name the
+ * emitted functions and macros. Such a name is emitted with a '_' appended. */
+int c_reserved(const char *s, const char *model) {
+  static const char *const words[] = {
+      /* C11 keywords, then C23's */
+      "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
+      "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
+      "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while",
+      "alignas", "alignof", "bool", "constexpr", "false", "nullptr", "static_assert", "thread_local", "true",
+      "typeof", "typeof_unqual", "asm", "noreturn", "complex", "imaginary", "I",
+      /* predefined by compilers (GNU mode) */
+      "linux", "unix", "i386", "i686", "sparc", "mips", "vax", "sun",
+      /* macros of the standard headers the emitted code includes */
+      "NULL", "EOF", "errno", "stdin", "stdout", "stderr", "assert", "offsetof", "INFINITY", "NAN", "HUGE_VAL",
+      "HUGE_VALF", "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE", "CHAR_BIT", "CHAR_MAX",
+      "INT_MAX", "INT_MIN", "UINT_MAX", "LONG_MAX", "LONG_MIN", "LLONG_MAX", "LLONG_MIN", "SIZE_MAX", "INT8_MAX",
+      "INT16_MAX", "INT32_MAX", "INT32_MIN", "INT64_MAX", "INT64_MIN", "UINT8_MAX", "UINT16_MAX", "UINT32_MAX",
+      "UINT64_MAX", "FLT_MAX", "FLT_MIN", "FLT_EPSILON", "DBL_MAX", "DBL_MIN", "DBL_EPSILON", "M_PI", "M_E",
+      "M_SQRT2", "M_SQRT1_2", "M_2_SQRTPI", "M_LN2", "EINVAL", "ENOMEM", "ERANGE", "EDOM", "EIO", "ENOENT",
+      "EEXIST", "EINTR", "EAGAIN", "EFBIG", "ENOSPC", "EACCES", "SEEK_SET", "SEEK_CUR", "SEEK_END",
+      "CLOCK_MONOTONIC", "CLOCK_REALTIME", "O_RDONLY", "O_WRONLY", "O_CREAT", "FP_NAN", "FP_INFINITE",
+      "PRId64", "PRIu64", "PRIx64", "MAP_FAILED", "main",
+      /* functions the kernels call, and CUDA's built-in variables */
+      "exp", "expf", "exp2f", "expm1f", "log", "logf", "log2f", "log1pf", "sqrt", "sqrtf", "rsqrtf", "tanh",
+      "tanhf", "erf", "erff", "erfc", "erfcf", "pow", "powf", "fabs", "fabsf", "fmax", "fmaxf", "fmin", "fminf",
+      "floor", "floorf", "ceil", "ceilf", "round", "roundf", "sin", "sinf", "cos", "cosf", "isnan", "isinf",
+      "isfinite", "signbit", "fmaf", "max", "min", "abs", "memcpy", "memset", "malloc", "free", "printf",
+      "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", NULL};
+  if (s[0] == '_' && (s[1] == '_' || isupper((unsigned char)s[1])))
+    return 1;
+  for (int i = 0; words[i]; i++)
+    if (!strcmp(s, words[i]))
+      return 1;
+  if (model) {
+    size_t n = strlen(model);
+    if (!strncasecmp(s, model, n) && s[n] == '_')
+      return 1;
+  }
+  return 0;
 }
 
 static int edit_distance(const char *a, const char *b) {

@@ -45,5 +45,18 @@ expect 1 "/dev/zero: error: larger than 16 MiB; a model spec is limited to that 
 run check "$dir"; rc=$?
 expect 1 "$dir: error: is a directory" "a directory as MODEL"
 
+# 65 outputs (the emitted runner holds 64)
+{ header; awk 'BEGIN { for (i = 0; i < 65; i++) printf "  - y%d: x * %d\n", i, i; printf "outputs: [y0"
+                       for (i = 1; i < 65; i++) printf ", y%d", i; print "]" }'; } >"$dir/outs.yaml"
+run check "$dir/outs.yaml"; rc=$?
+expect 1 "$dir/outs.yaml:73:10: error: 65 outputs; a model has at most 64" "65 outputs"
+
+# model m: its options in the emitted CMakeLists.txt's header are M_CUDA, M_BLAS
+printf 'name: m\ndims: {B: 2}\ninputs:\n  x: [B]\ngraph:\n  - y: x + 1\n' >"$dir/m.yaml"
+run "$dir/m.yaml" -o "$dir/m" --no-golden; rc=$?
+expect 0 "" "model m"
+grep -q -- '-DM_CUDA=OFF' "$dir/m/CMakeLists.txt" && ! grep -q TGM "$dir/m/CMakeLists.txt" ||
+  { echo "FAIL: the emitted CMakeLists.txt names other options than M_CUDA, M_BLAS"; fail=1; }
+
 [ $fail -eq 0 ] && echo "hostile inputs: ok"
 exit $fail
