@@ -12,6 +12,7 @@
  *
  * Everything is written into memory first; the directory is written only when
  * all of it succeeded, into a temporary directory renamed into place. */
+#define _DEFAULT_SOURCE /* syscall (renameat2), realpath */
 #include "ir.h"
 #include "../templates/runtime/tgm_rt.h"
 
@@ -23,6 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef struct {
@@ -626,7 +630,7 @@ static int golden(E *e, const char **why) {
       ran = 0;
     } else {
       size_t len;
-      char *data = read_file(e->a, path, &len);
+      char *data = read_file_max(e->a, path, &len, (size_t)1 << 40);
       if (data)
         add_binary(e, "tests/golden.safetensors", data, len);
       ran = data != NULL;
@@ -765,10 +769,164 @@ static int rm_rf(const char *path) {
 
 #define MARKER ".tgen-output"
 
-/* Write the files into OUT.tmp-PID, then swap it into place. An existing OUT
- * is replaced only if tgen made it (it holds the marker file). */
+/* The files of an output directory that are tgen's: the marker, the files it
+ * writes now and those its marker lists from the last run ("file: PATH"
+ * lines). Everything else (build/, a trained checkpoint) is the user's. */
+typedef struct Owned {
+  Vec paths; /* const char * */
+} Owned;
+
+static void own(E *e, Owned *o, const char *path) { vec_push(e->a, &o->paths, (void *)arena_strdup(e->a, path)); }
+
+/* Adds the paths that DIR's marker lists; 0 when it lists none (a marker of an
+ * older tgen, or none at all). */
+static int own_listed(E *e, Owned *o, const char *dir) {
+  size_t len;
+  char *m = read_file_max(e->a, arena_printf(e->a, "%s/%s", dir, MARKER), &len, (size_t)1 << 24);
+  int n = 0;
+  for (char *line = m; line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (nl)
+      *nl = 0;
+    if (!strncmp(line, "file: ", 6) && line[6])
+      own(e, o, line + 6), n++;
+    line = nl ? nl + 1 : NULL;
+  }
+  return n;
+}
+
+/* 1: `rel` is one of tgen's files; 2: a directory holding some; 0: neither. */
+static int owned(const Owned *o, const char *rel) {
+  size_t n = strlen(rel);
+  int inside = 0;
+  if (!strcmp(rel, MARKER))
+    return 1;
+  for (int i = 0; i < o->paths.n; i++) {
+    const char *p = o->paths.p[i];
+    if (!strcmp(p, rel))
+      return 1;
+    inside |= !strncmp(p, rel, n) && p[n] == '/';
+  }
+  return inside ? 2 : 0;
+}
+
+/* Move what is the user's in FROM (an old output) to the same place in TO (the
+ * new one): whole directories where they hold nothing of tgen's. Returns the
+ * number of entries that could not be moved (they stay in FROM). */
+static int move_user_files(E *e, const Owned *o, const char *from, const char *to, const char *rel) {
+  const char *dir = rel ? arena_printf(e->a, "%s/%s", from, rel) : from;
+  DIR *d = opendir(dir);
+  if (!d)
+    return 1;
+  int left = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    const char *r = rel ? arena_printf(e->a, "%s/%s", rel, de->d_name) : arena_strdup(e->a, de->d_name);
+    int k = owned(o, r);
+    struct stat st;
+    const char *src = arena_printf(e->a, "%s/%s", from, r);
+    if (k == 2 && !lstat(src, &st) && S_ISDIR(st.st_mode)) {
+      left += move_user_files(e, o, from, to, r);
+    } else if (!k) {
+      char *dst = arena_printf(e->a, "%s/%s", to, r);
+      if (!lstat(dst, &st) || mkdirs(dst) || rename(src, dst))
+        left++;
+    }
+  }
+  closedir(d);
+  return left;
+}
+
+/* rm -rf of an output tgen made, its marker last: a run killed meanwhile
+ * leaves a leftover that recover() still knows as tgen's. */
+static int rm_output(E *e, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return rm_rf(dir);
+  int rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, MARKER))
+      rc |= rm_rf(arena_printf(e->a, "%s/%s", dir, de->d_name));
+  closedir(d);
+  return rc | rm_rf(dir);
+}
+
+/* renameat2(RENAME_EXCHANGE): swaps two paths atomically (Linux 3.15+). */
+static int exchange(const char *a, const char *b) {
+#ifdef SYS_renameat2
+  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2 /* RENAME_EXCHANGE */);
+#else
+  (void)a, (void)b;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+/* OUT.old-PID: the old output during a swap without exchange() (and in older
+ * tgens); OUT.tmp-PID: the new one before the swap, the old one after it. A
+ * run killed in between leaves them: the next run finishes its work. With no
+ * OUT, an OUT.old-PID is the complete old output: it goes back. In any other
+ * leftover, what its marker does not list is the user's and moves to OUT; the
+ * rest is deleted. Leftovers of a live tgen are not touched. */
+static void recover(E *e, const char *out) {
+  char *parent = arena_strdup(e->a, out), *slash = strrchr(parent, '/');
+  const char *base = slash ? slash + 1 : out;
+  if (slash)
+    *(slash == parent ? slash + 1 : slash) = 0;
+  else
+    parent = ".";
+  size_t bn = strlen(base);
+  DIR *d = opendir(parent);
+  if (!d)
+    return;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    const char *n = de->d_name, *tail = n + bn;
+    if (strncmp(n, base, bn) || (strncmp(tail, ".tmp-", 5) && strncmp(tail, ".old-", 5)))
+      continue;
+    char *end;
+    long pid = strtol(tail + 5, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) && errno == ESRCH))
+      continue;
+    const char *left = arena_printf(e->a, "%s/%s", parent, n);
+    struct stat st;
+    if (lstat(left, &st) || !S_ISDIR(st.st_mode) || !rmdir(left) ||
+        access(arena_printf(e->a, "%s/%s", left, MARKER), F_OK))
+      continue; /* not tgen's (write_tree writes the marker first), or empty and now gone */
+    if (!strncmp(tail, ".old-", 5) && stat(out, &st) && !rename(left, out)) {
+      fprintf(stderr, "tgen: %s: restored from %s, left by an interrupted run\n", out, left);
+      continue;
+    }
+    Owned o = {0};
+    if (own_listed(e, &o, left) && !stat(out, &st) && move_user_files(e, &o, left, out, NULL)) {
+      fprintf(stderr, "tgen: warning: %s (left by an interrupted run) holds files that could not be moved back "
+              "into %s; it is kept\n", left, out);
+      continue;
+    }
+    rm_output(e, left);
+  }
+  closedir(d);
+}
+
+/* Write the files into OUT.tmp-PID, then swap it with OUT atomically. An
+ * existing OUT is replaced only if tgen made it (it holds the marker file),
+ * and then only tgen's files are: the user's move into the new OUT. A symlink
+ * OUT is followed: its target is updated. */
 static int write_tree(E *e, const char *out, char *err, size_t errlen) {
   struct stat st;
+  if (!lstat(out, &st) && S_ISLNK(st.st_mode)) {
+    char *real = realpath(out, NULL);
+    if (!real) {
+      snprintf(err, errlen, "%s: a symlink whose target cannot be resolved: %s", out, strerror(errno));
+      return -1;
+    }
+    out = arena_strdup(e->a, real);
+    free(real);
+  }
+  recover(e, out);
   int exists = stat(out, &st) == 0;
   if (exists) {
     char *m = arena_printf(e->a, "%s/%s", out, MARKER);
@@ -777,36 +935,74 @@ static int write_tree(E *e, const char *out, char *err, size_t errlen) {
       return -1;
     }
   }
+  /* the marker lists the files, so that the next run knows which are tgen's */
+  Owned o = {0};
+  int marker = -1;
+  for (int i = 0; i < e->files.n; i++) {
+    OutFile *f = e->files.p[i];
+    if (!strcmp(f->path, MARKER)) {
+      marker = i;
+      Buf b;
+      buf_init(&b, e->a);
+      buf_printf(&b, "%s", f->data);
+      for (int j = 0; j < e->files.n; j++)
+        if (j != i)
+          buf_printf(&b, "file: %s\n", ((OutFile *)e->files.p[j])->path);
+      f->data = b.p;
+      f->len = b.len;
+    } else {
+      own(e, &o, f->path);
+    }
+  }
   const char *tmp = arena_printf(e->a, "%s.tmp-%ld", out, (long)getpid());
   const char *old = arena_printf(e->a, "%s.old-%ld", out, (long)getpid());
-  rm_rf(tmp);
+  rm_output(e, tmp);
   if (mkdirs(arena_strdup(e->a, tmp)) || mkdir(tmp, 0777)) {
     snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     return -1;
   }
-  for (int i = 0; i < e->files.n; i++) {
+  for (int k = -1; k < e->files.n; k++) { /* the marker first: a leftover without one is not tgen's */
+    int i = k < 0 ? marker : k;
+    if (i < 0 || k == marker)
+      continue;
     OutFile *f = e->files.p[i];
     char *p = arena_printf(e->a, "%s/%s", tmp, f->path);
     if (mkdirs(p) || write_all(p, f->data, f->len)) {
       snprintf(err, errlen, "%s: cannot write: %s", p, strerror(errno));
-      rm_rf(tmp);
+      rm_output(e, tmp);
       return -1;
     }
   }
-  if (exists && rename(out, old)) {
-    snprintf(err, errlen, "%s: cannot move the old output aside: %s", out, strerror(errno));
-    rm_rf(tmp);
-    return -1;
+  if (!exists) {
+    if (rename(tmp, out)) {
+      snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+      rm_output(e, tmp);
+      return -1;
+    }
+    return 0;
   }
-  if (rename(tmp, out)) {
-    snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
-    if (exists)
+  own_listed(e, &o, out);
+  const char *prev = tmp; /* where the old output ends up */
+  if (exchange(tmp, out)) { /* no atomic exchange here: two renames (recover() mends a kill between them) */
+    if (rename(out, old)) {
+      snprintf(err, errlen, "%s: cannot move the old output aside: %s", out, strerror(errno));
+      rm_output(e, tmp);
+      return -1;
+    }
+    if (rename(tmp, out)) {
+      snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
       rename(old, out);
-    rm_rf(tmp);
-    return -1;
+      rm_output(e, tmp);
+      return -1;
+    }
+    prev = old;
   }
-  if (exists)
-    rm_rf(old);
+  if (move_user_files(e, &o, prev, out, NULL)) {
+    fprintf(stderr, "tgen: warning: some of your files in the old %s could not be moved into the new one; they "
+            "are kept in %s\n", out, prev);
+    return 0;
+  }
+  rm_output(e, prev);
   return 0;
 }
 
@@ -900,7 +1096,8 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
                          : arena_printf(e->a, "No golden vectors: %s. The golden tests only check that the forward pass runs and gives finite values.\n",
                                         why ? why : "disabled by --no-golden");
   /* the project */
-  add_file(e, MARKER, "This directory was written by tgen; tgen may replace it.\n");
+  add_file(e, MARKER, "This directory was written by tgen. Regenerating replaces the files listed below\n"
+                      "(atomically) and keeps every other file (build/, checkpoints).\n");
   add_file(e, "CMakeLists.txt", instantiate(e, "project/CMakeLists.txt"));
   add_file(e, "README.md", readme(e, note));
   add_file(e, arena_printf(e->a, "include/%s.h", e->name),

@@ -252,7 +252,9 @@ Spec *spec_parse(const char *file, const char *src, size_t len);
 int parse_byte_size(const char *s, int64_t *out);
 Block *spec_find_block(const Spec *s, const char *name);
 
-/* Read a whole file into the arena (NUL-terminated); NULL + errno on failure. */
-char *read_file(Arena *a, const char *path, size_t *len);
+/* Read a whole file into the arena (NUL-terminated); NULL + errno on failure
+ * (EISDIR for a directory, EFBIG past `max` bytes). */
+char *read_file(Arena *a, const char *path, size_t *len); /* EFBIG past MAX_SPEC_BYTES */
+char *read_file_max(Arena *a, const char *path, size_t *len, size_t max);
 
 #endif

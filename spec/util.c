@@ -311,7 +311,9 @@ const char *did_you_mean(const char *s, const char *const *cands, int n) {
   return best;
 }
 
-char *read_file(Arena *a, const char *path, size_t *len) {
+char *read_file(Arena *a, const char *path, size_t *len) { return read_file_max(a, path, len, MAX_SPEC_BYTES); }
+
+char *read_file_max(Arena *a, const char *path, size_t *len, size_t max) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return NULL;
@@ -333,7 +335,7 @@ char *read_file(Arena *a, const char *path, size_t *len) {
     n += r;
     if (r == 0)
       break;
-    if (n > MAX_SPEC_BYTES) { /* /dev/zero, a stray binary: refused after the limit, not read whole */
+    if (n > max) { /* /dev/zero, a stray binary: refused after the limit, not read whole */
       free(p);
       fclose(f);
       errno = EFBIG;
