@@ -51,6 +51,14 @@ expect 1 "$dir: error: is a directory" "a directory as MODEL"
 run check "$dir/outs.yaml"; rc=$?
 expect 1 "$dir/outs.yaml:73:10: error: 65 outputs; a model has at most 64" "65 outputs"
 
+# a batch whose targets are all ignore_index: as torch, the loss is NaN (0/0)
+# and every gradient 0 (a step leaves the params finite)
+printf 'name: ce\ndims: {B: 2, C: 3}\ninputs:\n  x: [B, C]\n  y: {shape: [B], dtype: i32}\nparams:\n  w: [C, C]\ngraph:\n  - loss: cross_entropy(linear(x, w), y)\ntrain:\n  loss: loss\n  optimizer: {sgd: {lr: 0.1}}\n' >"$dir/ce.yaml"
+run eval "$dir/ce.yaml" --set y=-100,-100 --grad; rc=$?
+expect 0 "" "all targets ignored"
+grep -q 'loss: f32\[\] = -*nan' "$dir/out" && grep -q 'grad.w: f32\[3, 3\] = 0 0 0 0 0 0 0 0' "$dir/out" ||
+  { echo "FAIL: all targets ignored: not a NaN loss and zero gradients:"; cat "$dir/out"; fail=1; }
+
 # model m: its options in the emitted CMakeLists.txt's header are M_CUDA, M_BLAS
 printf 'name: m\ndims: {B: 2}\ninputs:\n  x: [B]\ngraph:\n  - y: x + 1\n' >"$dir/m.yaml"
 run "$dir/m.yaml" -o "$dir/m" --no-golden; rc=$?
