@@ -132,6 +132,39 @@ int main(int argc, char **argv) {
     check(tgm_load_checkpoint(m, bad) == TGM_ECORRUPT && tgm_get_step(m) == 41,
           "junk checkpoint refused, state untouched", tgm_error(m));
     check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "checkpoint round-trips the params", "");
+    /* a flipped bit in the data: the checksum refuses it; a negative second
+     * moment (rewritten without a checksum) is refused, naming the tensor */
+    tgm_st_file cf;
+    char err[512], *copy = NULL;
+    if (tgm_st_read(tmp, &cf, err, sizeof err) == TGM_OK) {
+      char flipped[600];
+      snprintf(flipped, sizeof flipped, "%s/api_flipped.safetensors", dir);
+      FILE *out = fopen(flipped, "wb");
+      if (out) {
+        cf.buf[cf.size - 1] ^= 4;
+        fwrite(cf.buf, 1, cf.size, out);
+        fclose(out);
+        cf.buf[cf.size - 1] ^= 4;
+      }
+      check(tgm_load_checkpoint(m, flipped) == TGM_ECORRUPT && contains(tgm_error(m), "checksum") &&
+                tgm_get_step(m) == 41,
+            "a checkpoint with a flipped bit refused, state untouched", tgm_error(m));
+      for (int k = 0; k < cf.n; k++)
+        if (!strncmp(cf.t[k].name, "optim.exp_avg_sq.", 17) && tgm_numel(cf.t[k].rank, cf.t[k].shape) > 0 &&
+            (copy = malloc((size_t)tgm_numel(cf.t[k].rank, cf.t[k].shape) * 4))) {
+          memcpy(copy, cf.t[k].data, (size_t)tgm_numel(cf.t[k].rank, cf.t[k].shape) * 4);
+          ((float *)copy)[0] = -1;
+          cf.t[k].data = copy;
+          snprintf(flipped, sizeof flipped, "%s/api_negative.safetensors", dir);
+          check(tgm_st_write(flipped, cf.t, cf.n, err, sizeof err) == TGM_OK &&
+                    tgm_load_checkpoint(m, flipped) == TGM_ECORRUPT && contains(tgm_error(m), cf.t[k].name) &&
+                    tgm_get_step(m) == 41,
+                "a negative exp_avg_sq refused, naming the tensor", tgm_error(m));
+          break;
+        }
+      free(copy);
+      tgm_st_free(&cf);
+    }
   }
   free(a);
   free(b);

@@ -218,7 +218,7 @@ tgm_status tgm_save_params(tgm_model *m, const char *path) {
     memcpy(t[k].shape, p->shape, sizeof p->shape);
     t[k].data = h + p->offset;
   }
-  if (tgm_st_write(path, t, tgm_info.nparams, m->err, sizeof m->err))
+  if (tgm_st_write_checked(path, t, tgm_info.nparams, m->err, sizeof m->err))
     rc = TGM_EIO;
 done:
   free(h);
@@ -758,7 +758,7 @@ tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
   }
   int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
   t[nt++] = (tgm_tensor_desc){"optim.step", TGM_I32, 1, {2}, stepv};
-  if (tgm_st_write(path, t, nt, m->err, sizeof m->err))
+  if (tgm_st_write_checked(path, t, nt, m->err, sizeof m->err))
     rc = TGM_EIO;
 done:
   free(h);
@@ -820,6 +820,13 @@ tgm_status tgm_load_checkpoint(tgm_model *m, const char *path) {
       if (!t)
         goto done;
       memcpy(st + (size_t)kind * (size_t)n + tgm_info.params[k].state, t->data, (size_t)p->numel * sizeof(float));
+      const float *v = st + (size_t)kind * (size_t)n + tgm_info.params[k].state;
+      for (int64_t i = 0; kind == 2 && i < p->numel; i++)
+        if (!(v[i] >= 0)) { /* a second moment is a mean of squares */
+          rc = tgm_fail(m, TGM_ECORRUPT, "%s: %s[%lld] is %g; a second moment is never negative or NaN", path, name,
+                        (long long)i, (double)v[i]);
+          goto done;
+        }
     }
   }
   if ((rc = tgm_load_params(m, path))) /* checks and loads the params (all or nothing) */

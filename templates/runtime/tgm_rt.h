@@ -173,11 +173,15 @@ typedef struct tgm_tensor_desc {
   const void *data;  /* host memory, row-major */
 } tgm_tensor_desc;
 
-/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename).
+/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename;
+ * stale PATH.tmp.PID of killed writers removed).
  * Returns TGM_OK; TGM_EIO when the file cannot be written; TGM_EINVAL for a
  * bad descriptor (unknown dtype, rank > 8, duplicate name, ...); TGM_ENOMEM.
  * The message in err names the file and the problem. */
 int tgm_st_write(const char *path, const tgm_tensor_desc *t, int n, char *err, size_t errlen);
+/* The same, with a checksum of the data in __metadata__ (verified by
+ * tgm_st_read): for checkpoints and saved params. */
+int tgm_st_write_checked(const char *path, const tgm_tensor_desc *t, int n, char *err, size_t errlen);
 
 /* A file read fully into memory and its header parsed and validated
  * (header length, JSON syntax, dtypes, shapes, data_offsets inside the file
