@@ -1131,6 +1131,19 @@ Graph *build_graph(Spec *s) {
       error_at(l->loc, "train.loss '%s' must be floating, but its dtype is %s", l->name, dtype_names[n->dtype]);
     if (g->nparams == 0)
       error_at(l->loc, "train: the model has no params to train");
+    char *dep = arena_alloc(g->arena, (size_t)g->nnodes + 1); /* what the loss depends on */
+    dep[n->id] = 1;
+    int any = 0;
+    for (int i = n->id; i >= 0; i--)
+      if (dep[i]) {
+        Node *m = g->nodes[i];
+        any |= m->op == OP_PARAM;
+        for (int j = 0; j < m->nin; j++)
+          if (m->in[j])
+            dep[m->in[j]->id] = 1;
+      }
+    if (!any)
+      error_at(l->loc, "train.loss '%s' depends on no param: training would change nothing", l->name);
     g->loss = n;
   }
   dims_env = NULL;

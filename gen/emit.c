@@ -263,6 +263,16 @@ static void emit_arena_table(E *e, Buf *b) {
     P("%s%d", k ? ", " : "", d);
   }
   P("};\n");
+  P("/* The inputs each pass reads (bit k: input k); the others may be NULL. */\n");
+  P("const uint64_t %s_pass_inputs[%s_NPASS] = {", e->name, e->NAME);
+  for (int k = 0; k < NPASS; k++) {
+    uint64_t bits = 0;
+    for (int i = 0; e->pass[k] && i < e->pass[k]->nb; i++)
+      if (e->pass[k]->b[i].home == HOME_INPUT)
+        bits |= (uint64_t)1 << e->pass[k]->b[i].index;
+    P("%s0x%llxULL", k ? ", " : "", (unsigned long long)bits);
+  }
+  P("};\n");
   int ro = e->g->spec->compile.mode == MODE_REDUCE_OVERHEAD;
   P("/* compile.mode %s: CUDA graphs %s by default (%s_set_graphs switches). */\n", ro ? "reduce-overhead" : "default",
     ro ? "on" : "off", e->name);

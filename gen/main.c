@@ -275,6 +275,8 @@ static int parse_dims_arg(const Graph *g, const char *s, int64_t *vals, int *giv
         break;
     if (k == g->nsyms)
       return usage_error("--dims: '%s' is not a dynamic dim of the model", arena_strndup(g->arena, s, (size_t)(eq - s)));
+    if (given[k])
+      return usage_error("--dims: %s is given twice", g->syms[k].name);
     char *end;
     errno = 0;
     long long v = strtoll(eq + 1, &end, 10);

@@ -184,8 +184,23 @@ void verror_at(Loc loc, const char *fmt, va_list ap) {
     n += (size_t)snprintf(d->msg, cap, "%s:%d:%d: error: ", d->file, loc.line, loc.col);
   else
     n += (size_t)snprintf(d->msg, cap, "%s: error: ", d->file);
-  if (n < cap)
-    n += (size_t)vsnprintf(d->msg + n, cap - n, fmt, ap);
+  if (n < cap) { /* a message longer than ~1000 characters (a huge name in it) keeps its start and its end,
+                   where the reason is */
+    va_list aq;
+    va_copy(aq, ap);
+    int len = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    char *tmp = malloc(len > 0 ? (size_t)len + 1 : 1);
+    if (!tmp || len < 0)
+      len = 0;
+    else
+      vsnprintf(tmp, (size_t)len + 1, fmt, ap);
+    if (len > 1000)
+      n += (size_t)snprintf(d->msg + n, cap - n, "%.480s ... %s", tmp, tmp + len - 480);
+    else
+      n += (size_t)snprintf(d->msg + n, cap - n, "%s", tmp ? tmp : "(out of memory)");
+    free(tmp);
+  }
   if (n < cap - 1) {
     d->msg[n++] = '\n';
     d->msg[n] = 0;

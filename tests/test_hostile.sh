@@ -39,6 +39,23 @@ expect 0 "" "20,000 bindings in a line"
 run check "$dir/wide.yaml"; rc=$?
 expect 0 "" "20,000 bindings side by side"
 
+# a 5,000-character model name: the message keeps its reason; a 64k-character
+# binding name: YAML's key length limit, named
+{ printf 'name: '; awk 'BEGIN { for (i = 0; i < 5000; i++) printf "a"; print "-b" }'
+  printf 'dims: {B: 2}\ninputs:\n  x: [B]\ngraph:\n  - y: x + 1\n'; } >"$dir/longname.yaml"
+run check "$dir/longname.yaml"; rc=$?
+expect 1 "$dir/longname.yaml:1:7: error: name 'aaaa" "a 5,000-character name"
+head -n 1 "$dir/err" | grep -q "a-b' is not a C identifier (letters, digits and '_', not starting with a digit)\$" ||
+  { echo "FAIL: a 5,000-character name: the reason is cut off"; fail=1; }
+{ printf 'name: q\ndims: {B: 2}\ninputs:\n  x: [B]\ngraph:\n  - '
+  awk 'BEGIN { for (i = 0; i < 65536; i++) printf "b"; print ": x + 1" }'; } >"$dir/longkey.yaml"
+run check "$dir/longkey.yaml"; rc=$?
+expect 1 "$dir/longkey.yaml:6:65541: error: a key longer than 1024 characters (YAML's limit for a plain key)" "64k key"
+# a dim given twice
+printf 'name: d\ndims:\n  B: {dynamic: true, max: 4}\ninputs:\n  x: [B]\ngraph:\n  - y: x + 1\n' >"$dir/d.yaml"
+run eval "$dir/d.yaml" --dims B=2,B=3; rc=$?
+expect 2 "tgen: --dims: B is given twice" "--dims B=2,B=3"
+
 # a file that never ends, and a directory
 run check /dev/zero; rc=$?
 expect 1 "/dev/zero: error: larger than 16 MiB; a model spec is limited to that size" "/dev/zero"

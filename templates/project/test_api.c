@@ -166,6 +166,35 @@ int main(int argc, char **argv) {
       tgm_st_free(&cf);
     }
   }
+  /* an input the forward pass does not read (a loss's labels) may be NULL; one it reads may not */
+  {
+    tgm_case c;
+    char cerr[512];
+    tgm_host out[64];
+    void *dout[64] = {0};
+    int ok = !tgm_case_open(m, NULL, &c, cerr, sizeof cerr), nout = 0;
+    for (int k = 0; ok && k < tgm_info.noutputs; k++, nout++)
+      ok = !tgm_host_alloc(&out[k], 1, k, c.sym) && !tgm_to_device(m, &out[k], &dout[k]);
+    for (int k = 0; ok && k < tgm_info.ninputs; k++) {
+      const void *keep = c.din[k];
+      c.din[k] = NULL;
+      int reads = (int)(tgm_pass_inputs[TGM_PASS_FORWARD] >> k & 1);
+      int rc = tgm_forward_v(m, c.dyn, (const void *const *)c.din, dout);
+      if (!rc)
+        rc = tgm_sync(m);
+      check(reads ? rc == TGM_EINVAL && contains(tgm_error(m), tgm_info.inputs[k].name) : rc == TGM_OK,
+            reads ? "forward refuses NULL for an input it reads" : "forward takes NULL for an input it does not read",
+            tgm_error(m));
+      c.din[k] = (void *)keep;
+    }
+    check(ok, "forward with NULL inputs: setting up", cerr);
+    for (int k = 0; k < nout; k++) {
+      if (dout[k] && dout[k] != out[k].data)
+        tgm_device_free(m, dout[k]);
+      free(out[k].data);
+    }
+    tgm_case_close(m, &c);
+  }
   free(a);
   free(b);
   tgm_destroy(m);

@@ -319,14 +319,15 @@ static int ensure_ws(tgm_model *m, int64_t need) {
 /* ---------------------------------------------------------------- passes */
 
 /* Checks common to every pass; sym gets the dims' symbol values. */
-static int check_call(tgm_model *m, const char *what, const int64_t *dims, const void *const *in, int64_t *sym) {
+static int check_call(tgm_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+                      int64_t *sym) {
   if (tgm_info.ndyn && !dims)
     return tgm_fail(m, TGM_EINVAL, "%s: dims is NULL, but the model has %d dynamic dim%s", what, tgm_info.ndyn,
                     tgm_info.ndyn == 1 ? "" : "s");
   if (tgm_info.ninputs && !in)
     return tgm_fail(m, TGM_EINVAL, "%s: inputs is NULL", what);
   for (int k = 0; k < tgm_info.ninputs; k++)
-    if (!in[k])
+    if (!in[k] && (tgm_pass_inputs[pass] >> k & 1)) /* one the pass does not read may be NULL */
       return tgm_fail(m, TGM_EINVAL, "%s: input '%s' is NULL", what, tgm_info.inputs[k].name);
   return tgm_compute_syms(dims, sym, m->err, sizeof m->err);
 }
@@ -500,7 +501,7 @@ tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *i
   if (!m)
     return TGM_EINVAL;
   int64_t sym[16] = {0};
-  int rc = check_call(m, "forward", dims, in, sym);
+  int rc = check_call(m, "forward", TGM_PASS_FORWARD, dims, in, sym);
   if (rc)
     return (tgm_status)rc;
   if (!out)
@@ -551,7 +552,7 @@ static int train_call(tgm_model *m, const char *what, int pass, int opt, const i
   int64_t sym[16] = {0};
   int rc = need_train(m, what);
   if (!rc)
-    rc = check_call(m, what, dims, in, sym);
+    rc = check_call(m, what, pass, dims, in, sym);
   if (!rc && !m->loss && !(m->loss = dev_zalloc(m, 8)))
     rc = tgm_fail(m, TGM_ENOMEM, "%s: out of memory for the loss", what);
   if (!rc && pass == TGM_PASS_TRAIN)

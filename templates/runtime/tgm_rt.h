@@ -462,6 +462,9 @@ extern const int64_t tgm_pass_arena[TGM_NPASS];
 /* Whether a pass uses dropout (its mask depends on the step: never replayed
  * from a CUDA graph), and the compile mode's default for graphs. */
 extern const int tgm_pass_dropout[TGM_NPASS];
+/* The inputs each pass reads (bit k: input k): an input a pass does not read
+ * may be NULL in its call. */
+extern const uint64_t tgm_pass_inputs[TGM_NPASS];
 extern const int tgm_graphs_default;
 
 #define TGM_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
