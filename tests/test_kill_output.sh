@@ -1,15 +1,19 @@
 #!/bin/sh
-# test_kill_output.sh TGEN WORK [N]: tgen killed (SIGKILL) at random points
-# while it regenerates OUT, N times (default 20), alternating two models: after
+# test_kill_output.sh TGEN WORK [N [SPEC_A SPEC_B [MAX_MS]]]: tgen killed
+# (SIGKILL) at random points (0 to MAX_MS ms, default 30) while it regenerates
+# OUT, N times (default 20), alternating two models (default mlp, mlp3): after
 # each kill OUT is complete (all of one model's files, as a clean run writes
 # them), and the user's files survive (in OUT, or moved back by the next run).
 tgen=$1
 work=$2
 n=${3:-20}
+a=${4:-spec/examples/mlp.yaml}
+b=${5:-spec/examples/mlp3.yaml}
+max_ms=${6:-30}
 rm -rf "$work" && mkdir -p "$work" || exit 1
-"$tgen" spec/examples/mlp.yaml -o "$work/ref_a" >/dev/null && "$tgen" spec/examples/mlp3.yaml -o "$work/ref_b" >/dev/null ||
+"$tgen" "$a" -o "$work/ref_a" >/dev/null && "$tgen" "$b" -o "$work/ref_b" >/dev/null ||
   exit 1
-"$tgen" spec/examples/mlp.yaml -o "$work/out" >/dev/null || exit 1
+"$tgen" "$a" -o "$work/out" >/dev/null || exit 1
 mkdir -p "$work/out/build" && echo mine >"$work/out/build/keep.txt" && echo mine >"$work/out/trained.safetensors"
 # complete: every file of ref (a clean output) is in OUT, byte for byte
 same() { (cd "$1" && find . -type f) | while read -r f; do cmp -s "$1/$f" "$work/out/$f" || { echo "$f"; break; }; done; }
@@ -23,11 +27,11 @@ user_ok() { # in OUT, or in a leftover of the killed run
 fail=0 killed=0
 i=0
 while [ $i -lt "$n" ]; do
-  spec=spec/examples/mlp.yaml
-  [ $((i % 2)) -eq 1 ] && spec=spec/examples/mlp3.yaml
+  spec=$a
+  [ $((i % 2)) -eq 1 ] && spec=$b
   "$tgen" "$spec" -o "$work/out" >/dev/null 2>&1 &
   pid=$!
-  sleep "0.0$(awk -v s=$i 'BEGIN { srand(s); printf "%02d", int(rand() * 30) }')"
+  sleep "$(awk -v s=$i -v m="$max_ms" 'BEGIN { srand(s); printf "%.3f", int(rand() * m) / 1000 }')"
   kill -9 $pid 2>/dev/null && killed=$((killed + 1))
   wait $pid 2>/dev/null
   if [ -n "$(same "$work/ref_a")" ] && [ -n "$(same "$work/ref_b")" ]; then
@@ -38,7 +42,7 @@ while [ $i -lt "$n" ]; do
   i=$((i + 1))
 done
 # the next run mends everything: the new model, the user's files, no leftovers
-"$tgen" spec/examples/mlp.yaml -o "$work/out" >/dev/null 2>&1 && [ -z "$(same "$work/ref_a")" ] &&
+"$tgen" "$a" -o "$work/out" >/dev/null 2>&1 && [ -z "$(same "$work/ref_a")" ] &&
   [ -e "$work/out/build/keep.txt" ] && [ -e "$work/out/trained.safetensors" ] &&
   [ -z "$(ls "$work" | grep -E 'out\.(tmp|old)-')" ] || { echo "FAIL: the run after the kills"; ls "$work"; fail=1; }
 [ $fail -eq 0 ] && echo "ok: $n runs ($killed killed mid-way): OUT always complete, the user's files kept"
