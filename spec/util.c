@@ -144,7 +144,7 @@ void buf_printf(Buf *b, const char *fmt, ...) {
 static size_t put_caret(char *out, size_t cap, int line, int col) {
   const char *s = diag->src, *end = s + diag->srclen;
   for (int l = 1; l < line && s < end; s++)
-    if (*s == '\n')
+    if (*s == '\n' || (*s == '\r' && s + 1 < end && s[1] != '\n')) /* a lone CR breaks a line in YAML too */
       l++;
   if (s >= end && line > 1)
     return 0;
@@ -162,8 +162,9 @@ static size_t put_caret(char *out, size_t cap, int line, int col) {
   n += (size_t)snprintf(out + n, cap - n, "%s%.*s%s\n", pre, len, s, len < e - s ? "..." : "");
   if (n >= cap)
     return cap - 1;
-  for (int c = 1; c < col && c <= len + 4 && n + 2 < cap; c++)
-    out[n++] = c <= (int)strlen(pre) ? ' ' : s[c - 1 - strlen(pre)] == '\t' ? '\t' : ' ';
+  int plen = (int)strlen(pre);
+  for (int c = 1; c < col && c <= plen + len + 1 && n + 2 < cap; c++)
+    out[n++] = c > plen && c - 1 - plen < len && s[c - 1 - plen] == '\t' ? '\t' : ' ';
   if (n + 2 < cap) {
     out[n++] = '^';
     out[n++] = '\n';
