@@ -35,10 +35,8 @@ typedef struct EnvEntry {
   Loc loc;
 } EnvEntry;
 
-typedef struct Env {
-  EnvEntry *e;
-  int n, cap;
-} Env;
+typedef struct Env Env;
+
 
 /* Lexical context of the graph being built: the model, or a block instance. */
 typedef struct Ctx {
@@ -60,6 +58,12 @@ typedef struct NameSet {
   int *val;
   int cap, n;
 } NameSet;
+
+struct Env {
+  EnvEntry *e;
+  int n, cap;
+  NameSet idx; /* name -> index in e: lookups stay O(1) in long graphs */
+};
 
 static uint32_t str_hash(const char *s) {
   uint32_t h = 2166136261u;
@@ -94,11 +98,19 @@ static int name_claim_(Graph *g, NameSet *t, const char *name, int idx) {
 
 static Env *dims_env; /* model dims: visible in every block */
 
+/* The index recorded for `name`, or -1. */
+static int name_get(const NameSet *t, const char *name) {
+  if (!t->cap)
+    return -1;
+  for (uint32_t i = str_hash(name) & (uint32_t)(t->cap - 1); t->key[i]; i = (i + 1) & (uint32_t)(t->cap - 1))
+    if (!strcmp(t->key[i], name))
+      return t->val[i];
+  return -1;
+}
+
 static EnvEntry *env_find(Env *env, const char *name) {
-  for (int i = env->n - 1; i >= 0; i--)
-    if (!strcmp(env->e[i].name, name))
-      return &env->e[i];
-  return NULL;
+  int i = name_get(&env->idx, name);
+  return i < 0 ? NULL : &env->e[i];
 }
 
 static EnvEntry *env_add(Graph *g, Env *env, const char *name, Loc loc, const char *what) {
@@ -118,6 +130,7 @@ static EnvEntry *env_add(Graph *g, Env *env, const char *name, Loc loc, const ch
     env->e = p;
     env->cap = cap;
   }
+  name_claim_(g, &env->idx, name, env->n);
   EnvEntry *x = &env->e[env->n++];
   x->name = name;
   x->what = what;
@@ -648,8 +661,8 @@ static Node *make_op(Ctx *c, int op, const Expr *call, Arg *args, int nargs_sig)
 
 /* Operators have no parameter names; messages name the operand's text. */
 static const char *operand_label(const Expr *e) {
-  const char *s = expr_str(e);
-  return strlen(s) <= 32 ? s : "the operand";
+  const char *s = expr_str_max(e, 32);
+  return s ? s : "the operand";
 }
 
 static Node *binop_node(Ctx *c, const Expr *e, Node *a, Node *b) {
@@ -1156,6 +1169,21 @@ Graph *build_graph(Spec *s) {
       error_at(l->loc, "train: the model has no params to train (list inputs in train.wrt for gradients w.r.t. them)");
     if (g->nparams > 0 && t->opt == OPT_NONE)
       error_at(t->loc, "train needs an 'optimizer' for the params ({sgd: {lr: 0.1}} or {adamw: {lr: 1.0e-3}}); only a model without params may omit it");
+    char *dep = arena_alloc(g->arena, (size_t)g->nnodes + 1); /* what the loss depends on */
+    dep[n->id] = 1;
+    int any = 0;
+    for (int i = n->id; i >= 0; i--)
+      if (dep[i]) {
+        Node *m = g->nodes[i];
+        any |= m->op == OP_PARAM;
+        for (int j = 0; m->op == OP_INPUT && j < g->nwrt; j++)
+          any |= g->wrt[j] == m->index;
+        for (int j = 0; j < m->nin; j++)
+          if (m->in[j])
+            dep[m->in[j]->id] = 1;
+      }
+    if (!any)
+      error_at(l->loc, "train.loss '%s' depends on no param%s: training would change nothing", l->name, g->nwrt ? " and no train.wrt input" : "");
     g->loss = n;
   }
   dims_env = NULL;
@@ -1178,6 +1206,8 @@ Graph *tgen_load(Diag *d, Arena *a, const char *file, const char *src, size_t le
     dims_env = NULL;
     return NULL;
   }
+  if (len > MAX_SPEC_BYTES)
+    error_at((Loc){0, 0}, "larger than %d MiB; a model spec is limited to that size", MAX_SPEC_BYTES >> 20);
   Spec *s = spec_parse(file, src, len);
   Graph *g = build_graph(s);
   diag = saved;

@@ -12,6 +12,7 @@
  *
  * Everything is written into memory first; the directory is written only when
  * all of it succeeded, into a temporary directory renamed into place. */
+#define _DEFAULT_SOURCE /* syscall (renameat2), realpath */
 #include "ir.h"
 #include "../templates/runtime/tgm_rt.h"
 
@@ -23,6 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef struct {
@@ -77,7 +81,8 @@ static const char *instantiate(E *e, const char *path) {
   buf_init(&b, e->a);
   const char *s = (const char *)t->data, *end = s + t->len;
   while (s < end) {
-    int word_start = s == (const char *)t->data || !(isalnum((unsigned char)s[-1]) || s[-1] == '_');
+    int word_start = s == (const char *)t->data || !(isalnum((unsigned char)s[-1]) || s[-1] == '_') ||
+                     (s - (const char *)t->data >= 2 && s[-2] == '-' && s[-1] == 'D'); /* -DTGM_CUDA */
     if (word_start && end - s >= 3 && (!strncmp(s, "tgm", 3) || !strncmp(s, "TGM", 3)) &&
         !(s + 3 < end && isalnum((unsigned char)s[3]))) {
       buf_printf(&b, "%s", s[0] == 't' ? e->name : e->NAME);
@@ -259,6 +264,16 @@ static void emit_arena_table(E *e, Buf *b) {
     P("%s%d", k ? ", " : "", d);
   }
   P("};\n");
+  P("/* The inputs each pass reads (bit k: input k); the others may be NULL. */\n");
+  P("const uint64_t %s_pass_inputs[%s_NPASS] = {", e->name, e->NAME);
+  for (int k = 0; k < NPASS; k++) {
+    uint64_t bits = 0;
+    for (int i = 0; e->pass[k] && i < e->pass[k]->nb; i++)
+      if (e->pass[k]->b[i].home == HOME_INPUT)
+        bits |= (uint64_t)1 << e->pass[k]->b[i].index;
+    P("%s0x%llxULL", k ? ", " : "", (unsigned long long)bits);
+  }
+  P("};\n");
   int ro = e->g->spec->compile.mode == MODE_REDUCE_OVERHEAD;
   P("/* compile.mode %s: CUDA graphs %s by default (%s_set_graphs switches). */\n", ro ? "reduce-overhead" : "default",
     ro ? "on" : "off", e->name);
@@ -276,6 +291,17 @@ static const char *init_c(E *e, InitKind k) {
 static const char *input_dim_text(E *e, int k, int j) {
   const TensorDecl *t = &e->g->spec->inputs[k];
   return j < t->rank ? expr_str(t->shape[j]) : "?";
+}
+
+/* The API's field for a dim, input or output: its spec name, with '_' appended
+ * where C would break on it (c_reserved: int -> int_, linux -> linux_). */
+static const char *field(E *e, const char *name) {
+  return c_reserved(name, e->name) ? arena_printf(e->a, "%s_", name) : name;
+}
+
+/* The field's comment: the spec name when the field differs from it. */
+static const char *field_note(E *e, const char *name) {
+  return c_reserved(name, e->name) ? arena_printf(e->a, "; '%s' in the spec", name) : "";
 }
 
 static const char *common_file(E *e) {
@@ -412,14 +438,14 @@ static const char *common_file(E *e) {
   P("  if (%d && !in)                                                        \\\n    return %s_fail(m, %s_EINVAL, \"%%s: in is NULL\", what);          \\\n", g->ninputs, e->name, e->NAME);
   P("  const void *iv[%d] = {", g->ninputs ? g->ninputs : 1);
   for (int k = 0; k < g->ninputs; k++)
-    P("%sin->%s", k ? ", " : "", g->inputs[k].name);
+    P("%sin->%s", k ? ", " : "", field(e, g->inputs[k].name));
   P("%s};                                                               \\\n", g->ninputs ? "" : "NULL");
   if (ndyn) {
     P("  if (!dims)                                                           \\\n    return %s_fail(m, %s_EINVAL, \"%%s: dims is NULL\", what);        \\\n", e->name, e->NAME);
     P("  const int64_t dv[%d] = {", ndyn);
     for (int k = 0, j = 0; k < g->nsyms; k++)
       if (!g->syms[k].derived)
-        P("%sdims->%s", j++ ? ", " : "", g->syms[k].name);
+        P("%sdims->%s", j++ ? ", " : "", field(e, g->syms[k].name));
     P("};\n\n");
     dv = "dv";
   } else {
@@ -430,7 +456,7 @@ static const char *common_file(E *e) {
   P("  DIMS_INPUTS(\"forward\");\n  if (!out)\n    return %s_fail(m, %s_EINVAL, \"forward: out is NULL\");\n", e->name, e->NAME);
   P("  void *ov[%d] = {", g->noutputs);
   for (int k = 0; k < g->noutputs; k++)
-    P("%sout->%s", k ? ", " : "", g->output_names[k]);
+    P("%sout->%s", k ? ", " : "", field(e, g->output_names[k]));
   P("};\n  return %s_forward_v(m, %s, iv, ov);\n}\n\n", e->name, dv);
   static const char *const tfn[] = {"loss", "forward_backward", "train_step"};
   for (int k = 0; k < 3; k++) {
@@ -463,20 +489,21 @@ static const char *api_types(E *e) {
   P("/* Dynamic dims of one call (each 1 <= value <= its max). */\ntypedef struct %s_dims {\n", e->name);
   for (int k = 0; k < g->nsyms; k++)
     if (!g->syms[k].derived)
-      P("  int64_t %s; /* max %lld */\n", g->syms[k].name, (long long)g->syms[k].max);
+      P("  int64_t %s; /* max %lld%s */\n", field(e, g->syms[k].name), (long long)g->syms[k].max,
+        field_note(e, g->syms[k].name));
   if (!ndyn)
     P("  int64_t unused; /* the model has no dynamic dims: pass NULL */\n");
   P("} %s_dims;\n\n/* Inputs: caller buffers, row-major. */\ntypedef struct %s_inputs {\n", e->name, e->name);
   for (int k = 0; k < g->ninputs; k++)
-    P("  const %s *%s; /* %s%s */\n", ctype(g->inputs[k].dtype), g->inputs[k].name, dtype_names[g->inputs[k].dtype],
-      shape_str(g, &g->inputs[k].shape));
+    P("  const %s *%s; /* %s%s%s */\n", ctype(g->inputs[k].dtype), field(e, g->inputs[k].name),
+      dtype_names[g->inputs[k].dtype], shape_str(g, &g->inputs[k].shape), field_note(e, g->inputs[k].name));
   if (!g->ninputs)
     P("  const void *unused; /* the model has no inputs */\n");
   P("} %s_inputs;\n\n/* Outputs: caller buffers, written by %s_forward. */\ntypedef struct %s_outputs {\n", e->name,
     e->name, e->name);
   for (int k = 0; k < g->noutputs; k++)
-    P("  %s *%s; /* %s%s */\n", ctype(g->outputs[k]->dtype), g->output_names[k], dtype_names[g->outputs[k]->dtype],
-      shape_str(g, &g->outputs[k]->shape));
+    P("  %s *%s; /* %s%s%s */\n", ctype(g->outputs[k]->dtype), field(e, g->output_names[k]),
+      dtype_names[g->outputs[k]->dtype], shape_str(g, &g->outputs[k]->shape), field_note(e, g->output_names[k]));
   P("} %s_outputs;\n", e->name);
   if (g->nwrt) {
     P("\n/* Gradients w.r.t. the inputs train.wrt lists: caller buffers, written by\n"
@@ -645,7 +672,7 @@ static int golden(E *e, const char **why) {
       ran = 0;
     } else {
       size_t len;
-      char *data = read_file(e->a, path, &len);
+      char *data = read_file_max(e->a, path, &len, (size_t)1 << 40);
       if (data)
         add_binary(e, "tests/golden.safetensors", data, len);
       ran = data != NULL;
@@ -788,10 +815,164 @@ static int rm_rf(const char *path) {
 
 #define MARKER ".tgen-output"
 
-/* Write the files into OUT.tmp-PID, then swap it into place. An existing OUT
- * is replaced only if tgen made it (it holds the marker file). */
+/* The files of an output directory that are tgen's: the marker, the files it
+ * writes now and those its marker lists from the last run ("file: PATH"
+ * lines). Everything else (build/, a trained checkpoint) is the user's. */
+typedef struct Owned {
+  Vec paths; /* const char * */
+} Owned;
+
+static void own(E *e, Owned *o, const char *path) { vec_push(e->a, &o->paths, (void *)arena_strdup(e->a, path)); }
+
+/* Adds the paths that DIR's marker lists; 0 when it lists none (a marker of an
+ * older tgen, or none at all). */
+static int own_listed(E *e, Owned *o, const char *dir) {
+  size_t len;
+  char *m = read_file_max(e->a, arena_printf(e->a, "%s/%s", dir, MARKER), &len, (size_t)1 << 24);
+  int n = 0;
+  for (char *line = m; line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (nl)
+      *nl = 0;
+    if (!strncmp(line, "file: ", 6) && line[6])
+      own(e, o, line + 6), n++;
+    line = nl ? nl + 1 : NULL;
+  }
+  return n;
+}
+
+/* 1: `rel` is one of tgen's files; 2: a directory holding some; 0: neither. */
+static int owned(const Owned *o, const char *rel) {
+  size_t n = strlen(rel);
+  int inside = 0;
+  if (!strcmp(rel, MARKER))
+    return 1;
+  for (int i = 0; i < o->paths.n; i++) {
+    const char *p = o->paths.p[i];
+    if (!strcmp(p, rel))
+      return 1;
+    inside |= !strncmp(p, rel, n) && p[n] == '/';
+  }
+  return inside ? 2 : 0;
+}
+
+/* Move what is the user's in FROM (an old output) to the same place in TO (the
+ * new one): whole directories where they hold nothing of tgen's. Returns the
+ * number of entries that could not be moved (they stay in FROM). */
+static int move_user_files(E *e, const Owned *o, const char *from, const char *to, const char *rel) {
+  const char *dir = rel ? arena_printf(e->a, "%s/%s", from, rel) : from;
+  DIR *d = opendir(dir);
+  if (!d)
+    return 1;
+  int left = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    const char *r = rel ? arena_printf(e->a, "%s/%s", rel, de->d_name) : arena_strdup(e->a, de->d_name);
+    int k = owned(o, r);
+    struct stat st;
+    const char *src = arena_printf(e->a, "%s/%s", from, r);
+    if (k == 2 && !lstat(src, &st) && S_ISDIR(st.st_mode)) {
+      left += move_user_files(e, o, from, to, r);
+    } else if (!k) {
+      char *dst = arena_printf(e->a, "%s/%s", to, r);
+      if (!lstat(dst, &st) || mkdirs(dst) || rename(src, dst))
+        left++;
+    }
+  }
+  closedir(d);
+  return left;
+}
+
+/* rm -rf of an output tgen made, its marker last: a run killed meanwhile
+ * leaves a leftover that recover() still knows as tgen's. */
+static int rm_output(E *e, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return rm_rf(dir);
+  int rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, MARKER))
+      rc |= rm_rf(arena_printf(e->a, "%s/%s", dir, de->d_name));
+  closedir(d);
+  return rc | rm_rf(dir);
+}
+
+/* renameat2(RENAME_EXCHANGE): swaps two paths atomically (Linux 3.15+). */
+static int exchange(const char *a, const char *b) {
+#ifdef SYS_renameat2
+  return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2 /* RENAME_EXCHANGE */);
+#else
+  (void)a, (void)b;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+/* OUT.old-PID: the old output during a swap without exchange() (and in older
+ * tgens); OUT.tmp-PID: the new one before the swap, the old one after it. A
+ * run killed in between leaves them: the next run finishes its work. With no
+ * OUT, an OUT.old-PID is the complete old output: it goes back. In any other
+ * leftover, what its marker does not list is the user's and moves to OUT; the
+ * rest is deleted. Leftovers of a live tgen are not touched. */
+static void recover(E *e, const char *out) {
+  char *parent = arena_strdup(e->a, out), *slash = strrchr(parent, '/');
+  const char *base = slash ? slash + 1 : out;
+  if (slash)
+    *(slash == parent ? slash + 1 : slash) = 0;
+  else
+    parent = ".";
+  size_t bn = strlen(base);
+  DIR *d = opendir(parent);
+  if (!d)
+    return;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    const char *n = de->d_name, *tail = n + bn;
+    if (strncmp(n, base, bn) || (strncmp(tail, ".tmp-", 5) && strncmp(tail, ".old-", 5)))
+      continue;
+    char *end;
+    long pid = strtol(tail + 5, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) && errno == ESRCH))
+      continue;
+    const char *left = arena_printf(e->a, "%s/%s", parent, n);
+    struct stat st;
+    if (lstat(left, &st) || !S_ISDIR(st.st_mode) || !rmdir(left) ||
+        access(arena_printf(e->a, "%s/%s", left, MARKER), F_OK))
+      continue; /* not tgen's (write_tree writes the marker first), or empty and now gone */
+    if (!strncmp(tail, ".old-", 5) && stat(out, &st) && !rename(left, out)) {
+      fprintf(stderr, "tgen: %s: restored from %s, left by an interrupted run\n", out, left);
+      continue;
+    }
+    Owned o = {0};
+    if (own_listed(e, &o, left) && !stat(out, &st) && move_user_files(e, &o, left, out, NULL)) {
+      fprintf(stderr, "tgen: warning: %s (left by an interrupted run) holds files that could not be moved back "
+              "into %s; it is kept\n", left, out);
+      continue;
+    }
+    rm_output(e, left);
+  }
+  closedir(d);
+}
+
+/* Write the files into OUT.tmp-PID, then swap it with OUT atomically. An
+ * existing OUT is replaced only if tgen made it (it holds the marker file),
+ * and then only tgen's files are: the user's move into the new OUT. A symlink
+ * OUT is followed: its target is updated. */
 static int write_tree(E *e, const char *out, char *err, size_t errlen) {
   struct stat st;
+  if (!lstat(out, &st) && S_ISLNK(st.st_mode)) {
+    char *real = realpath(out, NULL);
+    if (!real) {
+      snprintf(err, errlen, "%s: a symlink whose target cannot be resolved: %s", out, strerror(errno));
+      return -1;
+    }
+    out = arena_strdup(e->a, real);
+    free(real);
+  }
+  recover(e, out);
   int exists = stat(out, &st) == 0;
   if (exists) {
     char *m = arena_printf(e->a, "%s/%s", out, MARKER);
@@ -800,36 +981,74 @@ static int write_tree(E *e, const char *out, char *err, size_t errlen) {
       return -1;
     }
   }
+  /* the marker lists the files, so that the next run knows which are tgen's */
+  Owned o = {0};
+  int marker = -1;
+  for (int i = 0; i < e->files.n; i++) {
+    OutFile *f = e->files.p[i];
+    if (!strcmp(f->path, MARKER)) {
+      marker = i;
+      Buf b;
+      buf_init(&b, e->a);
+      buf_printf(&b, "%s", f->data);
+      for (int j = 0; j < e->files.n; j++)
+        if (j != i)
+          buf_printf(&b, "file: %s\n", ((OutFile *)e->files.p[j])->path);
+      f->data = b.p;
+      f->len = b.len;
+    } else {
+      own(e, &o, f->path);
+    }
+  }
   const char *tmp = arena_printf(e->a, "%s.tmp-%ld", out, (long)getpid());
   const char *old = arena_printf(e->a, "%s.old-%ld", out, (long)getpid());
-  rm_rf(tmp);
+  rm_output(e, tmp);
   if (mkdirs(arena_strdup(e->a, tmp)) || mkdir(tmp, 0777)) {
     snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     return -1;
   }
-  for (int i = 0; i < e->files.n; i++) {
+  for (int k = -1; k < e->files.n; k++) { /* the marker first: a leftover without one is not tgen's */
+    int i = k < 0 ? marker : k;
+    if (i < 0 || k == marker)
+      continue;
     OutFile *f = e->files.p[i];
     char *p = arena_printf(e->a, "%s/%s", tmp, f->path);
     if (mkdirs(p) || write_all(p, f->data, f->len)) {
       snprintf(err, errlen, "%s: cannot write: %s", p, strerror(errno));
-      rm_rf(tmp);
+      rm_output(e, tmp);
       return -1;
     }
   }
-  if (exists && rename(out, old)) {
-    snprintf(err, errlen, "%s: cannot move the old output aside: %s", out, strerror(errno));
-    rm_rf(tmp);
-    return -1;
+  if (!exists) {
+    if (rename(tmp, out)) {
+      snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+      rm_output(e, tmp);
+      return -1;
+    }
+    return 0;
   }
-  if (rename(tmp, out)) {
-    snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
-    if (exists)
+  own_listed(e, &o, out);
+  const char *prev = tmp; /* where the old output ends up */
+  if (exchange(tmp, out)) { /* no atomic exchange here: two renames (recover() mends a kill between them) */
+    if (rename(out, old)) {
+      snprintf(err, errlen, "%s: cannot move the old output aside: %s", out, strerror(errno));
+      rm_output(e, tmp);
+      return -1;
+    }
+    if (rename(tmp, out)) {
+      snprintf(err, errlen, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
       rename(old, out);
-    rm_rf(tmp);
-    return -1;
+      rm_output(e, tmp);
+      return -1;
+    }
+    prev = old;
   }
-  if (exists)
-    rm_rf(old);
+  if (move_user_files(e, &o, prev, out, NULL)) {
+    fprintf(stderr, "tgen: warning: some of your files in the old %s could not be moved into the new one; they "
+            "are kept in %s\n", out, prev);
+    return 0;
+  }
+  rm_output(e, prev);
   return 0;
 }
 
@@ -923,7 +1142,8 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
                          : arena_printf(e->a, "No golden vectors: %s. The golden tests only check that the forward pass runs and gives finite values.\n",
                                         why ? why : "disabled by --no-golden");
   /* the project */
-  add_file(e, MARKER, "This directory was written by tgen; tgen may replace it.\n");
+  add_file(e, MARKER, "This directory was written by tgen. Regenerating replaces the files listed below\n"
+                      "(atomically) and keeps every other file (build/, checkpoints).\n");
   add_file(e, "CMakeLists.txt", instantiate(e, "project/CMakeLists.txt"));
   add_file(e, "README.md", readme(e, note));
   add_file(e, arena_printf(e->a, "include/%s.h", e->name),

@@ -632,4 +632,7 @@ void infer_node(Graph *g, Node *n, Arg *args, const char *where) {
     if (lo < 1)
       ERR(n->loc, "the result's dim %d is %s, which can be below 1", i, dim_str(g, &n->shape.d[i]));
   }
+  if (numel > INT64_MAX / 8) /* its bytes (8 in the interpreter) must be countable too */
+    ERR(n->loc, "the result's shape %s has %lld elements, too many to count their bytes in int64",
+        shape_str(g, &n->shape), (long long)numel);
 }

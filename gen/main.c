@@ -22,7 +22,8 @@ static const char usage[] =
     "\n"
     "  MODEL.yaml -o OUT\n"
     "          print the model's C/CUDA project into directory OUT (written\n"
-    "          atomically; an existing OUT is replaced only if tgen made it).\n"
+    "          atomically; in an existing OUT, which tgen must have made, only\n"
+    "          tgen's files are replaced: build/ and other files of yours stay).\n"
     "          --targets and --cuda-arch override the spec's compile: section;\n"
     "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
     "          --no-golden skips the golden vectors of the emitted tests;\n"
@@ -76,7 +77,13 @@ static Graph *load(Arena *a, Diag *d, const char *path) {
   char *src = read_file(a, path, &len);
   diag = NULL;
   if (!src) {
-    fprintf(stderr, "%s: error: cannot read: %s\n", path, strerror(errno));
+    if (errno == EFBIG)
+      fprintf(stderr, "%s: error: larger than %d MiB; a model spec is limited to that size\n", path,
+              MAX_SPEC_BYTES >> 20);
+    else if (errno == EISDIR)
+      fprintf(stderr, "%s: error: is a directory; MODEL is the spec file (a .yaml)\n", path);
+    else
+      fprintf(stderr, "%s: error: cannot read: %s\n", path, strerror(errno));
     return NULL;
   }
   Graph *g = tgen_load(d, a, path, src, len);
@@ -269,6 +276,8 @@ static int parse_dims_arg(const Graph *g, const char *s, int64_t *vals, int *giv
         break;
     if (k == g->nsyms)
       return usage_error("--dims: '%s' is not a dynamic dim of the model", arena_strndup(g->arena, s, (size_t)(eq - s)));
+    if (given[k])
+      return usage_error("--dims: %s is given twice", g->syms[k].name);
     char *end;
     errno = 0;
     long long v = strtoll(eq + 1, &end, 10);

@@ -32,28 +32,27 @@ static int64_t bytes_at(const BPass *p, const Node *n) {
   return v;
 }
 
-static int is_keyword(const char *s) {
-  static const char *const kw[] = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double",
-                                   "else", "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long",
-                                   "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct",
-                                   "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
-                                   "true", "false", "NULL", "main", "ws", "P", "G", "m", "sym", "in", "out", "bad",
-                                   "st", "i", "o", "r", "n", "n_o", "n_r", "o0", "live", "gemm", "lb", "iv",
-                                   "nv", "lane", "split_part", "split_count", NULL};
+/* A name a kernel's locals and parameters cannot take: the C names of
+ * c_reserved, and the emitted code's own locals. */
+static int is_keyword(const char *s, const char *model) {
+  static const char *const kw[] = {"ws", "P", "G", "m", "sym", "in", "out", "bad", "st", "i", "o", "r", "n", "n_o",
+                                   "n_r", "o0", "live", "gemm", "lb", "iv", "nv", "lane", "split_part", "split_count",
+                                   "c", "nc", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
       return 1;
-  return !strncmp(s, "dim_", 4) || (s[0] == 'k' && isdigit((unsigned char)s[1])) || (s[0] == 'v' && isdigit((unsigned char)s[1]));
+  return c_reserved(s, model) || !strncmp(s, "dim_", 4) || (s[0] == 'k' && isdigit((unsigned char)s[1])) ||
+         (s[0] == 'v' && isdigit((unsigned char)s[1]));
 }
 
 /* A C identifier from a binding or param name ("h.0.ln_w" -> "h_0_ln_w"),
  * unique among the names taken so far. */
-static const char *c_name(Arena *a, Vec *taken, const char *base) {
+static const char *c_name(Arena *a, Vec *taken, const char *base, const char *model) {
   char *s = arena_printf(a, "%s%s", base && *base && isdigit((unsigned char)*base) ? "v" : "", base && *base ? base : "t");
   for (char *c = s; *c; c++)
     if (!isalnum((unsigned char)*c) && *c != '_')
       *c = '_';
-  const char *name = is_keyword(s) ? arena_printf(a, "%s_", s) : s;
+  const char *name = is_keyword(s, model) ? arena_printf(a, "%s_", s) : s;
   for (int k = 2;; k++) {
     int dup = 0;
     for (int i = 0; i < taken->n && !dup; i++)
@@ -188,15 +187,15 @@ void plan(BPass *p) {
     b->last = last[i] < b->first ? b->first : last[i];
     if (n->op == OP_INPUT) {
       b->home = HOME_INPUT, b->index = n->index;
-      b->name = c_name(a, &taken, g->inputs[n->index].name);
+      b->name = c_name(a, &taken, g->inputs[n->index].name, g->spec->name);
     } else if (n->op == OP_PARAM) {
       b->home = HOME_PARAM, b->index = n->index;
-      b->name = c_name(a, &taken, g->params[n->index].name);
+      b->name = c_name(a, &taken, g->params[n->index].name, g->spec->name);
     } else if (p->kern[i] < 0) {
       b->home = HOME_ALIAS, b->index = p->buf[n->in[0]->id];
       if (b->index < 0)
         die("plan: an alias (%s) of an unplaced value (%s, realized %d, last %d)", op_info[n->op].name, op_info[n->in[0]->op].name, p->realized[n->in[0]->id], last[n->in[0]->id]);
-      b->name = c_name(a, &taken, n->name);
+      b->name = c_name(a, &taken, n->name, g->spec->name);
     } else {
       b->home = home[i] >= 0 ? (Home)home[i] : HOME_ARENA;
       b->index = home[i] >= 0 ? hidx[i] : -1;
@@ -216,7 +215,7 @@ void plan(BPass *p) {
         if (named || !n->name)
           base = arena_printf(a, "%s_%s", base, op_info[n->op].name);
       }
-      b->name = c_name(a, &taken, base);
+      b->name = c_name(a, &taken, base, g->spec->name);
     }
     p->buf[i] = p->nb++;
   }

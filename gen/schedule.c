@@ -134,8 +134,8 @@ static Kernel *new_kernel(S *s, KernelKind kind, Node *n) {
   BPass *p = s->p;
   Kernel *k = arena_alloc(s->a, sizeof(Kernel));
   k->kind = kind;
-  k->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
-  k->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  k->outs = arena_alloc(s->a, sizeof(Node *)); /* merge sizes its own: memory stays linear */
+  k->reds = arena_alloc(s->a, sizeof(Node *));
   k->outs[k->nouts++] = n;
   if (kind != K_LOOP)
     k->anchor = n;
@@ -391,8 +391,8 @@ static const char *merge(S *s, int i, int j, int commit) {
   /* tentatively merge and let the renderer check the indexing */
   Kernel *m = arena_alloc(s->a, sizeof(Kernel));
   *m = *ki;
-  m->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
-  m->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  m->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nouts + kj->nouts + 1));
+  m->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nreds + kj->nreds + 1));
   m->nouts = m->nreds = 0;
   m->stop = NULL;
   absorb(m, ki);

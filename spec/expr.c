@@ -110,6 +110,17 @@ static Expr *new_expr(Lexer *L, ExprKind k, const char *at) {
 
 static Expr *expr(Lexer *L);
 
+/* Records that `child` hangs below `e`. The tree's height is bounded, chains
+ * included (a + b + c is a tree of height 2), so that every pass may walk it
+ * recursively: a 20,000-term chain is refused here, not by a stack overflow. */
+static void below(Lexer *L, Expr *e, const Expr *child, const char *at) {
+  if (child->depth + 1 > e->depth)
+    e->depth = child->depth + 1;
+  if (e->depth > MAX_EXPR_DEPTH)
+    error_at(loc_of(L, at), "expression nested more than %d levels deep (each operator of a chain 'a + b + ...' "
+             "is a level); split it into several bindings", MAX_EXPR_DEPTH);
+}
+
 static void enter(Lexer *L, const char *at) {
   if (++L->depth > MAX_DEPTH)
     error_at(loc_of(L, at), "expression nested more than %d levels deep", MAX_DEPTH);
@@ -138,12 +149,14 @@ static void items(Lexer *L, Expr *e, char close, int call) {
           error_at(a->loc, "keyword argument '%s' given twice", a->name);
       }
       a->lhs = expr(L);
+      below(L, a, a->lhs, start);
     } else {
       a = expr(L);
       for (int i = 0; call && i < v.n; i++)
         if (((Expr *)v.p[i])->kind == E_KWARG)
           error_at(a->loc, "positional argument after a keyword argument");
     }
+    below(L, e, a, start);
     vec_push(diag->arena, &v, a);
   }
   lex(L);
@@ -234,19 +247,21 @@ static Expr *unary(Lexer *L) {
     }
     Expr *e = new_expr(L, E_NEG, start);
     e->lhs = x;
+    below(L, e, x, start);
     return e;
   }
   return atom(L);
 }
 
-static Expr *binop(Lexer *L, char op, Expr *lhs, Expr *rhs) {
+static Expr *binop(Lexer *L, char op, const char *at, Expr *lhs, Expr *rhs) {
   Expr *e = arena_alloc(diag->arena, sizeof(Expr));
   e->kind = E_BINOP;
   e->op = op;
   e->lhs = lhs;
   e->rhs = rhs;
   e->loc = lhs->loc;
-  (void)L;
+  below(L, e, lhs, at);
+  below(L, e, rhs, at);
   return e;
 }
 
@@ -254,8 +269,9 @@ static Expr *term(Lexer *L) {
   Expr *e = unary(L);
   while (is_punct(L, '*') || is_punct(L, '/') || is_punct(L, '@')) {
     char op = *L->tok;
+    const char *at = L->tok;
     lex(L);
-    e = binop(L, op, e, unary(L));
+    e = binop(L, op, at, e, unary(L));
   }
   return e;
 }
@@ -265,8 +281,9 @@ static Expr *expr(Lexer *L) {
   Expr *e = term(L);
   while (is_punct(L, '+') || is_punct(L, '-')) {
     char op = *L->tok;
+    const char *at = L->tok;
     lex(L);
-    e = binop(L, op, e, term(L));
+    e = binop(L, op, at, e, term(L));
   }
   L->depth--;
   return e;
@@ -285,7 +302,11 @@ Expr *parse_expr(const YNode *y) {
   return e;
 }
 
-static void print_expr(Buf *b, const Expr *e) {
+/* Stops once the text passes `max` characters: messages show the start of a
+ * long expression, and printing costs O(max) however long the chain. */
+static void print_expr(Buf *b, const Expr *e, size_t max) {
+  if (b->len > max)
+    return;
   switch (e->kind) {
   case E_NUM:
     if (e->is_int)
@@ -299,7 +320,7 @@ static void print_expr(Buf *b, const Expr *e) {
   case E_NONE: buf_printf(b, "none"); break;
   case E_KWARG:
     buf_printf(b, "%s=", e->name);
-    print_expr(b, e->lhs);
+    print_expr(b, e->lhs, max);
     break;
   case E_LIST:
   case E_CALL:
@@ -310,27 +331,40 @@ static void print_expr(Buf *b, const Expr *e) {
     for (int i = 0; i < e->nargs; i++) {
       if (i)
         buf_printf(b, ", ");
-      print_expr(b, e->args[i]);
+      print_expr(b, e->args[i], max);
     }
     buf_printf(b, "%s", e->kind == E_CALL ? ")" : "]");
     break;
   case E_NEG:
     buf_printf(b, "-");
-    print_expr(b, e->lhs);
+    print_expr(b, e->lhs, max);
     break;
   case E_BINOP:
     buf_printf(b, "(");
-    print_expr(b, e->lhs);
+    print_expr(b, e->lhs, max);
     buf_printf(b, " %c ", e->op);
-    print_expr(b, e->rhs);
+    print_expr(b, e->rhs, max);
     buf_printf(b, ")");
     break;
   }
 }
 
-const char *expr_str(const Expr *e) {
+/* The printed form, or NULL when it is longer than `max` characters. */
+const char *expr_str_max(const Expr *e, size_t max) {
   Buf b;
   buf_init(&b, diag->arena);
-  print_expr(&b, e);
+  print_expr(&b, e, max);
+  return b.len > max ? NULL : b.p;
+}
+
+const char *expr_str(const Expr *e) {
+  enum { MAX = 200 };
+  Buf b;
+  buf_init(&b, diag->arena);
+  print_expr(&b, e, MAX);
+  if (b.len > MAX) {
+    b.len = MAX;
+    buf_printf(&b, "...");
+  }
   return b.p;
 }

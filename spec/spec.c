@@ -183,6 +183,9 @@ static void parse_inputs(Spec *s, const YNode *y) {
   want(y, Y_MAP, "'inputs'");
   s->inputs = arena_alloc(diag->arena, sizeof(TensorDecl) * (size_t)(y->n + 1));
   for (int i = 0; i < y->n; i++) {
+    if (i == MAX_IO)
+      error_at(y->keys[i]->loc, "input %d; a model has at most %d inputs (the emitted runner and tests hold them in "
+               "fixed arrays)", i + 1, MAX_IO);
     TensorDecl *t = &s->inputs[s->ninputs++];
     t->name = decl_name(y->keys[i], "input");
     t->loc = y->keys[i]->loc;
@@ -580,6 +583,16 @@ static Spec *parse_top(const char *file, const YNode *y) {
   s->name_loc = x->vloc;
   if (!is_ident(s->name))
     error_at(x->vloc, "name '%s' is not a C identifier (letters, digits and '_', not starting with a digit)", s->name);
+  /* the model's name is its CMake library target: not one CMake reserves */
+  static const char *const cmake_reserved[] = {"all", "clean", "help", "install", "test", "package",
+                                               "package_source", "edit_cache", "rebuild_cache", "depend",
+                                               "preinstall", "list_install_components", "ALL_BUILD",
+                                               "ZERO_CHECK", "RUN_TESTS", "INSTALL", "PACKAGE", "Continuous",
+                                               "Experimental", "Nightly", "NightlyMemoryCheck"};
+  for (size_t i = 0; i < sizeof cmake_reserved / sizeof *cmake_reserved; i++)
+    if (!strcmp(s->name, cmake_reserved[i]))
+      error_at(x->vloc, "name '%s' is a target name CMake reserves (the model's name is its library target); "
+               "choose another", s->name);
   if ((x = get(y, "dtype"))) {
     static const char *const names[] = {"f32", "bf16", "f16"};
     if (x->kind == Y_SCALAR && (!strcmp(x->str, "i32") || !strcmp(x->str, "bool")))
@@ -608,6 +621,9 @@ static Spec *parse_top(const char *file, const YNode *y) {
     s->outputs_loc = x->loc;
     if (s->noutputs == 0)
       error_at(x->loc, "outputs is empty; list at least one binding (or leave it out for the last binding)");
+    if (s->noutputs > MAX_IO)
+      error_at(x->loc, "%d outputs; a model has at most %d (the emitted runner and tests hold them in fixed arrays)",
+               s->noutputs, MAX_IO);
   }
   if ((x = get(y, "train")) && !is_none(x))
     parse_train(s, x);

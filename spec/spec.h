@@ -17,6 +17,9 @@
 
 #define TGEN_VERSION "0.1.0"
 #define MAX_DEPTH 64 /* YAML and expression nesting bound: no stack overflow */
+#define MAX_SPEC_BYTES (16 << 20) /* a spec file larger than this is refused */
+#define MAX_IO 64 /* inputs, and outputs, of a model */
+#define MAX_EXPR_DEPTH 256 /* depth of an expression tree, operator chains included */
 
 /* ---------------------------------------------------------------- util.c */
 
@@ -75,6 +78,7 @@ void buf_putn(Buf *b, const char *s, size_t n);
 /* The closest candidate to `s` by edit distance, or NULL if none is close. */
 const char *did_you_mean(const char *s, const char *const *cands, int n);
 int is_ident(const char *s);
+int c_reserved(const char *s, const char *model); /* emitted C would break on this name (a '_' is appended) */
 
 /* Growable pointer array in the arena. */
 typedef struct Vec {
@@ -131,12 +135,14 @@ struct Expr {
   Expr *lhs, *rhs;  /* E_BINOP, E_NEG (lhs), E_KWARG (lhs = value) */
   Expr **args;      /* E_CALL, E_LIST */
   int nargs;
+  int depth;        /* height of the tree below: 0 for a leaf, at most MAX_EXPR_DEPTH */
 };
 
 /* Parse the text of a YAML scalar as an expression; locations are computed
  * from the scalar's position in the file. */
 Expr *parse_expr(const YNode *scalar);
-const char *expr_str(const Expr *e); /* short printed form for messages */
+const char *expr_str(const Expr *e); /* short printed form for messages (long ones cut: "...") */
+const char *expr_str_max(const Expr *e, size_t max); /* NULL if longer than max */
 
 /* ---------------------------------------------------------------- spec.c */
 
@@ -249,7 +255,9 @@ Spec *spec_parse(const char *file, const char *src, size_t len);
 int parse_byte_size(const char *s, int64_t *out);
 Block *spec_find_block(const Spec *s, const char *name);
 
-/* Read a whole file into the arena (NUL-terminated); NULL + errno on failure. */
-char *read_file(Arena *a, const char *path, size_t *len);
+/* Read a whole file into the arena (NUL-terminated); NULL + errno on failure
+ * (EISDIR for a directory, EFBIG past `max` bytes). */
+char *read_file(Arena *a, const char *path, size_t *len); /* EFBIG past MAX_SPEC_BYTES */
+char *read_file_max(Arena *a, const char *path, size_t *len, size_t max);
 
 #endif

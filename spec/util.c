@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 
 Diag *diag;
 
@@ -137,11 +139,12 @@ void buf_printf(Buf *b, const char *fmt, ...) {
 /* ---------------------------------------------------------------- diagnostics */
 
 /* Append the source line `line` and a caret under column `col` to `out`.
- * Tabs in the line are kept in the caret's padding so it lines up. */
+ * Tabs in the line are kept in the caret's padding so it lines up. A long line
+ * is shown as a window of at most 240 characters around the column. */
 static size_t put_caret(char *out, size_t cap, int line, int col) {
   const char *s = diag->src, *end = s + diag->srclen;
   for (int l = 1; l < line && s < end; s++)
-    if (*s == '\n')
+    if (*s == '\n' || (*s == '\r' && s + 1 < end && s[1] != '\n')) /* a lone CR breaks a line in YAML too */
       l++;
   if (s >= end && line > 1)
     return 0;
@@ -149,12 +152,19 @@ static size_t put_caret(char *out, size_t cap, int line, int col) {
   while (e < end && *e != '\n' && *e != '\r')
     e++;
   size_t n = 0;
-  int len = (int)(e - s) > 300 ? 300 : (int)(e - s);
-  n += (size_t)snprintf(out + n, cap - n, "%.*s\n", len, s);
+  const char *pre = "";
+  if (col > 160 && col - 1 <= e - s) { /* start the window 80 characters before the column */
+    s += col - 81;
+    col = 81 + 3;
+    pre = "...";
+  }
+  int len = (int)(e - s) > 240 ? 240 : (int)(e - s);
+  n += (size_t)snprintf(out + n, cap - n, "%s%.*s%s\n", pre, len, s, len < e - s ? "..." : "");
   if (n >= cap)
     return cap - 1;
-  for (int c = 1; c < col && c <= len + 1 && n + 2 < cap; c++)
-    out[n++] = s[c - 1] == '\t' ? '\t' : ' ';
+  int plen = (int)strlen(pre);
+  for (int c = 1; c < col && c <= plen + len + 1 && n + 2 < cap; c++)
+    out[n++] = c > plen && c - 1 - plen < len && s[c - 1 - plen] == '\t' ? '\t' : ' ';
   if (n + 2 < cap) {
     out[n++] = '^';
     out[n++] = '\n';
@@ -175,8 +185,23 @@ void verror_at(Loc loc, const char *fmt, va_list ap) {
     n += (size_t)snprintf(d->msg, cap, "%s:%d:%d: error: ", d->file, loc.line, loc.col);
   else
     n += (size_t)snprintf(d->msg, cap, "%s: error: ", d->file);
-  if (n < cap)
-    n += (size_t)vsnprintf(d->msg + n, cap - n, fmt, ap);
+  if (n < cap) { /* a message longer than ~1000 characters (a huge name in it) keeps its start and its end,
+                   where the reason is */
+    va_list aq;
+    va_copy(aq, ap);
+    int len = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    char *tmp = malloc(len > 0 ? (size_t)len + 1 : 1);
+    if (!tmp || len < 0)
+      len = 0;
+    else
+      vsnprintf(tmp, (size_t)len + 1, fmt, ap);
+    if (len > 1000)
+      n += (size_t)snprintf(d->msg + n, cap - n, "%.480s ... %s", tmp, tmp + len - 480);
+    else
+      n += (size_t)snprintf(d->msg + n, cap - n, "%s", tmp ? tmp : "(out of memory)");
+    free(tmp);
+  }
   if (n < cap - 1) {
     d->msg[n++] = '\n';
     d->msg[n] = 0;
@@ -218,6 +243,52 @@ int is_ident(const char *s) {
   return 1;
 }
 
+/* Is `s` unusable as an identifier in emitted C/CUDA (a struct field, a kernel
+ * parameter)? C11 and C23 keywords, macros that compilers predefine (linux,
+ * unix in GNU mode) or that the emitted code's headers define (NULL, EOF,
+ * errno, ...), the math functions the kernels call, CUDA's built-in variables,
+ * identifiers reserved to the implementation (__x, _X), and, when `model` is
+ * given, the model's own prefixes (model_..., MODEL_...), which name the
+ * emitted functions and macros. Such a name is emitted with a '_' appended. */
+int c_reserved(const char *s, const char *model) {
+  static const char *const words[] = {
+      /* C11 keywords, then C23's */
+      "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
+      "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
+      "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while",
+      "alignas", "alignof", "bool", "constexpr", "false", "nullptr", "static_assert", "thread_local", "true",
+      "typeof", "typeof_unqual", "asm", "noreturn", "complex", "imaginary", "I",
+      /* predefined by compilers (GNU mode) */
+      "linux", "unix", "i386", "i686", "sparc", "mips", "vax", "sun",
+      /* macros of the standard headers the emitted code includes */
+      "NULL", "EOF", "errno", "stdin", "stdout", "stderr", "assert", "offsetof", "INFINITY", "NAN", "HUGE_VAL",
+      "HUGE_VALF", "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE", "CHAR_BIT", "CHAR_MAX",
+      "INT_MAX", "INT_MIN", "UINT_MAX", "LONG_MAX", "LONG_MIN", "LLONG_MAX", "LLONG_MIN", "SIZE_MAX", "INT8_MAX",
+      "INT16_MAX", "INT32_MAX", "INT32_MIN", "INT64_MAX", "INT64_MIN", "UINT8_MAX", "UINT16_MAX", "UINT32_MAX",
+      "UINT64_MAX", "FLT_MAX", "FLT_MIN", "FLT_EPSILON", "DBL_MAX", "DBL_MIN", "DBL_EPSILON", "M_PI", "M_E",
+      "M_SQRT2", "M_SQRT1_2", "M_2_SQRTPI", "M_LN2", "EINVAL", "ENOMEM", "ERANGE", "EDOM", "EIO", "ENOENT",
+      "EEXIST", "EINTR", "EAGAIN", "EFBIG", "ENOSPC", "EACCES", "SEEK_SET", "SEEK_CUR", "SEEK_END",
+      "CLOCK_MONOTONIC", "CLOCK_REALTIME", "O_RDONLY", "O_WRONLY", "O_CREAT", "FP_NAN", "FP_INFINITE",
+      "PRId64", "PRIu64", "PRIx64", "MAP_FAILED", "main",
+      /* functions the kernels call, and CUDA's built-in variables */
+      "exp", "expf", "exp2f", "expm1f", "log", "logf", "log2f", "log1pf", "sqrt", "sqrtf", "rsqrtf", "tanh",
+      "tanhf", "erf", "erff", "erfc", "erfcf", "pow", "powf", "fabs", "fabsf", "fmax", "fmaxf", "fmin", "fminf",
+      "floor", "floorf", "ceil", "ceilf", "round", "roundf", "sin", "sinf", "cos", "cosf", "isnan", "isinf",
+      "isfinite", "signbit", "fmaf", "max", "min", "abs", "memcpy", "memset", "malloc", "free", "printf",
+      "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", NULL};
+  if (s[0] == '_' && (s[1] == '_' || isupper((unsigned char)s[1])))
+    return 1;
+  for (int i = 0; words[i]; i++)
+    if (!strcmp(s, words[i]))
+      return 1;
+  if (model) {
+    size_t n = strlen(model);
+    if (!strncasecmp(s, model, n) && s[n] == '_')
+      return 1;
+  }
+  return 0;
+}
+
 static int edit_distance(const char *a, const char *b) {
   int la = (int)strlen(a), lb = (int)strlen(b);
   if (la > 64 || lb > 64)
@@ -256,10 +327,18 @@ const char *did_you_mean(const char *s, const char *const *cands, int n) {
   return best;
 }
 
-char *read_file(Arena *a, const char *path, size_t *len) {
+char *read_file(Arena *a, const char *path, size_t *len) { return read_file_max(a, path, len, MAX_SPEC_BYTES); }
+
+char *read_file_max(Arena *a, const char *path, size_t *len, size_t max) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return NULL;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    errno = EISDIR;
+    return NULL;
+  }
   size_t cap = 4096, n = 0;
   char *p = malloc(cap);
   for (;;) {
@@ -272,13 +351,13 @@ char *read_file(Arena *a, const char *path, size_t *len) {
     n += r;
     if (r == 0)
       break;
+    if (n > max) { /* /dev/zero, a stray binary: refused after the limit, not read whole */
+      free(p);
+      fclose(f);
+      errno = EFBIG;
+      return NULL;
+    }
     if (n == cap) {
-      if (cap > ((size_t)1 << 30)) {
-        free(p);
-        fclose(f);
-        errno = EFBIG;
-        return NULL;
-      }
       char *q = realloc(p, cap * 2);
       if (!q)
         free(p);

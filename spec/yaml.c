@@ -62,6 +62,9 @@ static void next_event(Loader *L, yaml_event_t *ev) {
   const char *problem = p->problem ? p->problem : "malformed YAML";
   if (p->error == YAML_MEMORY_ERROR)
     error_at(l, "out of memory while reading YAML");
+  size_t at = p->problem_mark.index;
+  if (diag->src && at < diag->srclen && diag->src[at] == ':' && p->problem_mark.column > 1024)
+    error_at(l, "a key longer than 1024 characters (YAML's limit for a plain key); use a shorter name");
   if (p->context)
     error_at(l, "YAML syntax error: %s (%s started at line %d, column %d)", problem, p->context,
              (int)p->context_mark.line + 1, (int)p->context_mark.column + 1);

@@ -77,6 +77,8 @@ const char *const mlp_input_dim_text[][8] = {
 const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276224};
 /* Passes with dropout (never replayed from a CUDA graph: the mask follows the step). */
 const int mlp_pass_dropout[MLP_NPASS] = {0, 0, 0};
+/* The inputs each pass reads (bit k: input k); the others may be NULL. */
+const uint64_t mlp_pass_inputs[MLP_NPASS] = {0x1ULL, 0x3ULL, 0x3ULL};
 /* compile.mode default: CUDA graphs off by default (mlp_set_graphs switches). */
 const int mlp_graphs_default = 0;
 

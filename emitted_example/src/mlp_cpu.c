@@ -133,10 +133,9 @@ static void k5_softmax_mul(int64_t dim_B, const float *restrict logits, const in
     const float s9 = (float)acc4;
     const int64_t ix15 = y[o];
     const int v20 = ix15 != -100;
-    const float v21 = (float)v20;
-    const float v22 = d_loss_sum[0];
-    const float v23 = 1.0f / v22;
-    const float v24 = v21 * v23;
+    const float v21 = d_loss_sum[0];
+    const float v22 = 1.0f / v21;
+    const float v23 = v20 ? v22 : 0.0f;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix10 = o * n_r + r;
       const float v11 = logits[ix10];
@@ -147,8 +146,8 @@ static void k5_softmax_mul(int64_t dim_B, const float *restrict logits, const in
       const int v17 = ix15 == ix16;
       const float v18 = (float)v17;
       const float v19 = v14 - v18;
-      const float v25 = v19 * v24;
-      d_loss[ix10] = (float)v25;
+      const float v24 = v19 * v23;
+      d_loss[ix10] = (float)v24;
     }
   }
 }

@@ -149,10 +149,9 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
     const float s9 = (float)acc4;
     const int64_t ix15 = y[o];
     const int v20 = ix15 != -100;
-    const float v21 = (float)v20;
-    const float v22 = d_loss_sum[0];
-    const float v23 = 1.0f / v22;
-    const float v24 = v21 * v23;
+    const float v21 = d_loss_sum[0];
+    const float v22 = 1.0f / v21;
+    const float v23 = v20 ? v22 : 0.0f;
     #pragma unroll 4
     for (int r = threadIdx.x % 32; r < n_r; r += 32) {
       const int ix10 = o * n_r + r;
@@ -164,8 +163,8 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
       const int v17 = ix15 == ix16;
       const float v18 = (float)v17;
       const float v19 = v14 - v18;
-      const float v25 = v19 * v24;
-      d_loss[ix10] = (float)v25;
+      const float v24 = v19 * v23;
+      d_loss[ix10] = (float)v24;
     }
   }
 }

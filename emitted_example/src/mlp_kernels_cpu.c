@@ -6,7 +6,7 @@
  *
  * Template: copied into every emitted project with "mlp_" renamed. Plain C11
  * plus OpenMP pragmas (ignored without -fopenmp); needs libm, and a CBLAS when
- * built with -DTGM_HAVE_CBLAS. The dtype conversions (mlp_bf16_to_f32, ...)
+ * built with -DMLP_HAVE_CBLAS. The dtype conversions (mlp_bf16_to_f32, ...)
  * live in mlp_init.c; the hot loops use the inline copies of mlp_rt.h
  * (mlp_ld_bf16, mlp_st_bf16, mlp_ld_f16, mlp_st_f16, shared with
  * mlp_optim_cpu.c), written so that loops over them vectorise, bit-identical
@@ -18,7 +18,7 @@
  * result rounded once on store); softmax sums accumulate in double. On x86
  * with gcc or clang the hot loops are also compiled for AVX2 and AVX-512 and
  * picked at load time (target_clones), as are the GEMM micro-kernels (at run
- * time); -DTGM_NO_ISA_DISPATCH turns both off.
+ * time); -DMLP_NO_ISA_DISPATCH turns both off.
  *
  * The layout of the file:
  *   helpers      threads, pragmas, dtype loads and stores (on mlp_rt.h's
@@ -73,7 +73,7 @@ static int nthreads(void) { return 1; }
 
 /* The hot loops are compiled three times (AVX-512, AVX2, baseline) and the
  * best one for the CPU picked at load time (gcc and clang on x86 glibc, where
- * ifuncs exist); elsewhere, or with -DTGM_NO_ISA_DISPATCH, once for the
+ * ifuncs exist); elsewhere, or with -DMLP_NO_ISA_DISPATCH, once for the
  * compiler's target. Only leaf functions (no parallel regions) are cloned. */
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
     !defined(MLP_NO_ISA_DISPATCH)

@@ -238,7 +238,7 @@ mlp_status mlp_save_params(mlp_model *m, const char *path) {
     memcpy(t[k].shape, p->shape, sizeof p->shape);
     t[k].data = h + p->offset;
   }
-  if (mlp_st_write(path, t, mlp_info.nparams, m->err, sizeof m->err))
+  if (mlp_st_write_checked(path, t, mlp_info.nparams, m->err, sizeof m->err))
     rc = MLP_EIO;
 done:
   free(h);
@@ -339,14 +339,15 @@ static int ensure_ws(mlp_model *m, int64_t need) {
 /* ---------------------------------------------------------------- passes */
 
 /* Checks common to every pass; sym gets the dims' symbol values. */
-static int check_call(mlp_model *m, const char *what, const int64_t *dims, const void *const *in, int64_t *sym) {
+static int check_call(mlp_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+                      int64_t *sym) {
   if (mlp_info.ndyn && !dims)
     return mlp_fail(m, MLP_EINVAL, "%s: dims is NULL, but the model has %d dynamic dim%s", what, mlp_info.ndyn,
                     mlp_info.ndyn == 1 ? "" : "s");
   if (mlp_info.ninputs && !in)
     return mlp_fail(m, MLP_EINVAL, "%s: inputs is NULL", what);
   for (int k = 0; k < mlp_info.ninputs; k++)
-    if (!in[k])
+    if (!in[k] && (mlp_pass_inputs[pass] >> k & 1)) /* one the pass does not read may be NULL */
       return mlp_fail(m, MLP_EINVAL, "%s: input '%s' is NULL", what, mlp_info.inputs[k].name);
   return mlp_compute_syms(dims, sym, m->err, sizeof m->err);
 }
@@ -533,7 +534,7 @@ mlp_status mlp_forward_v(mlp_model *m, const int64_t *dims, const void *const *i
   if (!m)
     return MLP_EINVAL;
   int64_t sym[16] = {0};
-  int rc = check_call(m, "forward", dims, in, sym);
+  int rc = check_call(m, "forward", MLP_PASS_FORWARD, dims, in, sym);
   if (rc)
     return (mlp_status)rc;
   if (!out)
@@ -615,7 +616,7 @@ static int train_call(mlp_model *m, const char *what, int pass, int opt, const i
   int64_t sym[16] = {0};
   int rc = need_train(m, what);
   if (!rc)
-    rc = check_call(m, what, dims, in, sym);
+    rc = check_call(m, what, pass, dims, in, sym);
   if (!rc && !m->loss && !(m->loss = dev_zalloc(m, 8)))
     rc = mlp_fail(m, MLP_ENOMEM, "%s: out of memory for the loss", what);
   if (!rc && pass == MLP_PASS_TRAIN)
@@ -838,7 +839,7 @@ mlp_status mlp_save_checkpoint(mlp_model *m, const char *path) {
   }
   int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
   t[nt++] = (mlp_tensor_desc){"optim.step", MLP_I32, 1, {2}, stepv};
-  if (mlp_st_write(path, t, nt, m->err, sizeof m->err))
+  if (mlp_st_write_checked(path, t, nt, m->err, sizeof m->err))
     rc = MLP_EIO;
 done:
   free(h);
@@ -900,6 +901,13 @@ mlp_status mlp_load_checkpoint(mlp_model *m, const char *path) {
       if (!t)
         goto done;
       memcpy(st + (size_t)kind * (size_t)n + mlp_info.params[k].state, t->data, (size_t)p->numel * sizeof(float));
+      const float *v = st + (size_t)kind * (size_t)n + mlp_info.params[k].state;
+      for (int64_t i = 0; kind == 2 && i < p->numel; i++)
+        if (!(v[i] >= 0)) { /* a second moment is a mean of squares */
+          rc = mlp_fail(m, MLP_ECORRUPT, "%s: %s[%lld] is %g; a second moment is never negative or NaN", path, name,
+                        (long long)i, (double)v[i]);
+          goto done;
+        }
     }
   }
   if ((rc = mlp_load_params(m, path))) /* checks and loads the params (all or nothing) */

@@ -173,11 +173,15 @@ typedef struct mlp_tensor_desc {
   const void *data;  /* host memory, row-major */
 } mlp_tensor_desc;
 
-/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename).
+/* Writes `n` tensors to `path` atomically (PATH.tmp.PID, fsync, rename;
+ * stale PATH.tmp.PID of killed writers removed).
  * Returns MLP_OK; MLP_EIO when the file cannot be written; MLP_EINVAL for a
  * bad descriptor (unknown dtype, rank > 8, duplicate name, ...); MLP_ENOMEM.
  * The message in err names the file and the problem. */
 int mlp_st_write(const char *path, const mlp_tensor_desc *t, int n, char *err, size_t errlen);
+/* The same, with a checksum of the data in __metadata__ (verified by
+ * mlp_st_read): for checkpoints and saved params. */
+int mlp_st_write_checked(const char *path, const mlp_tensor_desc *t, int n, char *err, size_t errlen);
 
 /* A file read fully into memory and its header parsed and validated
  * (header length, JSON syntax, dtypes, shapes, data_offsets inside the file
@@ -468,6 +472,9 @@ extern const int64_t mlp_pass_arena[MLP_NPASS];
 /* Whether a pass uses dropout (its mask depends on the step: never replayed
  * from a CUDA graph), and the compile mode's default for graphs. */
 extern const int mlp_pass_dropout[MLP_NPASS];
+/* The inputs each pass reads (bit k: input k): an input a pass does not read
+ * may be NULL in its call. */
+extern const uint64_t mlp_pass_inputs[MLP_NPASS];
 extern const int mlp_graphs_default;
 
 #define MLP_GRAPHS 8    /* CUDA graphs kept per model (round robin) */

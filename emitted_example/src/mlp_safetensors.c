@@ -21,7 +21,11 @@
  * the order dtype, shape, data_offsets. Given tensors in the order that
  * implementation picks (dtype size descending, then name), the bytes are the
  * same. It writes PATH.tmp.PID, flushes and fsyncs it and renames it over
- * PATH, so PATH is either the old file or the complete new one.
+ * PATH, so PATH is either the old file or the complete new one; the
+ * PATH.tmp.PID files of writers that were killed (their PID is gone) are
+ * removed first. mlp_st_write_checked also stores a checksum of the data
+ * section in __metadata__ ("mlp.checksum": "w64:HEX", see st_sum), which the
+ * reader verifies whenever a file has one (files without one still load).
  *
  * The reader reads the whole file and checks it at least as strictly as the
  * reference implementation: a small parser for exactly this JSON structure
@@ -37,8 +41,10 @@
 #endif
 #include "mlp_rt.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,7 +258,94 @@ static void st_sync_dir(const char *path) {
   free(dir);
 }
 
+/* The checksum of the data section: FNV-1a over its 8-byte little-endian
+ * words (the last one zero-padded), then over its length. Each step is a
+ * bijection of the state, so any change confined to one word (a flipped bit,
+ * a torn sector's word) always changes the sum; 8 bytes per multiply keeps it
+ * at memory speed for GB-sized checkpoints. Streaming: feed, then finish. */
+typedef struct st_sum {
+  uint64_t h, len;
+  unsigned char part[8];
+  int np;
+} st_sum;
+
+static void st_sum_word(st_sum *c, const unsigned char *w) {
+  uint64_t x = 0;
+  for (int i = 0; i < 8; i++)
+    x |= (uint64_t)w[i] << (8 * i);
+  c->h = (c->h ^ x) * 0x100000001b3ull;
+}
+
+static void st_sum_feed(st_sum *c, const unsigned char *p, size_t n) {
+  c->len += n;
+  while (n && c->np) {
+    c->part[c->np++] = *p++, n--;
+    if (c->np == 8)
+      st_sum_word(c, c->part), c->np = 0;
+  }
+  for (; n >= 8; p += 8, n -= 8)
+    st_sum_word(c, p);
+  while (n)
+    c->part[c->np++] = *p++, n--;
+}
+
+static uint64_t st_sum_finish(st_sum *c) {
+  if (c->np) {
+    memset(c->part + c->np, 0, (size_t)(8 - c->np));
+    st_sum_word(c, c->part);
+  }
+  return (c->h ^ c->len) * 0x100000001b3ull;
+}
+
+#define MLP_ST_SUM_KEY "mlp.checksum"
+#define MLP_ST_SUM_INIT 0xcbf29ce484222325ull
+
+/* Remove the PATH.tmp.PID files that writers killed mid-save left (their PID
+ * is gone); those of live processes, and anything else, stay. */
+static void st_clean_stale(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t dn = slash ? (size_t)(slash - path) + 1 : 0, bn = strlen(base);
+  char *dir = malloc(dn + 2);
+  if (!dir)
+    return;
+  memcpy(dir, path, dn);
+  strcpy(dir + dn, dn ? "" : ".");
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  while (d && (de = readdir(d))) {
+    const char *nm = de->d_name;
+    if (strncmp(nm, base, bn) || strncmp(nm + bn, ".tmp.", 5))
+      continue;
+    char *end;
+    long pid = strtol(nm + bn + 5, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) && errno == ESRCH))
+      continue;
+    size_t fn = dn + strlen(nm) + 1;
+    char *f = malloc(fn);
+    if (f) {
+      memcpy(f, path, dn);
+      strcpy(f + dn, nm);
+      remove(f);
+      free(f);
+    }
+  }
+  if (d)
+    closedir(d);
+  free(dir);
+}
+
+static int st_write(const char *path, const mlp_tensor_desc *t, int n, int checksum, char *err, size_t errlen);
+
 int mlp_st_write(const char *path, const mlp_tensor_desc *t, int n, char *err, size_t errlen) {
+  return st_write(path, t, n, 0, err, errlen);
+}
+
+int mlp_st_write_checked(const char *path, const mlp_tensor_desc *t, int n, char *err, size_t errlen) {
+  return st_write(path, t, n, 1, err, errlen);
+}
+
+static int st_write(const char *path, const mlp_tensor_desc *t, int n, int checksum, char *err, size_t errlen) {
   if (!path || !*path)
     return st_fail(err, errlen, MLP_EINVAL, "mlp_st_write: no path");
   if (n < 0 || (n && !t))
@@ -292,6 +385,17 @@ int mlp_st_write(const char *path, const mlp_tensor_desc *t, int n, char *err, s
     st_putu(&h, (unsigned long long)off);
     st_puts(&h, "]}");
   }
+  if (checksum) {
+    st_sum c = {MLP_ST_SUM_INIT, 0, {0}, 0};
+    for (int k = 0; k < n; k++)
+      if (bytes[k])
+        st_sum_feed(&c, t[k].data, (size_t)bytes[k]);
+    char v[40];
+    snprintf(v, sizeof v, "w64:%016llx", (unsigned long long)st_sum_finish(&c));
+    st_puts(&h, n ? ",\"__metadata__\":{\"" MLP_ST_SUM_KEY "\":\"" : "\"__metadata__\":{\"" MLP_ST_SUM_KEY "\":\"");
+    st_puts(&h, v);
+    st_puts(&h, "\"}");
+  }
   st_puts(&h, "}");
   while (h.len % 8) /* the data section starts at 8 + len: a multiple of 8 */
     st_puts(&h, " ");
@@ -312,6 +416,7 @@ int mlp_st_write(const char *path, const mlp_tensor_desc *t, int n, char *err, s
     return st_fail(err, errlen, MLP_ENOMEM, "%s: out of memory", path);
   }
   snprintf(tmp, tn, "%s.tmp.%ld", path, (long)getpid());
+  st_clean_stale(path);
   FILE *fp = fopen(tmp, "wb");
   if (!fp) {
     rc = st_fail(err, errlen, MLP_EIO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
@@ -362,6 +467,8 @@ typedef struct st_parser {
   } *ent;
   int nt, cap;
   int seen_metadata;
+  int has_sum;            /* __metadata__ holds mlp.checksum: its value */
+  char sum[40];
 } st_parser;
 
 static void st_ws(st_parser *p) {
@@ -567,11 +674,11 @@ static int st_uints(st_parser *p, uint64_t *v, int cap, int *count, const char *
 }
 
 /* metadata := '{' (string ':' string (',' string ':' string)*)? '}'.
- * Checked, not kept. */
+ * Checked; only mlp.checksum is kept. */
 static int st_metadata(st_parser *p) {
   int rc;
   size_t len;
-  char scratch[1];
+  char key[sizeof MLP_ST_SUM_KEY + 1], scratch[sizeof p->sum];
   if ((rc = st_expect(p, '{', "'{' to start __metadata__ (an object of strings)")))
     return rc;
   st_ws(p);
@@ -581,13 +688,21 @@ static int st_metadata(st_parser *p) {
   }
   for (;;) {
     st_ws(p);
-    if ((rc = st_string(p, scratch, sizeof scratch, &len)) || (rc = st_expect(p, ':', "':' after a key")))
+    size_t klen;
+    if ((rc = st_string(p, key, sizeof key, &klen)) || (rc = st_expect(p, ':', "':' after a key")))
       return rc;
     st_ws(p);
     if (p->i >= p->n || p->s[p->i] != '"')
       return st_syntax(p, "a string (__metadata__ values are strings)");
     if ((rc = st_string(p, scratch, sizeof scratch, &len)))
       return rc;
+    if (klen == strlen(MLP_ST_SUM_KEY) && !strcmp(key, MLP_ST_SUM_KEY)) {
+      if (len >= sizeof p->sum)
+        return st_fail(p->err, p->errlen, MLP_ECORRUPT, "%s: the %s in __metadata__ is malformed", p->path,
+                       MLP_ST_SUM_KEY);
+      memcpy(p->sum, scratch, len + 1);
+      p->has_sum = 1;
+    }
     st_ws(p);
     if (p->i < p->n && p->s[p->i] == ',') {
       p->i++;
@@ -905,6 +1020,15 @@ static int st_parse(const char *path, unsigned char *buf, size_t size, mlp_st_fi
     rc = st_fail(err, errlen, MLP_ENOMEM, "%s: out of memory for %d tensors", path, p.nt);
   if (!rc)
     rc = st_check_all(&p, by_name);
+  if (!rc && p.has_sum) { /* the data section against the checksum the writer stored */
+    st_sum c = {MLP_ST_SUM_INIT, 0, {0}, 0};
+    st_sum_feed(&c, buf + 8 + p.n, p.data_size);
+    char v[40];
+    snprintf(v, sizeof v, "w64:%016llx", (unsigned long long)st_sum_finish(&c));
+    if (strcmp(v, p.sum))
+      rc = st_fail(err, errlen, MLP_ECORRUPT, "%s: checksum mismatch: the data is corrupted (the file says %s, the "
+                   "data gives %s)", path, p.sum, v);
+  }
   if (!rc && p.nt) {
     size_t head = sizeof(mlp_tensor_desc) * (size_t)p.nt + sizeof(int32_t) * (size_t)p.nt;
     unsigned char *block = malloc(head + p.names_used);

@@ -140,6 +140,68 @@ int main(int argc, char **argv) {
     check(mlp_load_checkpoint(m, bad) == MLP_ECORRUPT && mlp_get_step(m) == 41,
           "junk checkpoint refused, state untouched", mlp_error(m));
     check(mlp_get_params(m, b, nb) == MLP_OK && memcmp(a, b, nb) == 0, "checkpoint round-trips the params", "");
+    /* a flipped bit in the data: the checksum refuses it; a negative second
+     * moment (rewritten without a checksum) is refused, naming the tensor */
+    mlp_st_file cf;
+    char err[512], *copy = NULL;
+    if (mlp_st_read(tmp, &cf, err, sizeof err) == MLP_OK) {
+      char flipped[600];
+      snprintf(flipped, sizeof flipped, "%s/api_flipped.safetensors", dir);
+      FILE *out = fopen(flipped, "wb");
+      if (out) {
+        cf.buf[cf.size - 1] ^= 4;
+        fwrite(cf.buf, 1, cf.size, out);
+        fclose(out);
+        cf.buf[cf.size - 1] ^= 4;
+      }
+      check(mlp_load_checkpoint(m, flipped) == MLP_ECORRUPT && contains(mlp_error(m), "checksum") &&
+                mlp_get_step(m) == 41,
+            "a checkpoint with a flipped bit refused, state untouched", mlp_error(m));
+      for (int k = 0; k < cf.n; k++)
+        if (!strncmp(cf.t[k].name, "optim.exp_avg_sq.", 17) && mlp_numel(cf.t[k].rank, cf.t[k].shape) > 0 &&
+            (copy = malloc((size_t)mlp_numel(cf.t[k].rank, cf.t[k].shape) * 4))) {
+          memcpy(copy, cf.t[k].data, (size_t)mlp_numel(cf.t[k].rank, cf.t[k].shape) * 4);
+          ((float *)copy)[0] = -1;
+          cf.t[k].data = copy;
+          snprintf(flipped, sizeof flipped, "%s/api_negative.safetensors", dir);
+          check(mlp_st_write(flipped, cf.t, cf.n, err, sizeof err) == MLP_OK &&
+                    mlp_load_checkpoint(m, flipped) == MLP_ECORRUPT && contains(mlp_error(m), cf.t[k].name) &&
+                    mlp_get_step(m) == 41,
+                "a negative exp_avg_sq refused, naming the tensor", mlp_error(m));
+          break;
+        }
+      free(copy);
+      mlp_st_free(&cf);
+    }
+  }
+  /* an input the forward pass does not read (a loss's labels) may be NULL; one it reads may not */
+  {
+    mlp_case c;
+    char cerr[512];
+    mlp_host out[64];
+    void *dout[64] = {0};
+    int ok = !mlp_case_open(m, NULL, &c, cerr, sizeof cerr), nout = 0;
+    for (int k = 0; ok && k < mlp_info.noutputs; k++, nout++)
+      ok = !mlp_host_alloc(&out[k], 1, k, c.sym) && !mlp_to_device(m, &out[k], &dout[k]);
+    for (int k = 0; ok && k < mlp_info.ninputs; k++) {
+      const void *keep = c.din[k];
+      c.din[k] = NULL;
+      int reads = (int)(mlp_pass_inputs[MLP_PASS_FORWARD] >> k & 1);
+      int rc = mlp_forward_v(m, c.dyn, (const void *const *)c.din, dout);
+      if (!rc)
+        rc = mlp_sync(m);
+      check(reads ? rc == MLP_EINVAL && contains(mlp_error(m), mlp_info.inputs[k].name) : rc == MLP_OK,
+            reads ? "forward refuses NULL for an input it reads" : "forward takes NULL for an input it does not read",
+            mlp_error(m));
+      c.din[k] = (void *)keep;
+    }
+    check(ok, "forward with NULL inputs: setting up", cerr);
+    for (int k = 0; k < nout; k++) {
+      if (dout[k] && dout[k] != out[k].data)
+        mlp_device_free(m, dout[k]);
+      free(out[k].data);
+    }
+    mlp_case_close(m, &c);
   }
   free(a);
   free(b);

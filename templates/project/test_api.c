@@ -140,6 +140,68 @@ int main(int argc, char **argv) {
     check(tgm_load_checkpoint(m, bad) == TGM_ECORRUPT && tgm_get_step(m) == 41,
           "junk checkpoint refused, state untouched", tgm_error(m));
     check(tgm_get_params(m, b, nb) == TGM_OK && memcmp(a, b, nb) == 0, "checkpoint round-trips the params", "");
+    /* a flipped bit in the data: the checksum refuses it; a negative second
+     * moment (rewritten without a checksum) is refused, naming the tensor */
+    tgm_st_file cf;
+    char err[512], *copy = NULL;
+    if (tgm_st_read(tmp, &cf, err, sizeof err) == TGM_OK) {
+      char flipped[600];
+      snprintf(flipped, sizeof flipped, "%s/api_flipped.safetensors", dir);
+      FILE *out = fopen(flipped, "wb");
+      if (out) {
+        cf.buf[cf.size - 1] ^= 4;
+        fwrite(cf.buf, 1, cf.size, out);
+        fclose(out);
+        cf.buf[cf.size - 1] ^= 4;
+      }
+      check(tgm_load_checkpoint(m, flipped) == TGM_ECORRUPT && contains(tgm_error(m), "checksum") &&
+                tgm_get_step(m) == 41,
+            "a checkpoint with a flipped bit refused, state untouched", tgm_error(m));
+      for (int k = 0; k < cf.n; k++)
+        if (!strncmp(cf.t[k].name, "optim.exp_avg_sq.", 17) && tgm_numel(cf.t[k].rank, cf.t[k].shape) > 0 &&
+            (copy = malloc((size_t)tgm_numel(cf.t[k].rank, cf.t[k].shape) * 4))) {
+          memcpy(copy, cf.t[k].data, (size_t)tgm_numel(cf.t[k].rank, cf.t[k].shape) * 4);
+          ((float *)copy)[0] = -1;
+          cf.t[k].data = copy;
+          snprintf(flipped, sizeof flipped, "%s/api_negative.safetensors", dir);
+          check(tgm_st_write(flipped, cf.t, cf.n, err, sizeof err) == TGM_OK &&
+                    tgm_load_checkpoint(m, flipped) == TGM_ECORRUPT && contains(tgm_error(m), cf.t[k].name) &&
+                    tgm_get_step(m) == 41,
+                "a negative exp_avg_sq refused, naming the tensor", tgm_error(m));
+          break;
+        }
+      free(copy);
+      tgm_st_free(&cf);
+    }
+  }
+  /* an input the forward pass does not read (a loss's labels) may be NULL; one it reads may not */
+  {
+    tgm_case c;
+    char cerr[512];
+    tgm_host out[64];
+    void *dout[64] = {0};
+    int ok = !tgm_case_open(m, NULL, &c, cerr, sizeof cerr), nout = 0;
+    for (int k = 0; ok && k < tgm_info.noutputs; k++, nout++)
+      ok = !tgm_host_alloc(&out[k], 1, k, c.sym) && !tgm_to_device(m, &out[k], &dout[k]);
+    for (int k = 0; ok && k < tgm_info.ninputs; k++) {
+      const void *keep = c.din[k];
+      c.din[k] = NULL;
+      int reads = (int)(tgm_pass_inputs[TGM_PASS_FORWARD] >> k & 1);
+      int rc = tgm_forward_v(m, c.dyn, (const void *const *)c.din, dout);
+      if (!rc)
+        rc = tgm_sync(m);
+      check(reads ? rc == TGM_EINVAL && contains(tgm_error(m), tgm_info.inputs[k].name) : rc == TGM_OK,
+            reads ? "forward refuses NULL for an input it reads" : "forward takes NULL for an input it does not read",
+            tgm_error(m));
+      c.din[k] = (void *)keep;
+    }
+    check(ok, "forward with NULL inputs: setting up", cerr);
+    for (int k = 0; k < nout; k++) {
+      if (dout[k] && dout[k] != out[k].data)
+        tgm_device_free(m, dout[k]);
+      free(out[k].data);
+    }
+    tgm_case_close(m, &c);
   }
   free(a);
   free(b);

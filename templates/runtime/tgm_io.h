@@ -97,6 +97,8 @@ static inline int tgm_parse_dims(const char *s, int64_t *dyn, int *given, char *
         break;
     if (k == tgm_info.ndyn)
       return snprintf(err, errlen, "--dims: '%.*s' is not a dynamic dim of the model", (int)(eq - s), s), -1;
+    if (given[k])
+      return snprintf(err, errlen, "--dims: %s is given twice", tgm_info.sym_names[k]), -1;
     char *end;
     dyn[k] = strtoll(eq + 1, &end, 10);
     if (end == eq + 1 || (*end && *end != ','))

@@ -238,7 +238,7 @@ tgm_status tgm_save_params(tgm_model *m, const char *path) {
     memcpy(t[k].shape, p->shape, sizeof p->shape);
     t[k].data = h + p->offset;
   }
-  if (tgm_st_write(path, t, tgm_info.nparams, m->err, sizeof m->err))
+  if (tgm_st_write_checked(path, t, tgm_info.nparams, m->err, sizeof m->err))
     rc = TGM_EIO;
 done:
   free(h);
@@ -339,14 +339,15 @@ static int ensure_ws(tgm_model *m, int64_t need) {
 /* ---------------------------------------------------------------- passes */
 
 /* Checks common to every pass; sym gets the dims' symbol values. */
-static int check_call(tgm_model *m, const char *what, const int64_t *dims, const void *const *in, int64_t *sym) {
+static int check_call(tgm_model *m, const char *what, int pass, const int64_t *dims, const void *const *in,
+                      int64_t *sym) {
   if (tgm_info.ndyn && !dims)
     return tgm_fail(m, TGM_EINVAL, "%s: dims is NULL, but the model has %d dynamic dim%s", what, tgm_info.ndyn,
                     tgm_info.ndyn == 1 ? "" : "s");
   if (tgm_info.ninputs && !in)
     return tgm_fail(m, TGM_EINVAL, "%s: inputs is NULL", what);
   for (int k = 0; k < tgm_info.ninputs; k++)
-    if (!in[k])
+    if (!in[k] && (tgm_pass_inputs[pass] >> k & 1)) /* one the pass does not read may be NULL */
       return tgm_fail(m, TGM_EINVAL, "%s: input '%s' is NULL", what, tgm_info.inputs[k].name);
   return tgm_compute_syms(dims, sym, m->err, sizeof m->err);
 }
@@ -533,7 +534,7 @@ tgm_status tgm_forward_v(tgm_model *m, const int64_t *dims, const void *const *i
   if (!m)
     return TGM_EINVAL;
   int64_t sym[16] = {0};
-  int rc = check_call(m, "forward", dims, in, sym);
+  int rc = check_call(m, "forward", TGM_PASS_FORWARD, dims, in, sym);
   if (rc)
     return (tgm_status)rc;
   if (!out)
@@ -615,7 +616,7 @@ static int train_call(tgm_model *m, const char *what, int pass, int opt, const i
   int64_t sym[16] = {0};
   int rc = need_train(m, what);
   if (!rc)
-    rc = check_call(m, what, dims, in, sym);
+    rc = check_call(m, what, pass, dims, in, sym);
   if (!rc && !m->loss && !(m->loss = dev_zalloc(m, 8)))
     rc = tgm_fail(m, TGM_ENOMEM, "%s: out of memory for the loss", what);
   if (!rc && pass == TGM_PASS_TRAIN)
@@ -838,7 +839,7 @@ tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
   }
   int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
   t[nt++] = (tgm_tensor_desc){"optim.step", TGM_I32, 1, {2}, stepv};
-  if (tgm_st_write(path, t, nt, m->err, sizeof m->err))
+  if (tgm_st_write_checked(path, t, nt, m->err, sizeof m->err))
     rc = TGM_EIO;
 done:
   free(h);
@@ -900,6 +901,13 @@ tgm_status tgm_load_checkpoint(tgm_model *m, const char *path) {
       if (!t)
         goto done;
       memcpy(st + (size_t)kind * (size_t)n + tgm_info.params[k].state, t->data, (size_t)p->numel * sizeof(float));
+      const float *v = st + (size_t)kind * (size_t)n + tgm_info.params[k].state;
+      for (int64_t i = 0; kind == 2 && i < p->numel; i++)
+        if (!(v[i] >= 0)) { /* a second moment is a mean of squares */
+          rc = tgm_fail(m, TGM_ECORRUPT, "%s: %s[%lld] is %g; a second moment is never negative or NaN", path, name,
+                        (long long)i, (double)v[i]);
+          goto done;
+        }
     }
   }
   if ((rc = tgm_load_params(m, path))) /* checks and loads the params (all or nothing) */

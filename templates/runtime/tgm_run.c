@@ -31,6 +31,7 @@
 
 #include <errno.h>
 #include <time.h>
+#include <unistd.h>
 
 extern const char *const tgm_input_dim_text[][TGM_MAXRANK];
 
@@ -39,6 +40,22 @@ static int die_(const char *fmt, const char *a, const char *b) {
   fprintf(stderr, fmt, a, b);
   fputc('\n', stderr);
   return 1;
+}
+
+/* An output file's directory must exist and be writable before any work
+ * starts (not found out after an hour of training). */
+static int check_writable(const char *opt, const char *path) {
+  if (!path)
+    return 0;
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (!slash)
+    strcpy(dir, ".");
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  if (access(dir, W_OK))
+    return fprintf(stderr, "tgm_run: %s %s: cannot write into %s: %s\n", opt, path, dir, strerror(errno)), 1;
+  return 0;
 }
 
 static const char *usage =
@@ -259,6 +276,10 @@ int main(int argc, char **argv) {
   if ((grad || train >= 0 || eval || ckpt || save_ckpt) && !tgm_info.loss_name)
     return die_("model %s has no train: section, so no --grad, --train-steps, --eval-inputs or checkpoints%s",
                 tgm_info.name, "");
+
+  if (check_writable("--save-params", save) || check_writable("--save-checkpoint", save_ckpt) ||
+      check_writable("--out", outp))
+    return 1;
 
   char err[512];
   tgm_model *m;

@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 static int npass, nfail;
 static char dir[64];
@@ -771,6 +772,57 @@ static void test_tables(void) {
   check(d, "dtype tables");
 }
 
+/* tgm_st_write_checked: a checksum in __metadata__ that the reader verifies:
+ * a flipped bit anywhere in the data is refused, files without a checksum
+ * load; the writer removes the PATH.tmp.PID of killed writers only. */
+static void test_checksum(void) {
+  char err[512];
+  float a[5] = {1, 2, 3, 4, 5};
+  int32_t b[3] = {7, 8, 9};
+  tgm_tensor_desc t[2] = {{"a", TGM_F32, 1, {5}, a}, {"b", TGM_I32, 1, {3}, b}};
+  const char *path = in_dir("sum.safetensors");
+  check(tgm_st_write_checked(path, t, 2, err, sizeof err) == TGM_OK, "checksum: write: %s", err);
+  tgm_st_file f;
+  int rc = tgm_st_read(path, &f, err, sizeof err);
+  check(rc == TGM_OK && f.n == 2 && !memcmp(tgm_st_find(&f, "b")->data, b, sizeof b), "checksum: read back: %s",
+        err);
+  if (!rc)
+    tgm_st_free(&f);
+  size_t size;
+  unsigned char *raw = read_bytes(path, &size);
+  check(raw && size > 32 && strstr((char *)raw + 8, "\"__metadata__\":{\"tgm.checksum\":\"w64:"),
+        "checksum: stored in __metadata__");
+  for (size_t bit = 0; raw && bit < 8 * 32; bit += 37) { /* each flip in the 32 data bytes is caught */
+    raw[size - 32 + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+    write_bytes(path, raw, size);
+    rc = tgm_st_read(path, &f, err, sizeof err);
+    check(rc == TGM_ECORRUPT && strstr(err, "checksum mismatch"), "checksum: bit %zu flipped: rc %d, %s", bit, rc,
+          err);
+    if (!rc)
+      tgm_st_free(&f);
+    raw[size - 32 + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+  }
+  free(raw);
+  /* without the checksum (every other writer, older files): loads */
+  check(tgm_st_write(path, t, 2, err, sizeof err) == TGM_OK && tgm_st_read(path, &f, err, sizeof err) == TGM_OK,
+        "checksum: a file without one loads: %s", err);
+  tgm_st_free(&f);
+  /* stale temporaries: a dead writer's goes, a live process's stays */
+  pid_t dead = fork();
+  if (dead == 0)
+    _exit(0);
+  waitpid(dead, NULL, 0);
+  char stale[600], live[600];
+  snprintf(stale, sizeof stale, "%s.tmp.%ld", path, (long)dead);
+  snprintf(live, sizeof live, "%s.tmp.%ld", path, (long)getppid());
+  write_bytes(stale, "x", 1);
+  write_bytes(live, "x", 1);
+  check(tgm_st_write_checked(path, t, 2, err, sizeof err) == TGM_OK, "checksum: write over: %s", err);
+  check(access(stale, F_OK) != 0, "a dead writer's %s is removed", stale);
+  check(access(live, F_OK) == 0, "a live process's %s is kept", live);
+  remove(live);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tgm_st_test_XXXXXX");
   if (!mkdtemp(dir)) {
@@ -784,6 +836,7 @@ int main(void) {
   test_corrupt();
   test_write_errors();
   test_atomic();
+  test_checksum();
   clear_dir(dir);
   rmdir(dir);
   printf("%d passed, %d failed\n", npass, nfail);
