@@ -1291,43 +1291,37 @@ static int vec_width(R *r) {
   return !w ? 0 : 16 / w > 8 ? 8 : 16 / w;
 }
 
-/* Whether reduction kernel r->k (probe r printed it) splits its reduced
- * elements over several blocks per output tile (CUDA): when it has few
- * tiles at the dims' maxima (at most 256: a block's worth of output
- * elements, or 32 columns) and many reduced elements each, one phase (a
- * value over the input space after the reduction would need the total),
- * at most 8 reductions, all float (the partials' room). */
-/* Whether reduction kernel r->k splits on the CPU: at most 8 outputs and
- * at least 65536 reduced elements each at the dims' maxima, one phase, all
- * float, nothing over the input space after the reduction (the chunks run
- * in parallel; their results combine in a fixed order). */
-static int cpu_split_ok(R *r) {
+/* The output and reduced element counts at the dims' maxima of a reduction
+ * kernel (probe r printed it) that could split its reduced elements: one
+ * phase (a value over the input space after the reduction would need the
+ * total), at most 8 reductions, all float (the partials' room); else 0. */
+static int split_sizes(R *r, int64_t *no, int64_t *nr) {
   const Kernel *k = r->k;
-  if (r->mode != M_SERIAL || r->nph != 1 || r->last_full || !k->nreds)
+  const char *err;
+  if (r->nph != 1 || r->last_full || !k->nreds || k->nreds > 8)
     return 0;
   for (int i = 0; i < k->nreds; i++)
     if (!dtype_is_float(k->reds[i]->dtype))
       return 0;
-  int64_t no, nr;
-  const char *err;
-  if (!dim_eval(r->g, &k->outer, r->p->sym, &no, &err) || !dim_eval(r->g, &k->rnum, r->p->sym, &nr, &err))
-    return 0;
-  return no <= 8 && nr >= 65536;
+  return dim_eval(r->g, &k->outer, r->p->sym, no, &err) && dim_eval(r->g, &k->rnum, r->p->sym, nr, &err);
 }
 
+/* CUDA: a block or column reduction with few tiles (at most 256: a block's
+ * worth of output elements, or 32 columns) and many reduced elements each
+ * splits them over several blocks per output tile. */
 static int split_ok(R *r) {
-  const Kernel *k = r->k;
-  if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || r->nph != 1 || r->last_full || k->nreds > 8)
-    return 0;
-  for (int i = 0; i < k->nreds; i++)
-    if (!dtype_is_float(k->reds[i]->dtype))
-      return 0;
   int64_t no, nr;
-  const char *err;
-  if (!dim_eval(r->g, &k->outer, r->p->sym, &no, &err) || !dim_eval(r->g, &k->rnum, r->p->sym, &nr, &err))
+  if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || !split_sizes(r, &no, &nr))
     return 0;
   int64_t tiles = r->mode == M_BLOCK ? no : (no + 31) / 32;
   return tiles <= 256 && nr >= 2 * split_per(r);
+}
+
+/* CPU: a reduction to at most 8 values of at least 65536 elements each
+ * splits them into CHUNKS chunks run in parallel, combined in order. */
+static int cpu_split_ok(R *r) {
+  int64_t no, nr;
+  return r->mode == M_SERIAL && split_sizes(r, &no, &nr) && no <= 8 && nr >= 65536;
 }
 
 int render_check(BPass *p, const Kernel *k) {
