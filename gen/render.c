@@ -110,6 +110,46 @@ typedef struct Dialect {
 
 #define LEVELS 4
 
+/* An open-addressing table of entry numbers + 1 (0: empty) by string,
+ * so that a kernel of thousands of values renders in linear time. */
+typedef struct Hash {
+  int *slot;
+  int cap; /* a power of two, at least twice the entries */
+} Hash;
+
+static uint32_t hstr(const char *s, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)s[i]) * 16777619u;
+  return h;
+}
+
+/* The slot of string s[0..n) among names[] (its entry or the empty one it would take). */
+static int *hash_find(Hash *h, const char *s, size_t n, const char *const *names, size_t stride) {
+  for (uint32_t i = hstr(s, n) & (uint32_t)(h->cap - 1);; i = (i + 1) & (uint32_t)(h->cap - 1)) {
+    int e = h->slot[i];
+    if (!e)
+      return &h->slot[i];
+    const char *t = *(const char *const *)((const char *)names + (size_t)(e - 1) * stride);
+    if (!strncmp(t, s, n) && !t[n])
+      return &h->slot[i];
+  }
+}
+
+/* Entries 0..n-1 of names[] (each stride bytes apart) into h, the latest of equal names winning. */
+static void hash_build(Arena *a, Hash *h, int n, const char *const *names, size_t stride) {
+  if (h->cap < 2 * n + 2) {
+    while (h->cap < 2 * n + 2)
+      h->cap = h->cap ? 2 * h->cap : 512;
+    h->slot = arena_alloc(a, sizeof(int) * (size_t)h->cap);
+  }
+  memset(h->slot, 0, sizeof(int) * (size_t)h->cap);
+  for (int i = 0; i < n; i++) {
+    const char *s = *(const char *const *)((const char *)names + (size_t)i * stride);
+    *hash_find(h, s, strlen(s), names, stride) = i + 1;
+  }
+}
+
 typedef struct Memo {
   const char *key, *var;
   int level;
@@ -129,6 +169,7 @@ struct R {
   const char **vlev;  /* index variables and their levels */
   int *vlevel;
   int nv, capv;
+  Hash mh, vh;        /* memo keys and variable names -> their latest entry */
   int nvars;
   const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
   char *own;          /* per node: the kernel computes it */
@@ -200,6 +241,8 @@ static void close_level(R *r) {
     if (r->vlevel[i] <= r->level)
       r->vlev[w] = r->vlev[i], r->vlevel[w++] = r->vlevel[i];
   r->nv = w;
+  hash_build(r->a, &r->mh, r->nmemo, &r->memo[0].key, sizeof(Memo));
+  hash_build(r->a, &r->vh, r->nv, r->vlev, sizeof(char *));
 }
 
 static void set_var_level(R *r, const char *v, int level) {
@@ -213,6 +256,10 @@ static void set_var_level(R *r, const char *v, int level) {
   }
   r->vlev[r->nv] = v;
   r->vlevel[r->nv++] = level;
+  if (2 * r->nv + 2 > r->vh.cap)
+    hash_build(r->a, &r->vh, r->nv, r->vlev, sizeof(char *));
+  else
+    *hash_find(&r->vh, v, strlen(v), r->vlev, sizeof(char *)) = r->nv;
 }
 
 /* The innermost level whose variables the expression uses (0: dims only). */
@@ -223,9 +270,9 @@ static int expr_level(R *r, const char *e) {
       const char *t = s;
       while (idc(*t))
         t++;
-      for (int i = 0; i < r->nv; i++)
-        if ((size_t)(t - s) == strlen(r->vlev[i]) && !strncmp(s, r->vlev[i], (size_t)(t - s)) && r->vlevel[i] > lv)
-          lv = r->vlevel[i];
+      int hit = r->vh.cap ? *hash_find(&r->vh, s, (size_t)(t - s), r->vlev, sizeof(char *)) : 0;
+      if (hit && r->vlevel[hit - 1] > lv) /* the latest variable of that name */
+        lv = r->vlevel[hit - 1];
       s = t;
     } else {
       s++;
@@ -235,10 +282,8 @@ static int expr_level(R *r, const char *e) {
 }
 
 static const char *memo_get(R *r, const char *key) {
-  for (int i = r->nmemo - 1; i >= 0; i--)
-    if (!strcmp(r->memo[i].key, key))
-      return r->memo[i].var;
-  return NULL;
+  int e = r->mh.cap ? *hash_find(&r->mh, key, strlen(key), &r->memo[0].key, sizeof(Memo)) : 0;
+  return e ? r->memo[e - 1].var : NULL;
 }
 
 static void memo_put(R *r, const char *key, const char *var, int level) {
@@ -250,6 +295,10 @@ static void memo_put(R *r, const char *key, const char *var, int level) {
     r->memo = m;
   }
   r->memo[r->nmemo++] = (Memo){key, var, level};
+  if (2 * r->nmemo + 2 > r->mh.cap)
+    hash_build(r->a, &r->mh, r->nmemo, &r->memo[0].key, sizeof(Memo));
+  else
+    *hash_find(&r->mh, key, strlen(key), &r->memo[0].key, sizeof(Memo)) = r->nmemo;
 }
 
 /* A local holding expression e (of C type t), at the innermost level e needs;
