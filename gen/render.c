@@ -906,8 +906,7 @@ static int dep(R *r, const Node *n, int *cache) {
   return cache[n->id] = d;
 }
 
-static R *new_r(BPass *p, const Kernel *k, const Dialect *d) {
-  Arena *a = p->g->arena;
+static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   R *r = arena_alloc(a, sizeof(R));
   r->p = p;
   r->g = p->g;
@@ -1374,11 +1373,30 @@ static int cpu_split_ok(R *r) {
 }
 
 int render_check(BPass *p, const Kernel *k) {
-  R *r = new_r(p, k, &dl_cpu);
-  choose_mode(r);
-  r->has_bad = 0;
-  loop_body(r);
-  return r->fail;
+  Arena a = {.fail_after = -1}; /* the check's own, freed after it: the scheduler asks thousands of times */
+  int fail = 0;
+  if (!k->nreds) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
+    char *seen = arena_alloc(&a, (size_t)p->n + 1), *own = arena_alloc(&a, (size_t)p->n + 1);
+    kernel_loads(p, k, seen);
+    for (int i = 0; i < k->nouts; i++)
+      own[k->outs[i]->id] = 1;
+    for (int i = 0; i < p->n && !fail; i++)
+      if (seen[i]) {
+        const Node *n = p->nodes[i];
+        while (!own[n->id] && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
+               p->kern[n->id] < 0 && n->in[0])
+          n = n->in[0];
+        fail = own[n->id] ? 2 : 0;
+      }
+  } else {
+    R *r = new_r(&a, p, k, &dl_cpu);
+    choose_mode(r);
+    r->has_bad = 0;
+    loop_body(r);
+    fail = r->fail;
+  }
+  arena_free(&a);
+  return fail;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -1450,10 +1468,10 @@ static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
 /* Print loop kernel k (once per file: an identical kernel of another pass is
  * reused) and its call into `call`. */
 static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
-  R *probe = new_r(p, k, f->d);
+  R *probe = new_r(f->a, p, k, f->d);
   choose_mode(probe);
   loop_body(probe);
-  R *r = new_r(p, k, f->d);
+  R *r = new_r(f->a, p, k, f->d);
   r->mode = probe->mode;
   r->has_bad = probe->saw_take;
   int cuda = !strcmp(f->d->name, "cuda");
