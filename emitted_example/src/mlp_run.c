@@ -299,8 +299,12 @@ int main(int argc, char **argv) {
   if ((inputs || !eval || train >= 0 || grad) && load_batch(m, inputs, dims, &b))
     return 1;
   int have_batch = inputs || !eval || train >= 0 || grad;
-  mlp_tensor_desc t[256];
+  /* what --out writes: the loss, every gradient (params and wrt inputs) and output, or the params and losses */
+  mlp_tensor_desc *t = calloc((size_t)(mlp_info.nparams + mlp_info.nwrt + mlp_info.noutputs + 2), sizeof *t);
+  char(*names)[300] = calloc((size_t)(mlp_info.nparams + mlp_info.nwrt + 1), sizeof *names);
   int nt = 0;
+  if (!t || !names)
+    return die_("out of memory%s%s", "", "");
   mlp_host out[64];
   unsigned char *gbuf = NULL;
   float loss = 0, *losses = NULL;
@@ -322,8 +326,7 @@ int main(int argc, char **argv) {
       return die_("%s%s", mlp_error(m), "");
     printf("%s: %.7g\n", mlp_info.loss_name, loss);
     t[nt++] = (mlp_tensor_desc){mlp_info.loss_name, MLP_F32, 0, {0}, &loss};
-    static char names[256][300];
-    for (int k = 0; k < mlp_info.nparams && nt < 256; k++) {
+    for (int k = 0; k < mlp_info.nparams; k++) {
       const mlp_param_info *p = &mlp_info.params[k];
       snprintf(names[k], sizeof names[k], "grad.%s", p->ckpt);
       t[nt] = (mlp_tensor_desc){names[k], p->dtype, p->rank, {0}, gbuf + p->offset};
@@ -333,7 +336,7 @@ int main(int argc, char **argv) {
         ss += mlp_get(gbuf + p->offset, p->dtype, i) * mlp_get(gbuf + p->offset, p->dtype, i);
       printf("  grad.%s: norm %.6g\n", p->ckpt, sqrt(ss));
     }
-    for (int j = 0; j < mlp_info.nwrt && nt < 256; j++) {
+    for (int j = 0; j < mlp_info.nwrt; j++) {
       const char *name = mlp_info.inputs[mlp_info.wrt[j]].name;
       mlp_host *h = &ig[j];
       if (mlp_from_device(m, h, dig[j]))
@@ -350,7 +353,7 @@ int main(int argc, char **argv) {
     }
     if (forward(m, &b, out))
       return 1;
-    for (int k = 0; k < mlp_info.noutputs && nt < 256; k++) {
+    for (int k = 0; k < mlp_info.noutputs; k++) {
       if (strcmp(mlp_info.outputs[k].name, mlp_info.loss_name)) {
         t[nt] = (mlp_tensor_desc){mlp_info.outputs[k].name, out[k].dtype, out[k].rank, {0}, out[k].data};
         memcpy(t[nt++].shape, out[k].shape, sizeof t[0].shape);
@@ -377,7 +380,7 @@ int main(int argc, char **argv) {
     gbuf = malloc(pb ? pb : 1);
     if (!gbuf || mlp_get_params(m, gbuf, pb))
       return die_("%s%s", gbuf ? mlp_error(m) : "out of memory", "");
-    for (int k = 0; k < mlp_info.nparams && nt < 255; k++) {
+    for (int k = 0; k < mlp_info.nparams; k++) {
       const mlp_param_info *p = &mlp_info.params[k];
       t[nt] = (mlp_tensor_desc){p->ckpt, p->dtype, p->rank, {0}, gbuf + p->offset};
       memcpy(t[nt++].shape, p->shape, sizeof p->shape);
@@ -415,6 +418,8 @@ int main(int argc, char **argv) {
     free(ig[j].data);
   free(gbuf);
   free(losses);
+  free(t);
+  free(names);
   mlp_destroy(m);
   return 0;
 }
