@@ -1,5 +1,5 @@
 /* harness.cc: runs m.yaml's generated CUDA kernels and checks y (a column
- * sum, split over blocks, then exp), z (x * c + 1, vector loads and stores,
+ * sum, split over blocks, then exp), z (x * cw + 1, vector loads and stores,
  * aligned and not, with a scalar tail) and w (a full sum and amax, split)
  * against plain loops. Built by run.sh on the CPU through emu.h, or by
  * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
@@ -46,11 +46,11 @@ static void cmp(const char *what, double got, double want, double tol) {
 static void run(int64_t dim_B, int shift) {
   const int D = 47;
   int64_t n = dim_B * D;
-  float *xs = alloc<float>(n + 8), *c = alloc<float>(D), *y = alloc<float>(D), *zs = alloc<float>(n + 8), *w = alloc<float>(1);
+  float *xs = alloc<float>(n + 8), *cw = alloc<float>(D), *y = alloc<float>(D), *zs = alloc<float>(n + 8), *w = alloc<float>(1);
   for (int64_t i = 0; i < n; i++)
     xs[i + shift] = (float)((i * 7919 % 1000) - 500) / 250.0f;
   for (int j = 0; j < D; j++)
-    c[j] = 0.5f + j * 0.01f;
+    cw[j] = 0.5f + j * 0.01f;
   const float *x = xs + shift;
   float *z = zs + shift;
   for (int rep = 0; rep < 2; rep++) { /* twice: the counts are back at zero after a kernel */
@@ -64,7 +64,7 @@ static void run(int64_t dim_B, int shift) {
       cmp("y", y[j], std::exp(s * 0.001), 1e-5);
     }
     for (int64_t i = 0; i < n; i++) {
-      cmp("z", z[i], (double)x[i] * c[i % D] + 1, 1e-6);
+      cmp("z", z[i], (double)x[i] * cw[i % D] + 1, 1e-6);
       tot += (double)x[i] * x[i];
       mx = std::max(mx, (double)x[i]);
     }
