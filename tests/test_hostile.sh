@@ -9,8 +9,8 @@ fail=0
 # each run gets 20 s and 1 GiB of address space: a quadratic pass or a stack
 # overflow shows as a timeout or a signal (a sanitizer build maps terabytes
 # of shadow memory and cannot start under an address-space limit: it gets
-# the time limit only)
 # the time limit only; the shell may print "Aborted" for the probe)
+vlimit=1048576
 ( (ulimit -v $vlimit; "$tgen" --version) >/dev/null 2>&1 ) 2>/dev/null || vlimit=unlimited
 run() { (ulimit -v $vlimit; timeout 20 "$tgen" "$@") >"$dir/out" 2>"$dir/err"; }
 expect() { # expect RC FIRST-LINE-OF-STDERR (a prefix) -- what
