@@ -1011,19 +1011,26 @@ static void split_combine(R *r, const char **accs, const Op *ops, int na) {
          ops[a] == OP_AMAX ? "max" : "sum", na, a, blk ? "" : ", live");
 }
 
-/* Does kernel k store values over its input's space (not only reductions
- * and values over the output space)? */
+static Dim numel_of(const Shape *sh) {
+  Dim n = dim_const(1);
+  Loc none = {0, 0};
+  for (int j = 0; j < sh->rank; j++)
+    n = dim_mul(n, sh->d[j], none);
+  return n;
+}
+
+/* Is n, a value reduction kernel k stores, over k's input space (not a
+ * reduction, not over the output space)? */
+static int over_input(const Kernel *k, const Node *n) {
+  Dim nn = numel_of(&n->shape);
+  return op_info[n->op].cls != C_REDUCE && dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer);
+}
+
+/* Does kernel k store values over its input's space? */
 static int full_outputs(R *r) {
-  const Kernel *k = r->k;
-  for (int i = 0; i < k->nouts; i++) {
-    const Node *n = k->outs[i];
-    Loc none = {0, 0};
-    Dim nn = dim_const(1);
-    for (int j = 0; j < n->shape.rank; j++)
-      nn = dim_mul(nn, n->shape.d[j], none);
-    if (op_info[n->op].cls != C_REDUCE && dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer))
+  for (int i = 0; i < r->k->nouts; i++)
+    if (over_input(r->k, r->k->outs[i]))
       return 1;
-  }
   return 0;
 }
 
@@ -1134,15 +1141,9 @@ static void loop_body(R *r) {
   }
   int last_full = 0; /* the latest phase a value over the input space waits for */
   for (int i = 0; i < k->nouts; i++)
-    if (op_info[k->outs[i]->op].cls != C_REDUCE) {
-      Loc none = {0, 0};
-      Dim nn = dim_const(1);
-      for (int j = 0; j < k->outs[i]->shape.rank; j++)
-        nn = dim_mul(nn, k->outs[i]->shape.d[j], none);
-      if (dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer)) {
-        int d = dep(r, k->outs[i], cache);
-        last_full = d > last_full ? d : last_full;
-      }
+    if (over_input(k, k->outs[i])) {
+      int d = dep(r, k->outs[i], cache);
+      last_full = d > last_full ? d : last_full;
     }
   r->nph = nph, r->last_full = last_full;
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
@@ -1211,11 +1212,7 @@ static void loop_body(R *r) {
     }
     for (int i = 0; i < k->nouts; i++) {
       const Node *n = k->outs[i];
-      Loc none = {0, 0};
-      Dim nn = dim_const(1);
-      for (int j = 0; j < n->shape.rank; j++)
-        nn = dim_mul(nn, n->shape.d[j], none);
-      if (op_info[n->op].cls == C_REDUCE || !dim_eq(&nn, &k->numel) || dim_eq(&k->numel, &k->outer))
+      if (!over_input(k, n))
         continue;
       int d = dep(r, n, cache);
       if (d == ph - 1 || (d == nph && ph == nph + 1)) {
@@ -1266,10 +1263,7 @@ static void loop_body(R *r) {
   /* values over the output space */
   for (int i = 0; i < k->nouts; i++) {
     const Node *n = k->outs[i];
-    Loc none = {0, 0};
-    Dim nn = dim_const(1);
-    for (int j = 0; j < n->shape.rank; j++)
-      nn = dim_mul(nn, n->shape.d[j], none);
+    Dim nn = numel_of(&n->shape);
     if (!dim_eq(&nn, &k->outer))
       continue;
     Ix xi = ix_make(&n->shape, "o");
@@ -1296,13 +1290,6 @@ static void choose_mode(R *r) {
 /* A split reduction's least reduced elements per block (tgm_split's per). */
 static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : 512; }
 
-static Dim numel_of(const Shape *sh) {
-  Dim n = dim_const(1);
-  Loc none = {0, 0};
-  for (int j = 0; j < sh->rank; j++)
-    n = dim_mul(n, sh->d[j], none);
-  return n;
-}
 static int small(R *r, Dim d) {
   int64_t v;
   const char *err;
