@@ -576,25 +576,22 @@ static int gemm_no_blas = 0;
 
 #if defined(__GNUC__) && defined(__ELF__)
 /* OpenBLAS's thread count, when the CBLAS is OpenBLAS (weak: absent otherwise). */
+extern int openblas_get_num_threads(void) __attribute__((weak));
 extern void openblas_set_num_threads(int n) __attribute__((weak));
 #endif
 
 /* cblas_sgemm in one thread pool: the rows (or the columns, when there are
- * more) in one piece per OpenMP thread, each piece a one-thread call (OpenBLAS
- * is told so once). A BLAS with threads of its own leaves them spinning after
- * each call, taking the cores from the OpenMP kernels that follow. */
+ * more) in one piece per OpenMP thread, each piece a one-thread call
+ * (OpenBLAS's count is set to 1 for the call and given back after it, so
+ * the caller's own use of OpenBLAS is untouched). A BLAS with threads of its
+ * own leaves them spinning after each call, taking the cores from the OpenMP
+ * kernels that follow. */
 static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                         const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  int was = 1;
 #if defined(__GNUC__) && defined(__ELF__)
-  static int one;
-  if (!one && openblas_set_num_threads) {
-    OMP(critical(mlp_blas_threads))
-    {
-      if (!one)
-        openblas_set_num_threads(1);
-      one = 1;
-    }
-  }
+  if (openblas_get_num_threads && openblas_set_num_threads && (was = openblas_get_num_threads()) != 1)
+    openblas_set_num_threads(1);
 #endif
   int by_rows = M >= N, nt = nthreads();
   int64_t len = by_rows ? M : N, np = len / 64 < nt ? len / 64 : nt;
@@ -616,12 +613,18 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
                 (int)(by_rows ? a1 - a0 : M), (int)(by_rows ? N : a1 - a0), (int)K, alpha, Aq, (int)lda, Bq, (int)ldb,
                 beta, Cq, (int)ldc);
   }
+#if defined(__GNUC__) && defined(__ELF__)
+  if (was != 1)
+    openblas_set_num_threads(was);
+#else
+  (void)was;
+#endif
 }
 #endif
 
-/* The f32 GEMM every op uses: cblas_sgemm when built with it (and `par`:
- * BLAS threads itself, so calls from inside a parallel loop use the built-in
- * one), else the blocked one. */
+/* The f32 GEMM every op uses: the CBLAS when built with it (and `par`:
+ * cblas_split spreads it over the OpenMP threads, so calls from inside a
+ * parallel loop use the built-in one), else the blocked one. */
 static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int par) {
 #ifdef MLP_HAVE_CBLAS

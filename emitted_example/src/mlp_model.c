@@ -381,7 +381,7 @@ static int enqueue(mlp_model *m, int pass, int opt, const int64_t *sym, const vo
  * recorded with: the inputs, outputs, workspace and scratch are its key. */
 static struct mlp_graph *graph_slot(mlp_model *m, int pass, const int64_t *sym, const void *const *in,
                                     void *const *out, int *found) {
-  unsigned gen = mlp_cuda_ctx_generation(m->cx) * 7919u + m->ws_gen;
+  unsigned gen = mlp_cuda_ctx_generation(m->cx);
   int nout = pass == MLP_PASS_FORWARD ? mlp_info.noutputs : pass == MLP_PASS_TRAIN ? 1 + mlp_info.nwrt : 1, victim = 0;
   *found = 0;
   for (int i = 0; i < MLP_GRAPHS; i++) {
@@ -390,7 +390,8 @@ static struct mlp_graph *graph_slot(mlp_model *m, int pass, const int64_t *sym, 
       victim = i;
       continue;
     }
-    int same = e->pass == pass && e->gen == gen && !memcmp(e->sym, sym, sizeof(int64_t) * (size_t)mlp_info.nsym);
+    int same = e->pass == pass && e->gen == gen && e->ws_gen == m->ws_gen &&
+               !memcmp(e->sym, sym, sizeof(int64_t) * (size_t)mlp_info.nsym);
     for (int k = 0; same && k < mlp_info.ninputs; k++)
       same = e->in[k] == in[k];
     for (int k = 0; same && k < nout; k++)
@@ -405,7 +406,7 @@ static struct mlp_graph *graph_slot(mlp_model *m, int pass, const int64_t *sym, 
   struct mlp_graph *e = &m->graph[victim];
   mlp_cuda_graph_free(e->exec);
   memset(e, 0, sizeof *e);
-  e->pass = pass, e->gen = gen;
+  e->pass = pass, e->gen = gen, e->ws_gen = m->ws_gen;
   memcpy(e->sym, sym, sizeof(int64_t) * (size_t)mlp_info.nsym);
   for (int k = 0; k < mlp_info.ninputs; k++)
     e->in[k] = in[k];

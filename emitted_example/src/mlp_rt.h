@@ -501,7 +501,7 @@ struct mlp_model {
   struct mlp_graph {       /* cuda: recorded graphs, by what they were recorded with */
     void *exec;            /* NULL: seen once (the next call with this key records) */
     int pass, used, eager; /* used: the clock at the last use (0: free); eager: cannot be recorded */
-    unsigned gen;          /* the context's scratch generation and the workspace's when recorded */
+    unsigned gen, ws_gen;  /* the context's scratch generation and the workspace's when recorded */
     const void *in[MLP_GRAPH_IO];
     void *out[MLP_GRAPH_IO];
     int64_t sym[16];
