@@ -49,3 +49,10 @@ if [ -n "${E2E_CTEST_EXCLUDE:-}" ]; then
 else
   ctest --test-dir "$out-build" --output-on-failure
 fi
+# the emitted tests remove the checkpoints they write (GBs at GPT-2 size)
+left=$(find "$out-build" -name '*.safetensors*' | head -5)
+if [ -n "$left" ]; then
+  echo "FAIL: the emitted tests left files behind:"
+  echo "$left"
+  exit 1
+fi

@@ -1,6 +1,8 @@
 /* mlp_test_api: bad arguments, bad dims and bad checkpoints are refused with
  * a status and a message; nothing aborts; a failed load leaves the params as
- * they were; save + load round-trips exactly. Usage: mlp_test_api TMPDIR */
+ * they were; save + load round-trips exactly. Usage: mlp_test_api TMPDIR
+ * (the files it writes there are removed at the end: at GPT-2 size they are
+ * gigabytes). */
 #include "mlp_io.h"
 
 static int passed, failed;
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
   if (dst)
     fclose(dst);
   check(mlp_load_params(m, tmp) == MLP_ECORRUPT, "truncated checkpoint refused", mlp_error(m));
+  remove(tmp);
   if (mlp_info.nparams > 0) {
     /* the first param with a wrong shape */
     const mlp_param_info *p = &mlp_info.params[0];
@@ -157,6 +160,7 @@ int main(int argc, char **argv) {
       check(mlp_load_checkpoint(m, flipped) == MLP_ECORRUPT && contains(mlp_error(m), "checksum") &&
                 mlp_get_step(m) == 41,
             "a checkpoint with a flipped bit refused, state untouched", mlp_error(m));
+      remove(flipped);
       for (int k = 0; k < cf.n; k++)
         if (!strncmp(cf.t[k].name, "optim.exp_avg_sq.", 17) && mlp_numel(cf.t[k].rank, cf.t[k].shape) > 0 &&
             (copy = malloc((size_t)mlp_numel(cf.t[k].rank, cf.t[k].shape) * 4))) {
@@ -168,6 +172,7 @@ int main(int argc, char **argv) {
                     mlp_load_checkpoint(m, flipped) == MLP_ECORRUPT && contains(mlp_error(m), cf.t[k].name) &&
                     mlp_get_step(m) == 41,
                 "a negative exp_avg_sq refused, naming the tensor", mlp_error(m));
+          remove(flipped);
           break;
         }
       free(copy);
@@ -206,6 +211,11 @@ int main(int argc, char **argv) {
   free(a);
   free(b);
   mlp_destroy(m);
+  static const char *const scratch[] = {"params", "junk", "truncated", "shape", "ckpt", "flipped", "negative"};
+  for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) {
+    snprintf(tmp, sizeof tmp, "%s/api_%s.safetensors", dir, scratch[k]);
+    remove(tmp);
+  }
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }

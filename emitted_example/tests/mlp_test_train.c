@@ -218,6 +218,11 @@ static void nonfinite_step(mlp_model *m, mlp_case *c, const char *dir, const cha
   if (ck1)
     printf("     runner: %s", (const char *)ck1);
 done:
+  /* the scratch files go (a checkpoint is gigabytes at GPT-2 size) */
+  snprintf(path, sizeof path, "%s/%s_nan_%s.safetensors", dir, mlp_info.name, dev);
+  remove(path);
+  snprintf(path, sizeof path, "%s/%s_nan_params.safetensors", dir, mlp_info.name);
+  remove(path);
   free(p0);
   free(p1);
   free(ck0);
@@ -390,6 +395,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < n - k; i++)
     same &= memcmp(&l3[i], &l2[k + i], sizeof(float)) == 0;
   check(same, "resume from %s after %d steps gives the same losses, bit for bit (last %.9g)", path, k, l3[n - k - 1]);
+  remove(path);
   same = 1;
   for (int i = 0; i < n; i++)
     same &= memcmp(&l[i], &l2[i], sizeof(float)) == 0;
