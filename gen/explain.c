@@ -83,7 +83,9 @@ void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops) 
   char *mark = calloc((size_t)p->n + 1, 1);
   if (!mark)
     die("out of memory");
-  kernel_loads(p, k, mark);
+  kernel_loads(p, k, p->walk);
+  for (int q = 0; q < p->walk->nlist; q++)
+    mark[p->walk->list[q]] = 1;
   double b = 0, f = 0;
   for (int i = 0; i < p->n; i++) {
     const Node *n = p->nodes[i];

@@ -269,6 +269,7 @@ typedef struct Kernel {
   uint32_t axes;
   Dim outer, rnum, numel;
   const char *stop;  /* why the next kernel does not fuse into it, in words (tgen explain) */
+  int leaves;        /* schedule.c: leaves_to_finals's answer, cached (0 not asked, 1 yes, 2 no) */
 } Kernel;
 
 typedef struct BPass {
@@ -288,6 +289,7 @@ typedef struct BPass {
   int nk;
   int *kern;         /* per node: the kernel that stores it, or -1 */
   const char **why;  /* per realized node: why it is stored, in words (tgen explain) */
+  struct LoadWalk *walk; /* for kernel_loads's callers after the schedule */
   /* plan.c */
   Buffer *b;
   int nb;
@@ -317,9 +319,20 @@ const Node *gemm_operand(const Node *n, int k, int *trans);
 int gemm_strided(const Node *n);
 /* Are loop kernel k's reduced dims the innermost ones (rows, not columns)? */
 int kernel_rows(const Kernel *k);
-/* mark[id] = 1 for each value kernel k reads from memory (leaves and values
- * stored by other kernels), else 0. */
-void kernel_loads(const BPass *p, const Kernel *k, char *mark);
+/* A walk over the values a kernel reads from memory (leaves and values
+ * stored by other kernels): after kernel_loads(p, k, w), list[0 .. nlist)
+ * holds their ids and mark[id] == stamp says whether id is one. It costs the
+ * kernel's size, not the pass's (the scheduler walks kernels at every merge
+ * it tries). */
+typedef struct LoadWalk {
+  int *seen, *own, *mark; /* per node: stamps of the latest walk that visited it, found it the kernel's own, loaded it */
+  int stamp;
+  int *list, nlist;
+  const Node **stack;
+  int cap;
+} LoadWalk;
+LoadWalk *walk_new(Arena *a, int n);
+void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w);
 /* plan.c: buffers, their lifetimes and arena offsets at p->sym. */
 void plan(BPass *p);
 void final_home(const BPass *p, int k, Home *h, int *index);

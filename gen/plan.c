@@ -132,22 +132,21 @@ void plan(BPass *p) {
   for (int i = 0; i < p->n; i++)
     p->buf[i] = -1;
   /* the kernels' reads */
-  char *mark = arena_alloc(a, (size_t)p->n + 1);
+  LoadWalk *w = p->walk;
   int *last = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++)
     last[i] = -1;
   for (int c = 0; c < p->nk; c++) {
-    kernel_loads(p, p->k[c], mark);
-    for (int i = 0; i < p->n; i++)
-      if (mark[i]) {
-        const Node *x = p->nodes[i];
-        last[i] = c;
-        while ((x->op == OP_RESHAPE || x->op == OP_SQUEEZE || x->op == OP_UNSQUEEZE) && p->kern[x->id] < 0 &&
-               x->in[0] && (p->realized[x->in[0]->id] || x->in[0]->op == OP_INPUT || x->in[0]->op == OP_PARAM)) {
-          x = x->in[0]; /* an alias: its bytes live while it is read */
-          last[x->id] = c > last[x->id] ? c : last[x->id];
-        }
+    kernel_loads(p, p->k[c], w);
+    for (int q = 0; q < w->nlist; q++) {
+      const Node *x = p->nodes[w->list[q]];
+      last[x->id] = c;
+      while ((x->op == OP_RESHAPE || x->op == OP_SQUEEZE || x->op == OP_UNSQUEEZE) && p->kern[x->id] < 0 &&
+             x->in[0] && (p->realized[x->in[0]->id] || x->in[0]->op == OP_INPUT || x->in[0]->op == OP_PARAM)) {
+        x = x->in[0]; /* an alias: its bytes live while it is read */
+        last[x->id] = c > last[x->id] ? c : last[x->id];
       }
+    }
   }
   for (int k = 0; k < p->nfinals; k++)
     last[p->finals[k]->id] = p->nk;

@@ -832,53 +832,93 @@ static const Dialect dl_cuda = {"cuda", "static __global__", "__restrict__", "fl
 
 /* Drop the locals nothing reads ("const T name = ...;" lines whose name no
  * other line mentions), until none is left: the walker binds some index
- * forms it then does not use. */
+ * forms it then does not use. Linear in the text: every identifier's
+ * mentions are counted once, and dropping a line lowers the counts of the
+ * names it mentions and revisits only the lines that define them. */
 static const char *prune(Arena *a, const char *text) {
-  int n = 0;
-  for (const char *c = text; *c; c++)
+  int n = 0, ntok = 0;
+  for (const char *c = text; *c; c++) {
     n += *c == '\n';
+    ntok += idc(*c) && (c == text || !idc(c[-1]));
+  }
   const char **line = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
   int *len = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  int *t0 = arena_alloc(a, sizeof(int) * (size_t)(n + 1)); /* line i's tokens: tok[t0[i] .. t0[i + 1]) */
+  int *tok = arena_alloc(a, sizeof(int) * (size_t)(ntok + 1));
+  const char **names = arena_alloc(a, sizeof(char *) * (size_t)(ntok + 1));
+  int *uses = arena_alloc(a, sizeof(int) * (size_t)(ntok + 1));
+  int *first_def = arena_alloc(a, sizeof(int) * (size_t)(ntok + 1));
+  int *def = arena_alloc(a, sizeof(int) * (size_t)(n + 1)), *self = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  int *next_def = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  int *work = arena_alloc(a, sizeof(int) * (size_t)(2 * n + 2)); /* a line goes in at most twice */
   char *dead = arena_alloc(a, (size_t)n + 1);
-  int k = 0;
+  Hash h = {NULL, 512}; /* room for every token (arena memory is zeroed) */
+  while (h.cap < 2 * ntok + 2)
+    h.cap *= 2;
+  h.slot = arena_alloc(a, sizeof(int) * (size_t)h.cap);
+  int nnames = 0, k = 0, nt = 0;
   for (const char *c = text; *c; k++) {
     const char *e = strchr(c, '\n');
     line[k] = c;
     len[k] = (int)(e - c) + 1;
+    t0[k] = nt;
+    for (const char *q = c; q < e;) {
+      if (!idc(*q)) {
+        q++;
+        continue;
+      }
+      const char *w = q;
+      while (idc(*q))
+        q++;
+      int *slot = hash_find(&h, w, (size_t)(q - w), names, sizeof(char *));
+      if (!*slot) {
+        names[nnames] = arena_strndup(a, w, (size_t)(q - w));
+        first_def[nnames] = -1;
+        *slot = ++nnames;
+      }
+      uses[*slot - 1]++;
+      tok[nt++] = *slot - 1;
+    }
     c = e + 1;
   }
-  for (int changed = 1; changed;) {
-    changed = 0;
-    for (int i = 0; i < k; i++) {
-      if (dead[i])
-        continue;
-      const char *c = line[i];
-      while (*c == ' ')
-        c++;
-      if (strncmp(c, "const ", 6))
-        continue;
-      c += 6;
-      while (idc(*c))
-        c++;
-      while (*c == ' ')
-        c++;
-      const char *nm = c;
-      while (idc(*c))
-        c++;
-      int nl = (int)(c - nm);
-      if (!nl || strncmp(c, " = ", 3) || memchr(nm, ',', (size_t)(line[i] + len[i] - nm)))
-        continue;
-      int used = 0;
-      for (int j = 0; j < k && !used; j++) {
-        if (j == i || dead[j])
-          continue;
-        for (const char *h = line[j]; h < line[j] + len[j] - nl && !used; h++)
-          if (!strncmp(h, nm, (size_t)nl) && !idc(h[nl]) && (h == line[j] || !idc(h[-1])))
-            used = 1;
-      }
-      if (!used)
-        dead[i] = 1, changed = 1;
-    }
+  t0[k] = nt;
+  /* the defining lines: "const TYPE NAME = ..." with no comma after NAME */
+  int nwork = 0;
+  for (int i = 0; i < k; i++) {
+    def[i] = -1;
+    const char *c = line[i];
+    while (*c == ' ')
+      c++;
+    if (strncmp(c, "const ", 6) || t0[i + 1] - t0[i] < 3)
+      continue;
+    c += 6;
+    while (idc(*c))
+      c++;
+    while (*c == ' ')
+      c++;
+    const char *nm = c;
+    while (idc(*c))
+      c++;
+    if (c == nm || strncmp(c, " = ", 3) || memchr(nm, ',', (size_t)(line[i] + len[i] - nm)))
+      continue;
+    int id = tok[t0[i] + 2]; /* const, the type, the name */
+    def[i] = id;
+    for (int t = t0[i]; t < t0[i + 1]; t++)
+      self[i] += tok[t] == id;
+    next_def[i] = first_def[id];
+    first_def[id] = i;
+    work[nwork++] = i;
+  }
+  while (nwork) {
+    int i = work[--nwork];
+    if (dead[i] || uses[def[i]] > self[i])
+      continue;
+    dead[i] = 1;
+    for (int t = t0[i]; t < t0[i + 1]; t++)
+      if (--uses[tok[t]])
+        for (int d = first_def[tok[t]]; d >= 0; d = next_def[d])
+          if (!dead[d] && uses[tok[t]] == self[d])
+            work[nwork++] = d;
   }
   Buf b;
   buf_init(&b, a);
@@ -1047,7 +1087,7 @@ static void column_tiles(R *r, const Shape *rsh) {
   set_var_level(r, "o0", 1);
   emit(r, 1, "const int64_t nc = n_o - o0 < %d ? n_o - o0 : %d;", CTILE, CTILE);
   set_var_level(r, "nc", 1);
-  const char *accs[64];
+  const char **accs = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
   for (int i = 0; i < k->nreds; i++) {
     const Node *red = k->reds[i];
     int fl = dtype_is_float(red->dtype);
@@ -1156,8 +1196,10 @@ static void loop_body(R *r) {
   open_level(r);
   r->d->o_loop(r);
   set_var_level(r, "o", 1);
+  const char **accs = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
+  const char **tys = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
+  Op *ops = arena_alloc(r->a, sizeof(Op) * (size_t)(k->nreds + 1));
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
-    const char *accs[64], *tys[64];
     int na = 0, all_sum = 1;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
@@ -1239,7 +1281,6 @@ static void loop_body(R *r) {
         }
     }
     if (r->split && ph <= nph) {
-      Op ops[64];
       for (int i = 0, j = 0; i < k->nreds; i++)
         if (dep(r, k->reds[i], cache) == ph)
           ops[j++] = k->reds[i]->op;
@@ -1363,18 +1404,17 @@ int render_check(BPass *p, const Kernel *k) {
   Arena a = {.fail_after = -1}; /* the check's own, freed after it: the scheduler asks thousands of times */
   int fail = 0;
   if (!k->nreds) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
-    char *seen = arena_alloc(&a, (size_t)p->n + 1), *own = arena_alloc(&a, (size_t)p->n + 1);
-    kernel_loads(p, k, seen);
+    LoadWalk *w = p->walk; /* its own marks: the kernel's own values */
+    kernel_loads(p, k, w);
     for (int i = 0; i < k->nouts; i++)
-      own[k->outs[i]->id] = 1;
-    for (int i = 0; i < p->n && !fail; i++)
-      if (seen[i]) {
-        const Node *n = p->nodes[i];
-        while (!own[n->id] && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
-               p->kern[n->id] < 0 && n->in[0])
-          n = n->in[0];
-        fail = own[n->id] ? 2 : 0;
-      }
+      w->own[k->outs[i]->id] = w->stamp;
+    for (int q = 0; q < w->nlist && !fail; q++) {
+      const Node *n = p->nodes[w->list[q]];
+      while (w->own[n->id] != w->stamp && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
+             p->kern[n->id] < 0 && n->in[0])
+        n = n->in[0];
+      fail = w->own[n->id] == w->stamp ? 2 : 0;
+    }
   } else {
     R *r = new_r(&a, p, k, &dl_cpu);
     choose_mode(r);
@@ -1455,10 +1495,11 @@ static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
 /* Print loop kernel k (once per file: an identical kernel of another pass is
  * reused) and its call into `call`. */
 static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
-  R *probe = new_r(f->a, p, k, f->d);
+  Arena ka = {.fail_after = -1}; /* the walkers' per-node tables, freed after each kernel: memory stays linear */
+  R *probe = new_r(&ka, p, k, f->d);
   choose_mode(probe);
   loop_body(probe);
-  R *r = new_r(f->a, p, k, f->d);
+  R *r = new_r(&ka, p, k, f->d);
   r->mode = probe->mode;
   r->has_bad = probe->saw_take;
   int cuda = !strcmp(f->d->name, "cuda");
@@ -1484,7 +1525,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   Buf sig, args;
   buf_init(&sig, f->a);
   buf_init(&args, f->a);
-  const char *body = prune(f->a, r->lv[0].p);
+  const char *body = arena_strdup(f->a, prune(&ka, r->lv[0].p));
   int first = 1;
   for (int s = 0; s < f->g->nsyms; s++) {
     const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
@@ -1564,6 +1605,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                f->name, f->NAME, op_info[o->op].name, o->name ? o->name : "?", f->spec, o->loc.line,
                dim_str(f->g, &t->in[0]->shape.d[t->axis]), (long long)t->ignore_index);
   }
+  arena_free(&ka);
 }
 
 static const char *bname(BPass *p, const Node *n) {

@@ -33,10 +33,15 @@
 typedef struct S {
   BPass *p;
   Arena *a;
-  char *seen;
+  struct LoadWalk *wp, *wp2; /* the walks of merge() and of leaves_to_finals() */
   int *mark, *mj, *saved;
-  int stamp;
+  char *cut;             /* per node: stored to bound an expression's depth */
 } S;
+
+/* the deepest expression a kernel computes inline (schedule) */
+#define MAX_INLINE_DEPTH 256
+/* the most stored values and reductions one fused kernel computes */
+#define MAX_KERNEL_VALUES 64
 
 static int is_leaf(const Node *n) { return n->op == OP_INPUT || n->op == OP_PARAM; }
 static int is_reduce(const Node *n) { return op_info[n->op].cls == C_REDUCE; }
@@ -152,73 +157,92 @@ static Kernel *new_kernel(S *s, KernelKind kind, Node *n) {
   return k;
 }
 
-/* Mark a value read from memory, and through a stored reshape (an alias),
- * the value whose bytes it is. */
-static void mark_alias(const BPass *p, const Node *n, char *mark) {
-  mark[n->id] = 1;
+LoadWalk *walk_new(Arena *a, int n) {
+  LoadWalk *w = arena_alloc(a, sizeof(LoadWalk));
+  w->seen = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  w->own = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  w->mark = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  w->list = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+  w->cap = n + 1; /* a walk pushes each node at most once per operand: at most 3 * n, grown below */
+  w->stack = arena_alloc(a, sizeof(Node *) * (size_t)w->cap);
+  return w;
+}
+
+static void load(LoadWalk *w, int id) {
+  if (w->mark[id] != w->stamp) {
+    w->mark[id] = w->stamp;
+    w->list[w->nlist++] = id;
+  }
+}
+
+/* A value read from memory, and through a stored reshape (an alias), the
+ * value whose bytes it is. */
+static void mark_alias(const BPass *p, const Node *n, LoadWalk *w) {
+  load(w, n->id);
   while (is_alias_view(n) && p->kern[n->id] < 0 && n->in[0] && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
     n = n->in[0];
-    mark[n->id] = 1;
+    load(w, n->id);
   }
 }
 
-static void loads_walk(const BPass *p, const Node *n, const Kernel *k, int top, char *seen, char *mark) {
-  if (seen[n->id])
-    return;
-  seen[n->id] = 1;
-  int own = 0;
-  for (int i = 0; i < k->nouts && !own; i++)
-    own = k->outs[i] == n;
-  for (int i = 0; i < k->nreds && !own; i++)
-    own = k->reds[i] == n;
-  if (!top && !own && (is_leaf(n) || p->realized[n->id])) {
-    mark_alias(p, n, mark);
-    return;
-  }
-  if (!top && !own && is_call(n))
-    die("schedule: %s is read unrealized", op_info[n->op].name);
-  if (n->op == OP_CONCAT) { /* its operands are read from memory, even one this kernel stores */
-    for (int j = 0; j < n->nin; j++)
-      mark_alias(p, n->in[j], mark);
-    return;
-  }
-  for (int j = 0; j < n->nin; j++)
-    if (n->in[j])
-      loads_walk(p, n->in[j], k, 0, seen, mark);
-}
-
-void kernel_loads(const BPass *p, const Kernel *k, char *mark) {
-  char *seen = calloc((size_t)p->n + 1, 1);
-  if (!seen)
-    die("out of memory");
-  memset(mark, 0, (size_t)p->n + 1);
+/* What kernel k reads from memory: up from its results through the values
+ * it computes (an explicit stack: a fused chain may be thousands deep). */
+void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w) {
+  w->stamp++;
+  w->nlist = 0;
   if (k->kind != K_LOOP) {
     const Node *a = k->anchor;
     for (int j = 0; j < a->nin; j++)
       if (a->in[j]) {
         int t;
-        mark_alias(p, k->kind == K_GEMM ? gemm_operand(a, j, &t) : a->in[j], mark);
+        mark_alias(p, k->kind == K_GEMM ? gemm_operand(a, j, &t) : a->in[j], w);
       }
     if (k->res)
-      mark_alias(p, k->res, mark);
-  } else {
-    for (int i = 0; i < k->nouts; i++)
-      loads_walk(p, k->outs[i], k, 1, seen, mark);
-    for (int i = 0; i < k->nreds; i++)
-      loads_walk(p, k->reds[i], k, 1, seen, mark);
+      mark_alias(p, k->res, w);
+    return;
   }
-  free(seen);
+  int sp = 0;
+  for (int i = 0; i < k->nouts; i++)
+    w->own[k->outs[i]->id] = w->stamp;
+  for (int i = 0; i < k->nreds; i++)
+    w->own[k->reds[i]->id] = w->stamp;
+  for (int i = 0; i < k->nreds + k->nouts; i++) {
+    w->stack[sp++] = i < k->nouts ? k->outs[i] : k->reds[i - k->nouts];
+    while (sp) {
+      const Node *n = w->stack[--sp];
+      if (w->seen[n->id] == w->stamp)
+        continue;
+      w->seen[n->id] = w->stamp;
+      int own = w->own[n->id] == w->stamp;
+      if (!own && (is_leaf(n) || p->realized[n->id])) {
+        mark_alias(p, n, w);
+        continue;
+      }
+      if (!own && is_call(n))
+        die("schedule: %s is read unrealized", op_info[n->op].name);
+      if (n->op == OP_CONCAT) { /* its operands are read from memory, even one this kernel stores */
+        for (int j = 0; j < n->nin; j++)
+          mark_alias(p, n->in[j], w);
+        continue;
+      }
+      if (sp + n->nin + 1 > w->cap) {
+        const Node **st = arena_alloc(p->g->arena, sizeof(Node *) * (size_t)(2 * (sp + n->nin + 1)));
+        memcpy(st, w->stack, sizeof(Node *) * (size_t)sp);
+        w->stack = st;
+        w->cap = 2 * (sp + n->nin + 1);
+      }
+      for (int j = n->nin - 1; j >= 0; j--)
+        if (n->in[j])
+          w->stack[sp++] = n->in[j];
+    }
+  }
 }
 
-/* Stamp the loads of k into s->mark with a new stamp; returns it. */
+/* Stamp the loads of k into s->mark (and s->wp's list) with a new stamp; returns it. */
 static int loads(S *s, const Kernel *k) {
-  BPass *p = s->p;
-  kernel_loads(p, k, s->seen);
-  s->stamp++;
-  for (int i = 0; i < p->n; i++)
-    if (s->seen[i])
-      s->mark[i] = s->stamp;
-  return s->stamp;
+  kernel_loads(s->p, k, s->wp);
+  s->mark = s->wp->mark;
+  return s->wp->stamp;
 }
 
 /* Does kernel a's iteration space admit kernel b's nodes (and vice versa)? */
@@ -273,23 +297,29 @@ static int in_backward(const BPass *p, const Kernel *k) {
  * reads the same inputs (sum(f(x)) w.r.t. x: the loss and d_x in one pass
  * over x), since it needs nothing the forward computes and keeps nothing in
  * the arena. */
-static int leaves_to_finals(S *s, const Kernel *k, int sj) {
+static int leaves_to_finals(S *s, Kernel *k, int sj) {
   BPass *p = s->p;
-  for (int q = 0; q < p->n; q++)
-    if (s->mark[q] == sj && !is_leaf(p->nodes[q]))
+  (void)sj; /* s->wp's list holds k's loads */
+  for (int q = 0; q < s->wp->nlist; q++)
+    if (!is_leaf(p->nodes[s->wp->list[q]]))
       return 0;
-  for (int i = 0; i < k->nouts; i++) {
+  /* cached: merging never adds a reader of another kernel's values (a
+   * merged kernel reads what its parts read), and a merge makes a new kernel */
+  if (k->leaves)
+    return k->leaves == 1;
+  k->leaves = 1;
+  for (int i = 0; i < k->nouts && k->leaves == 1; i++) {
     int final = 0;
     for (int f = 0; f < p->nfinals && !final; f++)
       final = p->finals[f] == k->outs[i];
-    for (int m = 0; m < p->nk && !final; m++)
+    for (int m = 0; m < p->nk && !final && k->leaves == 1; m++)
       if (p->k[m] != k) {
-        kernel_loads(p, p->k[m], s->seen);
-        if (s->seen[k->outs[i]->id])
-          return 0;
+        kernel_loads(p, p->k[m], s->wp2);
+        if (s->wp2->mark[k->outs[i]->id] == s->wp2->stamp)
+          k->leaves = 2;
       }
   }
-  return 1;
+  return k->leaves == 1;
 }
 
 /* What kernel k is, in words, for the reasons below ("a GEMM (linear)"). */
@@ -330,6 +360,9 @@ static const char *merge(S *s, int i, int j, int commit) {
     return call_stop(p, ki);
   if (kj->kind != K_LOOP)
     return arena_printf(g->arena, "%s comes next", kernel_what(p, kj));
+  if (ki->nouts + ki->nreds + kj->nouts + kj->nreds > MAX_KERNEL_VALUES)
+    return arena_printf(g->arena, "the kernel would compute more than %d stored values and reductions (a bound on its "
+                        "size: registers, and the compiler's time)", MAX_KERNEL_VALUES);
   if (!domains_fit(ki, kj)) {
     if (ki->nreds && kj->nreds)
       return arena_printf(g->arena, "both reduce, over different spaces (%s; the next: %s)", space(p, ki), space(p, kj));
@@ -359,13 +392,17 @@ static const char *merge(S *s, int i, int j, int commit) {
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
     related = s->mark[ki->outs[q]->id] == sj;
+  /* a value stored to bound the depth of a chain's expression stays a load */
+  for (int q = 0; q < s->wp->nlist; q++)
+    if (s->cut[s->wp->list[q]] && p->kern[s->wp->list[q]] == i)
+      return arena_printf(g->arena, "the next reads a value stored to bound a chain's expression depth (%d ops)",
+                          MAX_INLINE_DEPTH);
   if (!related) { /* horizontal: a shared load */
-    int *mj = s->mj;
-    for (int q = 0; q < p->n; q++)
-      mj[q] = s->mark[q] == sj;
+    int *mj = s->mj, nj = s->wp->nlist;
+    memcpy(mj, s->wp->list, sizeof(int) * (size_t)nj);
     int si = loads(s, ki);
-    for (int q = 0; q < p->n && !related; q++)
-      related = mj[q] && s->mark[q] == si;
+    for (int q = 0; q < nj && !related; q++)
+      related = s->mark[mj[q]] == si;
     sj = loads(s, kj);
   }
   if (!related)
@@ -373,9 +410,11 @@ static const char *merge(S *s, int i, int j, int commit) {
   /* placement: at i when every producer of j runs before i, else at j when
    * nothing between them reads i's stores */
   int at_i = 1;
-  for (int q = 0; q < p->n && at_i; q++)
-    if (s->mark[q] == sj && p->kern[q] > i && p->kern[q] != j)
+  for (int q = 0; q < s->wp->nlist && at_i; q++) {
+    int id = s->wp->list[q];
+    if (p->kern[id] > i && p->kern[id] != j)
       at_i = 0;
+  }
   int at_j = 0;
   if (!at_i) {
     at_j = 1;
@@ -391,6 +430,7 @@ static const char *merge(S *s, int i, int j, int commit) {
   /* tentatively merge and let the renderer check the indexing */
   Kernel *m = arena_alloc(s->a, sizeof(Kernel));
   *m = *ki;
+  m->leaves = 0;
   m->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nouts + kj->nouts + 1));
   m->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nreds + kj->nreds + 1));
   m->nouts = m->nreds = 0;
@@ -450,8 +490,11 @@ void schedule(BPass *p, int fuse) {
   p->realized = arena_alloc(s->a, (size_t)p->n + 1);
   p->nuse = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   p->kern = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
-  s->seen = arena_alloc(s->a, (size_t)p->n + 1);
-  s->mark = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  s->wp = walk_new(s->a, p->n);
+  s->wp2 = walk_new(s->a, p->n);
+  p->walk = walk_new(s->a, p->n);
+  s->mark = s->wp->mark;
+  s->cut = arena_alloc(s->a, (size_t)p->n + 1);
   s->mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   char *keep = arena_alloc(s->a, (size_t)p->n + 1); /* must stay stored */
@@ -542,6 +585,29 @@ void schedule(BPass *p, int fuse) {
       why[i] = arena_printf(s->a, "read %d times; recomputing its %d ops at each read costs more than a load", p->nuse[i], cost);
     }
   }
+  /* a value computed inline is an expression over its kernel's loads; one
+   * more than MAX_INLINE_DEPTH ops deep is stored, so that a long chain of
+   * bindings gives kernels a compiler takes (and a renderer that recurses
+   * over them a bounded depth) */
+  int *depth = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    if (is_leaf(n))
+      continue;
+    int d = 0;
+    for (int k = 0; k < n->nin; k++)
+      if (n->in[k] && !p->realized[n->in[k]->id] && depth[n->in[k]->id] > d)
+        d = depth[n->in[k]->id];
+    depth[i] = d + 1;
+    if (!p->realized[i] && depth[i] > MAX_INLINE_DEPTH && n->nin) {
+      p->realized[i] = 1;
+      s->cut[i] = 1;
+      why[i] = arena_printf(s->a, "its expression is %d ops deep (values are stored every %d ops of a chain)", depth[i],
+                            MAX_INLINE_DEPTH);
+    }
+    if (p->realized[i])
+      depth[i] = 0;
+  }
   /* a kernel per realized value; stored views of stored values are aliases */
   p->k = arena_alloc(s->a, sizeof(Kernel *) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++) {
@@ -584,21 +650,27 @@ void schedule(BPass *p, int fuse) {
           j = i - 1; /* the merged kernel may join an earlier one, and take more */
           break;
         }
-    /* stored values only their own kernel reads: kept in registers */
+    /* stored values only their own kernel reads: kept in registers (the
+     * kernel that reads each value: rd, -2 when several do) */
+    int *rd = s->saved;
+    for (int q = 0; q < p->n; q++)
+      rd[q] = -1;
+    for (int m = 0; m < p->nk; m++) {
+      loads(s, p->k[m]);
+      for (int q = 0; q < s->wp->nlist; q++) {
+        int id = s->wp->list[q];
+        rd[id] = rd[id] == -1 || rd[id] == m ? m : -2;
+      }
+    }
     for (int c = 0; c < p->nk; c++) {
       Kernel *k = p->k[c];
       if (k->kind != K_LOOP)
         continue;
       for (int q = 0; q < k->nouts; q++) {
         Node *n = k->outs[q];
-        if (keep[n->id])
+        if (keep[n->id] || s->cut[n->id])
           continue;
-        int other = 0;
-        for (int m = 0; m < p->nk && !other; m++)
-          if (m != c) {
-            int st = loads(s, p->k[m]);
-            other = s->mark[n->id] == st;
-          }
+        int other = rd[n->id] != -1 && rd[n->id] != c;
         if (!other) {
           p->realized[n->id] = 0;
           p->kern[n->id] = -1;

@@ -42,6 +42,22 @@ expect 0 "" "20,000 bindings in a line"
   printf '  - y: y19999 + y0\noutputs: [y]\n'; } >"$dir/wide.yaml"
 run check "$dir/wide.yaml"; rc=$?
 expect 0 "" "20,000 bindings side by side"
+# generated, not only checked: the scheduler, the memory plan and the
+# renderer stay linear (a chain is stored every 256 ops, a fused kernel holds
+# at most 64 values); 200,000 bindings in a line checked
+run "$dir/long.yaml" -o "$dir/long_out"; rc=$?
+expect 0 "" "a project from 20,000 bindings in a line"
+{ header; echo "  - y0: x"; awk 'BEGIN { for (i = 1; i <= 200000; i++) printf "  - y%d: y%d + x\n", i, i - 1 }'
+  printf '  - y: y200000 + 1\noutputs: [y]\n'; } >"$dir/long200k.yaml"
+run check "$dir/long200k.yaml"; rc=$?
+expect 0 "" "200,000 bindings in a line"
+# a training chain: 2,000 uses of one param (its gradient sums 2,000 terms)
+{ printf 'name: tchain\ndtype: f32\ndims:\n  B: 4\ninputs:\n  x: [B, 8]\nparams:\n  w: {shape: [8]}\ngraph:\n  - y0: x * w\n'
+  awk 'BEGIN { for (i = 1; i < 2000; i++) printf "  - y%d: tanh(y%d) * w\n", i, i - 1 }'
+  printf '  - loss: sum(y1999)\noutputs: [loss]\ntrain: {loss: loss, optimizer: {sgd: {lr: 0.1}}}\n'; } >"$dir/tchain.yaml"
+run "$dir/tchain.yaml" -o "$dir/tchain_out"; rc=$?
+expect 0 "" "a training chain of 2,000 bindings"
+rm -rf "$dir/long_out" "$dir/tchain_out"
 
 # a 5,000-character model name: the message keeps its reason; a 64k-character
 # binding name: YAML's key length limit, named

@@ -38,6 +38,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* mark[id] = 1 for each value kernel k reads from memory, else 0 */
+static void loads_mark(const BPass *p, const Kernel *k, char *mark) {
+  memset(mark, 0, (size_t)p->n + 1);
+  kernel_loads(p, k, p->walk);
+  for (int q = 0; q < p->walk->nlist; q++)
+    mark[p->walk->list[q]] = 1;
+}
+
 static int npass, nfail;
 
 static void check(int ok, const char *what, const char *detail) {
@@ -190,7 +198,7 @@ static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
   char *mark = calloc((size_t)p->n + 1, 1);
   int order_ok = 1;
   for (int c = 0; c < p->nk && order_ok; c++) {
-    kernel_loads(p, p->k[c], mark);
+    loads_mark(p, p->k[c], mark);
     for (int i = 0; i < p->n; i++)
       if (mark[i] && p->kern[i] >= c) {
         snprintf(err, sizeof err, "kernel %d reads %%%d (%s), written by kernel %d", c + 1, i,
@@ -405,7 +413,7 @@ static void wrt_pass(const char *path, const char *want, int dx_kernel) {
     return;
   const Kernel *k = p->k[dx_kernel];
   char *mark = arena_alloc(&a, (size_t)p->n + 1);
-  kernel_loads(p, k, mark);
+  loads_mark(p, k, mark);
   int reads = 0, reads_x = 0, writes_dx = 0;
   for (int i = 0; i < p->n; i++) {
     reads += mark[i];
