@@ -290,6 +290,7 @@ typedef struct BPass {
   int *kern;         /* per node: the kernel that stores it, or -1 */
   const char **why;  /* per realized node: why it is stored, in words (tgen explain) */
   struct LoadWalk *walk; /* for kernel_loads's callers after the schedule */
+  struct RTab *rtab;  /* render.c: its kernel walkers' per-node tables */
   /* plan.c */
   Buffer *b;
   int nb;

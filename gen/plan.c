@@ -45,23 +45,63 @@ static int is_keyword(const char *s, const char *model) {
          (s[0] == 'v' && isdigit((unsigned char)s[1]));
 }
 
+/* The names taken so far: an open-addressing set, each entry with the next
+ * suffix to try for a name built on it (so n equal names cost O(n), not
+ * O(n^2) or worse). */
+typedef struct Names {
+  const char **key;
+  int *next;
+  int cap, n; /* cap a power of two, at least twice n */
+} Names;
+
+static int names_slot(const Names *t, const char *s) {
+  uint32_t h = 2166136261u;
+  for (const char *c = s; *c; c++)
+    h = (h ^ (unsigned char)*c) * 16777619u;
+  int i = (int)(h & (uint32_t)(t->cap - 1));
+  while (t->key[i] && strcmp(t->key[i], s))
+    i = (i + 1) & (t->cap - 1);
+  return i;
+}
+
+static int names_add(Arena *a, Names *t, const char *s) {
+  if (2 * (t->n + 1) > t->cap) {
+    Names o = *t;
+    t->cap = o.cap ? 2 * o.cap : 256;
+    t->key = arena_alloc(a, sizeof(char *) * (size_t)t->cap);
+    t->next = arena_alloc(a, sizeof(int) * (size_t)t->cap);
+    for (int i = 0; i < o.cap; i++)
+      if (o.key[i]) {
+        int j = names_slot(t, o.key[i]);
+        t->key[j] = o.key[i];
+        t->next[j] = o.next[i];
+      }
+  }
+  int i = names_slot(t, s);
+  if (!t->key[i]) {
+    t->key[i] = s;
+    t->next[i] = 2;
+    t->n++;
+  }
+  return i;
+}
+
 /* A C identifier from a binding or param name ("h.0.ln_w" -> "h_0_ln_w"),
  * unique among the names taken so far. */
-static const char *c_name(Arena *a, Vec *taken, const char *base, const char *model) {
+static const char *c_name(Arena *a, Names *taken, const char *base, const char *model) {
   char *s = arena_printf(a, "%s%s", base && *base && isdigit((unsigned char)*base) ? "v" : "", base && *base ? base : "t");
   for (char *c = s; *c; c++)
     if (!isalnum((unsigned char)*c) && *c != '_')
       *c = '_';
   const char *name = is_keyword(s, model) ? arena_printf(a, "%s_", s) : s;
-  for (int k = 2;; k++) {
-    int dup = 0;
-    for (int i = 0; i < taken->n && !dup; i++)
-      dup = !strcmp(taken->p[i], name);
-    if (!dup)
-      break;
-    name = arena_printf(a, "%s_%d", s, k);
+  if (taken->cap && taken->key[names_slot(taken, name)]) { /* taken: the next free s_K */
+    int b = names_add(a, taken, s), k = taken->next[b];
+    do
+      name = arena_printf(a, "%s_%d", s, k++);
+    while (taken->key[names_slot(taken, name)]);
+    taken->next[names_add(a, taken, s)] = k; /* the slot may have moved */
   }
-  vec_push(a, taken, (void *)name);
+  names_add(a, taken, name);
   return name;
 }
 
@@ -128,7 +168,7 @@ void plan(BPass *p) {
   Arena *a = g->arena;
   p->b = arena_alloc(a, sizeof(Buffer) * (size_t)(p->n + p->nfinals + 1));
   p->buf = arena_alloc(a, sizeof(int) * (size_t)(p->n + 1));
-  Vec taken = {0};
+  Names taken = {0};
   for (int i = 0; i < p->n; i++)
     p->buf[i] = -1;
   /* the kernels' reads */

@@ -150,6 +150,16 @@ static void hash_build(Arena *a, Hash *h, int n, const char *const *names, size_
   }
 }
 
+/* Per-node tables of the kernel walkers, allocated once per pass: an entry
+ * counts for the walker whose stamp it bears, so a walker costs its
+ * kernel's size, not the pass's (the scheduler renders a kernel at every
+ * merge it tries). */
+typedef struct RTab {
+  int *own_st, *acc_st, *dep_st, *dep;
+  const char **acc;
+  int stamp;
+} RTab;
+
 typedef struct Memo {
   const char *key, *var;
   int level;
@@ -171,8 +181,9 @@ struct R {
   int nv, capv;
   Hash mh, vh;        /* memo keys and variable names -> their latest entry */
   int nvars;
-  const char **acc;   /* per node: the reduction's result variable (once its phase is done) */
-  char *own;          /* per node: the kernel computes it */
+  RTab *t;            /* per node: the reduction's result variable (once its phase is done), the kernel
+                         computes it, the phase it is known after: entries stamped with stamp */
+  int stamp;
   int fail;           /* render_check: 1 a reduction read at another element, 2 a load of a value it stores */
   Vec params;         /* Buffer indices the kernel reads or writes, in first-use order */
   char *written;      /* per buffer: the kernel stores it */
@@ -485,11 +496,20 @@ static const char *vec_type(R *r, DType t) { return arena_printf(r->a, "%s_vec<%
  * of one)? A load of them would run before the store that writes them, or
  * on another iteration (another thread) than it: the schedule must not
  * fuse so (render_check fails). */
+static int is_own(const R *r, const Node *n) { return r->t->own_st[n->id] == r->stamp; }
+
+static const char *acc_of(const R *r, const Node *n) { return r->t->acc_st[n->id] == r->stamp ? r->t->acc[n->id] : NULL; }
+
+static void set_acc(R *r, const Node *n, const char *v) {
+  r->t->acc[n->id] = v;
+  r->t->acc_st[n->id] = r->stamp;
+}
+
 static int own_bytes(R *r, const Node *n) {
-  while (!r->own[n->id] && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
+  while (!is_own(r, n) && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
          r->p->kern[n->id] < 0 && n->in[0])
     n = n->in[0];
-  return r->own[n->id];
+  return is_own(r, n);
 }
 
 static const char *load(R *r, const Node *n, Ix *ix) {
@@ -599,15 +619,15 @@ static const char *red_val(R *r, const Node *n, Ix *ix) {
   }
   while (j < o.sh->rank && is_one(&o.sh->d[j]))
     j++;
-  if (j != o.sh->rank || !r->acc[n->id])
+  if (j != o.sh->rank || !acc_of(r, n))
     r->fail = 1;
-  return r->acc[n->id] ? r->acc[n->id] : "0";
+  return acc_of(r, n) ? acc_of(r, n) : "0";
 }
 
 static const char *val(R *r, const Node *n, Ix *ix) {
   BPass *p = r->p;
   int leaf = n->op == OP_INPUT || n->op == OP_PARAM;
-  if (leaf || (p->realized[n->id] && !r->own[n->id]))
+  if (leaf || (p->realized[n->id] && !is_own(r, n)))
     return load(r, n, ix);
   if (op_info[n->op].cls == C_REDUCE)
     return red_val(r, n, ix);
@@ -930,20 +950,22 @@ static const char *prune(Arena *a, const char *text) {
 
 /* The phase after which n's value is known in kernel r->k: 0 when it reads
  * no reduction the kernel computes, else the latest such reduction's. */
-static int dep(R *r, const Node *n, int *cache) {
-  if (cache[n->id] >= 0)
-    return cache[n->id];
+static int dep(R *r, const Node *n) {
+  RTab *t = r->t;
+  if (t->dep_st[n->id] == r->stamp)
+    return t->dep[n->id];
   int leaf = n->op == OP_INPUT || n->op == OP_PARAM, d = 0;
-  if (!leaf && !(r->p->realized[n->id] && !r->own[n->id])) {
+  if (!leaf && !(r->p->realized[n->id] && !is_own(r, n))) {
     for (int k = 0; k < n->nin; k++)
       if (n->in[k]) {
-        int x = dep(r, n->in[k], cache);
+        int x = dep(r, n->in[k]);
         d = x > d ? x : d;
       }
     if (op_info[n->op].cls == C_REDUCE)
       d++;
   }
-  return cache[n->id] = d;
+  t->dep_st[n->id] = r->stamp;
+  return t->dep[n->id] = d;
 }
 
 static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
@@ -958,8 +980,18 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   for (char *c = up; *c; c++)
     *c = (char)toupper((unsigned char)*c);
   r->NAME = up;
-  r->acc = arena_alloc(a, sizeof(char *) * (size_t)(p->n + 1));
-  r->own = arena_alloc(a, (size_t)p->n + 1);
+  if (!p->rtab) { /* the pass's tables (in the graph's arena: they outlive this kernel) */
+    Arena *ga = p->g->arena;
+    RTab *t = arena_alloc(ga, sizeof(RTab));
+    t->own_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->acc_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->dep_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->dep = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->acc = arena_alloc(ga, sizeof(char *) * (size_t)(p->n + 1));
+    p->rtab = t;
+  }
+  r->t = p->rtab;
+  r->stamp = ++r->t->stamp;
   r->written = arena_alloc(a, (size_t)p->nb + 1);
   r->contig = arena_alloc(a, (size_t)p->nb + 1);
   r->it = "int64_t";
@@ -968,9 +1000,9 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   r->vlevel = arena_alloc(a, sizeof(int) * (size_t)r->capv);
   buf_init(&r->lv[0], a);
   for (int i = 0; k && i < k->nouts; i++)
-    r->own[k->outs[i]->id] = 1;
+    r->t->own_st[k->outs[i]->id] = r->stamp;
   for (int i = 0; k && i < k->nreds; i++)
-    r->own[k->reds[i]->id] = 1;
+    r->t->own_st[k->reds[i]->id] = r->stamp;
   return r;
 }
 
@@ -1133,7 +1165,7 @@ static void column_tiles(R *r, const Shape *rsh) {
     emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
          half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[c]", vtype(red->dtype), accs[i])));
     set_var_level(r, v, 2);
-    r->acc[red->id] = v;
+    set_acc(r, red, v);
   }
   for (int i = 0; i < k->nouts; i++) {
     const Node *n = k->outs[i];
@@ -1147,7 +1179,6 @@ static void column_tiles(R *r, const Shape *rsh) {
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
-  BPass *p = r->p;
   if (!k->nreds) {
     emit(r, 0, "const %s n = %s;", r->it, c_dim(r->g, &k->numel));
     if (r->vec)
@@ -1171,18 +1202,15 @@ static void loop_body(R *r) {
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
   emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
-  int *cache = arena_alloc(r->a, sizeof(int) * (size_t)(p->n + 1));
-  for (int i = 0; i < p->n; i++)
-    cache[i] = -1;
   int nph = 0;
   for (int i = 0; i < k->nreds; i++) {
-    int ph = dep(r, k->reds[i], cache);
+    int ph = dep(r, k->reds[i]);
     nph = ph > nph ? ph : nph;
   }
   int last_full = 0; /* the latest phase a value over the input space waits for */
   for (int i = 0; i < k->nouts; i++)
     if (over_input(k, k->outs[i])) {
-      int d = dep(r, k->outs[i], cache);
+      int d = dep(r, k->outs[i]);
       last_full = d > last_full ? d : last_full;
     }
   r->nph = nph, r->last_full = last_full;
@@ -1203,7 +1231,7 @@ static void loop_body(R *r) {
     int na = 0, all_sum = 1;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
-      if (dep(r, red, cache) != ph)
+      if (dep(r, red) != ph)
         continue;
       const char *acc = arena_printf(r->a, "acc%d", r->nvars++);
       int fl = dtype_is_float(red->dtype);
@@ -1221,7 +1249,7 @@ static void loop_body(R *r) {
       head(r, "%s_OMP(parallel for schedule(static) if (n_r > 16384)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
       head(r, "for (int64_t c = 0; c < %d; c++) {", CHUNKS);
       for (int i = 0, a = 0; i < k->nreds; i++)
-        if (dep(r, k->reds[i], cache) == ph)
+        if (dep(r, k->reds[i]) == ph)
           head(r, "  %s %s = %s;  /* this chunk's */", tys[a], accs[a], k->reds[i]->op == OP_SUM ? "0" : "-INFINITY"), a++;
     }
     if (na && all_sum && !strcmp(r->d->name, "cpu")) {
@@ -1242,7 +1270,7 @@ static void loop_body(R *r) {
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
-      if (dep(r, red, cache) != ph)
+      if (dep(r, red) != ph)
         continue;
       Ix xi = ixF;
       const char *v = val(r, red->in[0], &xi);
@@ -1256,7 +1284,7 @@ static void loop_body(R *r) {
       const Node *n = k->outs[i];
       if (!over_input(k, n))
         continue;
-      int d = dep(r, n, cache);
+      int d = dep(r, n);
       if (d == ph - 1 || (d == nph && ph == nph + 1)) {
         Ix xi = ix_make(&n->shape, ix_flat(r, &ixF));
         if (!shape_eq(&n->shape, &k->full))
@@ -1272,7 +1300,7 @@ static void loop_body(R *r) {
         emit(r, 1, "  %s_part[c] = %s;", accs[a], accs[a]);
       emit(r, 1, "}");
       for (int i = 0, a = 0; i < k->nreds; i++)
-        if (dep(r, k->reds[i], cache) == ph) {
+        if (dep(r, k->reds[i]) == ph) {
           if (k->reds[i]->op == OP_SUM)
             emit(r, 1, "for (int c = 0; c < %d; c++) %s += %s_part[c];", CHUNKS, accs[a], accs[a]);
           else
@@ -1282,14 +1310,14 @@ static void loop_body(R *r) {
     }
     if (r->split && ph <= nph) {
       for (int i = 0, j = 0; i < k->nreds; i++)
-        if (dep(r, k->reds[i], cache) == ph)
+        if (dep(r, k->reds[i]) == ph)
           ops[j++] = k->reds[i]->op;
       split_combine(r, accs, ops, na);
     }
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
-      if (dep(r, red, cache) != ph)
+      if (dep(r, red) != ph)
         continue;
       if (!r->split)
         r->d->combine(r, red->op, accs[na]);
@@ -1297,7 +1325,7 @@ static void loop_body(R *r) {
       emit(r, 1, "const %s %s = %s;", vtype(red->dtype), v,
            half_round(r, red->dtype, arena_printf(r->a, "(%s)%s", vtype(red->dtype), accs[na])));
       set_var_level(r, v, 1);
-      r->acc[red->id] = v;
+      set_acc(r, red, v);
       na++;
     }
   }

@@ -352,21 +352,25 @@ static const char *call_stop(const BPass *p, const Kernel *k) {
 
 /* Merge kernel j into kernel i (i < j): NULL when merged (commit) or when
  * they could be (!commit: nothing changes), else why not, in words. */
+/* Why not, in words: printed only when asked (!commit); the greedy pass
+ * tries thousands of merges and needs only yes or no. */
+#define WHY(...) (commit ? "" : arena_printf(g->arena, __VA_ARGS__))
+
 static const char *merge(S *s, int i, int j, int commit) {
   BPass *p = s->p;
   Graph *g = p->g;
   Kernel *ki = p->k[i], *kj = p->k[j];
   if (ki->kind != K_LOOP)
-    return call_stop(p, ki);
+    return commit ? "" : call_stop(p, ki);
   if (kj->kind != K_LOOP)
-    return arena_printf(g->arena, "%s comes next", kernel_what(p, kj));
+    return WHY("%s comes next", kernel_what(p, kj));
   if (ki->nouts + ki->nreds + kj->nouts + kj->nreds > MAX_KERNEL_VALUES)
-    return arena_printf(g->arena, "the kernel would compute more than %d stored values and reductions (a bound on its "
+    return WHY("the kernel would compute more than %d stored values and reductions (a bound on its "
                         "size: registers, and the compiler's time)", MAX_KERNEL_VALUES);
   if (!domains_fit(ki, kj)) {
     if (ki->nreds && kj->nreds)
-      return arena_printf(g->arena, "both reduce, over different spaces (%s; the next: %s)", space(p, ki), space(p, kj));
-    return arena_printf(g->arena, "the next loop runs over another space (this: %s; the next: %s)", space(p, ki),
+      return WHY("both reduce, over different spaces (%s; the next: %s)", space(p, ki), space(p, kj));
+    return WHY("the next loop runs over another space (this: %s; the next: %s)", space(p, ki),
                         space(p, kj));
   }
   /* a reduction to few values fused with work over its whole input would
@@ -380,7 +384,7 @@ static const char *merge(S *s, int i, int j, int commit) {
     int splits = r->nreds == 1 && dim_is_const(&r->outer, &o) && o <= 8 && dim_eval(g, &r->rnum, p->sym, &rn, &e) &&
                  rn >= 65536;
     if (!splits && dim_is_const(&r->outer, &o) && o < 64 && dim_eq(&q->numel, &r->numel) && !dim_eq(&r->numel, &r->outer))
-      return arena_printf(g->arena, "a reduction to %lld value%s does not take work over its whole input (it would run on "
+      return WHY("a reduction to %lld value%s does not take work over its whole input (it would run on "
                           "%lld thread%s)", (long long)o, o == 1 ? "" : "s", (long long)o, o == 1 ? "" : "s");
   }
   /* the training schedule's forward part stays apart from its backward
@@ -395,7 +399,7 @@ static const char *merge(S *s, int i, int j, int commit) {
   /* a value stored to bound the depth of a chain's expression stays a load */
   for (int q = 0; q < s->wp->nlist; q++)
     if (s->cut[s->wp->list[q]] && p->kern[s->wp->list[q]] == i)
-      return arena_printf(g->arena, "the next reads a value stored to bound a chain's expression depth (%d ops)",
+      return WHY("the next reads a value stored to bound a chain's expression depth (%d ops)",
                           MAX_INLINE_DEPTH);
   if (!related) { /* horizontal: a shared load */
     int *mj = s->mj, nj = s->wp->nlist;
@@ -449,7 +453,7 @@ static const char *merge(S *s, int i, int j, int commit) {
       full_work |= !is_reduce(m->outs[q]) && dim_eq(&nn, &m->numel) && !dim_eq(&m->numel, &m->outer);
     }
     if (full_work && dim_eval(p->g, &m->outer, p->sym, &o, &e) && o / 32 < 132)
-      return arena_printf(g->arena, "a reduction over leading dims with %lld outputs runs as %lld tiles of 32 columns, "
+      return WHY("a reduction over leading dims with %lld outputs runs as %lld tiles of 32 columns, "
                           "too few for the work over its whole input (the H100 has 132 SMs)", (long long)o,
                           (long long)((o + 31) / 32));
   }

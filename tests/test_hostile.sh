@@ -58,6 +58,10 @@ expect 0 "" "200,000 bindings in a line"
 run "$dir/tchain.yaml" -o "$dir/tchain_out"; rc=$?
 expect 0 "" "a training chain of 2,000 bindings"
 rm -rf "$dir/long_out" "$dir/tchain_out"
+# GPT-2 with 96 layers (many buffers named alike: 'h', 'd_h', ...; was minutes)
+sed 's/repeat(block, 12, x)/repeat(block, 96, x)/' spec/examples/gpt2.yaml >"$dir/gpt2_96.yaml"
+run check "$dir/gpt2_96.yaml"; rc=$?
+expect 0 "" "GPT-2 with 96 layers"
 
 # a 5,000-character model name: the message keeps its reason; a 64k-character
 # binding name: YAML's key length limit, named

@@ -641,15 +641,14 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
  * product was written there (f32; or, for bf16/f16 outputs, the product and
  * bias rounded to C's dtype as PyTorch's linear does; read and written by
  * the same thread). */
-template <class T, class P, int V>
-__global__ void k_gemm_epilogue(const P *G, int64_t gld, int64_t gs, const T *__restrict__ bias, T *aux,
-                                const T *res, T *C, int64_t M, int64_t N, int64_t ldc, int64_t sc, int64_t total,
-                                int act, int acc) {
-  const int64_t nv = N / V;
-  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = t; i < total; i += step) {
-    int64_t row = i / nv, j = (i - row * nv) * V, b = row / M, m = row - b * M;
-    int64_t o = b * sc + m * ldc + j;
+template <class T, class P, int V, class I>
+__global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ bias, T *aux, const T *res, T *C, I M,
+                                I N, I ldc, I sc, I total, int act, int acc) {
+  const I nv = N / V;
+  I t = blockIdx.x * (I)blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x;
+  for (I i = t; i < total; i += step) {
+    I row = i / nv, j = (i - row * nv) * V, b = row / M, m = row - b * M;
+    I o = b * sc + m * ldc + j;
     float x[V];
     if (G) {
       Vec<P, V> gv = *reinterpret_cast<const Vec<P, V> *>(G + b * gs + m * gld + j);
@@ -1124,14 +1123,22 @@ int launch_gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const P *G, int64_
              (!G || (aligned(G, 16) && gld % V == 0 && (bstep * gs) % V == 0));
   int64_t rows = g->batch * g->M, total = rows * (vec ? g->N / V : g->N);
   unsigned grid = grid_for(cx, total, kThreads);
-  if (vec)
-    k_gemm_epilogue<T, P, V><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
-                                                             (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
-                                                             g->sc, total, g->act, g->accumulate);
+  /* int indices where every offset fits (a 64-bit division costs tens of instructions per element) */
+  int64_t last_c = (g->batch - 1) * bstep * g->sc + (g->M - 1) * g->ldc + g->N,
+          last_g = G ? (g->batch - 1) * bstep * gs + (g->M - 1) * gld + g->N : 0;
+  bool small = total < INT_MAX / 2 && last_c < INT_MAX / 2 && last_g < INT_MAX / 2;
+  const T *bias = (const T *)g->bias, *res = (const T *)g->residual;
+  T *aux = (T *)g->aux, *C = (T *)g->C;
+  if (vec && small)
+    k_gemm_epilogue<T, P, V, int><<<grid, kThreads, 0, cx->stream>>>(G, (int)gld, (int)(bstep * gs), bias, aux, res, C, (int)g->M,
+                                                                    (int)g->N, (int)g->ldc, (int)(bstep * g->sc), (int)total,
+                                                                    g->act, g->accumulate);
+  else if (vec)
+    k_gemm_epilogue<T, P, V, int64_t><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, bias, aux, res, C, g->M, g->N, g->ldc,
+                                                                        g->sc, total, g->act, g->accumulate);
   else
-    k_gemm_epilogue<T, P, 1><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, (const T *)g->bias, (T *)g->aux,
-                                                             (const T *)g->residual, (T *)g->C, g->M, g->N, g->ldc,
-                                                             g->sc, total, g->act, g->accumulate);
+    k_gemm_epilogue<T, P, 1, int64_t><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, bias, aux, res, C, g->M, g->N, g->ldc,
+                                                                        g->sc, total, g->act, g->accumulate);
   TGM_CUDA_LAUNCHED("k_gemm_epilogue");
   return 0;
 }
