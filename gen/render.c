@@ -195,7 +195,11 @@ struct R {
   const char *NAME;
   const char *it;     /* the index type: "int64_t", or "int" where every size fits (CUDA) */
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
-  int lanes;          /* printing the vector loop's lane body */
+  int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
+  int lanes;          /* printing a vector loop's lane body */
+  const char *vflat;  /* the flat index a vector lane loads and stores at ("i"; a row kernel's "o * n_r + r") */
+  const char *vidx;   /* the vector loop's index ("iv"; "rv": vectors of the row at o) */
+  int vload_lv;       /* the level of the vector loop's loads */
   char *contig;       /* per buffer: loaded at the kernel's element i (a vector load's candidate) */
   Vec vstores;        /* the lane body's vector stores: "buffer|local" */
   int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
@@ -490,7 +494,14 @@ static const char *bufname(R *r, const Node *n) {
 }
 
 /* The vector type of r->vec elements of dtype t (tgm_math.h's NAME_vec). */
-static const char *vec_type(R *r, DType t) { return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec); }
+static const char *vec_type(R *r, DType t) {
+  return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec ? r->vec : r->rvec);
+}
+
+/* Where vector r->vidx of buffer p starts: p itself, or the row at o. */
+static const char *vec_base(R *r, const char *p) {
+  return r->rvec ? arena_printf(r->a, "(%s + o * n_r)", p) : p;
+}
 
 /* Are n's bytes a value this kernel stores (n itself, or a stored reshape
  * of one)? A load of them would run before the store that writes them, or
@@ -517,7 +528,7 @@ static const char *load(R *r, const Node *n, Ix *ix) {
     r->fail = 2;
   const char *p = bufname(r, n), *i = ix_flat(r, ix);
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
-  if (r->p->buf && !strcmp(i, "i")) {
+  if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
     r->contig[bi] = 1;
     if (r->lanes) { /* the lane of one vector load per buffer and vector */
@@ -525,9 +536,9 @@ static const char *load(R *r, const Node *n, Ix *ix) {
       if (!v) {
         v = arena_printf(r->a, "v%d", r->nvars++);
         const char *vt = vec_type(r, n->dtype);
-        emit(r, 1, "const %s %s = ((const %s *)%s)[iv];", vt, v, vt, p);
-        memo_put(r, key, v, 1);
-        set_var_level(r, v, 1);
+        emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[%s];", vt, v, vt, vec_base(r, p), r->vidx);
+        memo_put(r, key, v, r->vload_lv);
+        set_var_level(r, v, r->vload_lv);
       }
       at = arena_printf(r->a, "%s.v[lane]", v);
     }
@@ -733,21 +744,26 @@ static const char *val(R *r, const Node *n, Ix *ix) {
 static void store(R *r, const Node *n, Ix *ix, int guard) {
   const char *v = val(r, n, ix);
   const char *pn = bufname(r, n), *i = ix_flat(r, ix);
-  if (r->p->buf)
+  int at_vec = r->vflat && !strcmp(i, r->vflat); /* a vector lane's element */
+  if (r->p->buf) {
     r->written[r->p->buf[n->id]] = 1;
+    if (at_vec)
+      r->contig[r->p->buf[n->id]] = 1;
+  }
   const char *e;
   switch (n->dtype) {
   case DT_BF16: e = arena_printf(r->a, "%s_store_bf16(%s)", r->name, v); break;
   case DT_F16: e = arena_printf(r->a, "%s_store_f16(%s)", r->name, v); break;
   default: e = arena_printf(r->a, "(%s)%s", ctype(n->dtype), v); break;
   }
-  if (r->lanes) { /* into the lane of the vector the loop stores after the lanes */
+  if (r->lanes && at_vec) { /* into the lane of the vector the loop stores after the lanes */
     const char *key = arena_printf(r->a, "vst|%s", pn), *vv = memo_get(r, key);
     if (!vv) {
       vv = arena_printf(r->a, "v%d", r->nvars++);
-      emit(r, 1, "%s %s;", vec_type(r, n->dtype), vv);
-      memo_put(r, key, vv, 1);
-      vec_push(r->a, &r->vstores, (void *)arena_printf(r->a, "((%s *)%s)[iv] = %s;", vec_type(r, n->dtype), pn, vv));
+      emit(r, r->vload_lv, "%s %s;", vec_type(r, n->dtype), vv);
+      memo_put(r, key, vv, r->vload_lv);
+      vec_push(r->a, &r->vstores,
+               (void *)arena_printf(r->a, "((%s *)%s)[%s] = %s;", vec_type(r, n->dtype), vec_base(r, pn), r->vidx, vv));
     }
     emit(r, r->level, "%s.v[lane] = %s;", vv, e);
   } else if (guard && *r->d->one_lane(r))
@@ -812,12 +828,13 @@ static void cuda_r_loop(R *r) {
   const char *t = r->it;
   if (r->mode != M_SERIAL) /* several loads in flight per thread, not one load's latency per element */
     head(r, "#pragma unroll 4");
+  const char *past = r->rvec ? arena_printf(r->a, "nrv * %d + ", r->rvec) : ""; /* after the row's vectors */
   if (r->mode == M_WARP)
-    head(r, "for (%s r = threadIdx.x %% 32; r < n_r; r += 32) {", t);
+    head(r, "for (%s r = %sthreadIdx.x %% 32; r < n_r; r += 32) {", t, past);
   else if (r->mode == M_BLOCK && r->split)
-    head(r, "for (%s r = blockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t);
+    head(r, "for (%s r = %sblockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t, past);
   else if (r->mode == M_BLOCK)
-    head(r, "for (%s r = threadIdx.x; r < n_r; r += blockDim.x) {", t);
+    head(r, "for (%s r = %sthreadIdx.x; r < n_r; r += blockDim.x) {", t, past);
   else if (r->mode == M_COLUMN && r->split)
     head(r, "for (%s r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {", t);
   else if (r->mode == M_COLUMN)
@@ -1015,6 +1032,25 @@ static int uses(const char *text, const char *w) {
   return 0;
 }
 
+/* The lane loop's element index (declared by the line containing decl in
+ * the innermost level) dropped when no lane reads it (name v), after the
+ * level's unread locals are (prune: an index form bound but not loaded at). */
+static void drop_unused_index(R *r, const char *decl_text, const char *v) {
+  Buf *b = &r->lv[r->level];
+  const char *t = prune(r->a, b->p ? b->p : ""), *decl = strstr(t, decl_text);
+  const char *next = decl ? strchr(decl, '\n') + 1 : NULL;
+  Buf nb;
+  buf_init(&nb, r->a);
+  if (!decl || uses(next, v)) {
+    buf_printf(&nb, "%s", t);
+  } else {
+    while (decl > t && decl[-1] != '\n')
+      decl--;
+    buf_printf(&nb, "%.*s%s", (int)(decl - t), t, next);
+  }
+  *b = nb;
+}
+
 /* A pointwise kernel's vector loop (CUDA): each thread takes r->vec
  * consecutive elements, loads each buffer read at the element itself (every
  * such buffer, r->contig) as one vector, computes the lanes in an unrolled
@@ -1042,19 +1078,15 @@ static void vec_loop(R *r) {
   emit(r, 2, "const %s i = iv * %d + lane;", r->it, r->vec);
   set_var_level(r, "i", 2);
   r->lanes = 1;
+  r->vidx = "iv";
+  r->vload_lv = 1;
   r->vstores.n = 0;
   for (int i = 0; i < k->nouts; i++) {
     Ix ix = ix_make(&k->outs[i]->shape, "i");
     store(r, k->outs[i], &ix, 0);
   }
   r->lanes = 0;
-  const char *t = r->lv[2].p, *decl = strstr(t, " i = iv * "), *next = strchr(decl, '\n') + 1;
-  if (!uses(next, "i")) { /* no lane reads its index: drop it */
-    while (decl > t && decl[-1] != '\n')
-      decl--;
-    buf_init(&r->lv[2], r->a);
-    buf_printf(&r->lv[2], "%.*s%s", (int)(decl - t), t, next);
-  }
+  drop_unused_index(r, " i = iv * ", "i");
   close_level(r);
   for (int i = 0; i < r->vstores.n; i++)
     emit(r, 1, "%s", (const char *)r->vstores.p[i]);
@@ -1176,10 +1208,53 @@ static void column_tiles(R *r, const Shape *rsh) {
   close_level(r);
 }
 
+/* The body of phase ph's loop over the reduced elements r of output o (the
+ * innermost level open): each reduction of the phase adds element r into
+ * its accumulator accs[...], and the values over the input space that wait
+ * for the phase before are stored. Returns the phase's reduction count. */
+static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
+  const Kernel *k = r->k;
+  int lv = r->level, na = 0;
+  Ix ixF = ix_make(&k->full, NULL);
+  Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(rsh, "r"); /* fresh: their dims are this loop's locals */
+  for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
+    ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
+  if (kernel_rows(k))
+    r->vflat = ixF.flat = bind_ix(r, "o * n_r + r");
+  for (int i = 0; i < k->nreds && ph <= r->nph; i++) {
+    const Node *red = k->reds[i];
+    if (dep(r, red) != ph)
+      continue;
+    Ix xi = ixF;
+    const char *v = val(r, red->in[0], &xi);
+    if (red->op == OP_SUM)
+      emit(r, lv, "%s += %s;", accs[na], v);
+    else
+      emit(r, lv, "%s = %s_max(%s, %s);", accs[na], r->name, accs[na], v);
+    na++;
+  }
+  for (int i = 0; i < k->nouts; i++) {
+    const Node *n = k->outs[i];
+    if (!over_input(k, n))
+      continue;
+    int d = dep(r, n);
+    if (d == ph - 1 || (d == r->nph && ph == r->nph + 1)) {
+      Ix xi = ix_make(&n->shape, ix_flat(r, &ixF));
+      if (!shape_eq(&n->shape, &k->full))
+        xi.flat = ix_flat(r, &ixF);
+      else
+        xi = ixF;
+      store(r, n, &xi, 0);
+    }
+  }
+  return na;
+}
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
   if (!k->nreds) {
+    r->vflat = "i";
     emit(r, 0, "const %s n = %s;", r->it, c_dim(r->g, &k->numel));
     if (r->vec)
       vec_loop(r);
@@ -1202,6 +1277,15 @@ static void loop_body(R *r) {
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
   emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
+  if (r->rvec) { /* rows of whole vectors, every vector buffer aligned: else no vector loop */
+    Buf al;
+    buf_init(&al, r->a);
+    for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
+      if (r->contig[bi])
+        buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[bi].name);
+    emit(r, 0, "const %s nrv = n_r %% %d == 0 && (%s) %% 16 == 0 ? n_r / %d : 0;  /* vectors of %d elements a row */",
+         r->it, r->rvec, al.p, r->rvec, r->rvec);
+  }
   int nph = 0;
   for (int i = 0; i < k->nreds; i++) {
     int ph = dep(r, k->reds[i]);
@@ -1259,41 +1343,37 @@ static void loop_body(R *r) {
         buf_printf(&b, "%s%s", i ? ", " : "", accs[i]);
       head(r, "%s%s_OMP(simd reduction(+ : %s))", r->csplit ? "  " : "", r->NAME, b.p);
     }
+    if (r->rvec) { /* the row's vectors first (none when a buffer is not aligned), then the elements past them */
+      const char *start = r->mode == M_WARP ? "threadIdx.x % 32"
+                          : r->split        ? "blockIdx.y * blockDim.x + threadIdx.x"
+                                            : "threadIdx.x";
+      const char *step = r->mode == M_WARP ? "32" : r->split ? "gridDim.y * blockDim.x" : "blockDim.x";
+      head(r, "#pragma unroll 2");
+      head(r, "for (%s rv = %s; rv < nrv; rv += %s) {", r->it, start, step);
+      set_var_level(r, "rv", 2);
+      open_level(r);
+      head(r, "#pragma unroll");
+      head(r, "for (int lane = 0; lane < %d; lane++) {", r->rvec);
+      set_var_level(r, "lane", 3);
+      emit(r, 3, "const %s r = rv * %d + lane;", r->it, r->rvec);
+      set_var_level(r, "r", 3);
+      r->lanes = 1;
+      r->vidx = "rv";
+      r->vload_lv = 2;
+      r->vstores.n = 0;
+      phase_body(r, ph, &rsh, accs);
+      r->lanes = 0;
+      drop_unused_index(r, " r = rv * ", "r");
+      close_level(r);
+      for (int i = 0; i < r->vstores.n; i++)
+        emit(r, 2, "%s", (const char *)r->vstores.p[i]);
+      close_level(r);
+      open_level(r);
+    }
     r->d->r_loop(r);
     set_var_level(r, "r", 2);
-    Ix ixF = ix_make(&k->full, NULL);
-    Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(&rsh, "r"); /* fresh: their dims are this loop's locals */
-    for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
-      ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
-    if (kernel_rows(k))
-      ixF.flat = bind_ix(r, "o * n_r + r");
-    na = 0;
-    for (int i = 0; i < k->nreds && ph <= nph; i++) {
-      const Node *red = k->reds[i];
-      if (dep(r, red) != ph)
-        continue;
-      Ix xi = ixF;
-      const char *v = val(r, red->in[0], &xi);
-      if (red->op == OP_SUM)
-        emit(r, 2, "%s += %s;", accs[na], v);
-      else
-        emit(r, 2, "%s = %s_max(%s, %s);", accs[na], r->name, accs[na], v);
-      na++;
-    }
-    for (int i = 0; i < k->nouts; i++) {
-      const Node *n = k->outs[i];
-      if (!over_input(k, n))
-        continue;
-      int d = dep(r, n);
-      if (d == ph - 1 || (d == nph && ph == nph + 1)) {
-        Ix xi = ix_make(&n->shape, ix_flat(r, &ixF));
-        if (!shape_eq(&n->shape, &k->full))
-          xi.flat = ix_flat(r, &ixF);
-        else
-          xi = ixF;
-        store(r, n, &xi, 0);
-      }
-    }
+    na = phase_body(r, ph, &rsh, accs);
+    r->vflat = NULL;
     close_level(r);
     if (r->csplit && ph <= nph) {
       for (int a = 0; a < na; a++)
@@ -1382,13 +1462,15 @@ static int fits_int(R *r) {
   return 1;
 }
 
-/* The vector width of pointwise kernel r->k on CUDA (probe r printed it):
- * 16 bytes of the widest buffer it loads at its own element or stores (4
- * f32, 8 bf16/f16), at most 8 elements; 0 when there is none. */
-static int vec_width(R *r) {
+/* The vector width of loop kernel r->k on CUDA (probe r printed it): 16
+ * bytes of the widest buffer it loads or stores at a vector lane's element
+ * (a pointwise kernel's own element, a row kernel's element r of row o; with
+ * stores: every store, a pointwise kernel's) (4 f32, 8 bf16/f16), at most 8
+ * elements; 0 when there is none. */
+static int vec_width(R *r, int stores) {
   int w = 0;
   for (int bi = 0; bi < r->p->nb; bi++)
-    if (r->contig[bi] || r->written[bi]) {
+    if (r->contig[bi] || (stores && r->written[bi])) {
       int sz = dtype_size(r->p->b[bi].node->dtype);
       w = sz > w ? sz : w;
     }
@@ -1532,12 +1614,16 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   r->has_bad = probe->saw_take;
   int cuda = !strcmp(f->d->name, "cuda");
   r->csplit = !cuda && cpu_split_ok(probe);
+  r->vflat = NULL;
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
     r->split = split_ok(probe);
-    if (r->mode == M_PW && (r->vec = vec_width(probe)))
+    if (r->mode == M_PW && (r->vec = vec_width(probe, 1)))
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi] || probe->written[bi];
+    if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0)))
+      for (int bi = 0; bi < p->nb; bi++)
+        r->contig[bi] = probe->contig[bi];
   }
   loop_body(r);
   r->d->close_kernel(r);

@@ -20,65 +20,115 @@
 /* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
 static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
   const int n_o = dim_B, n_r = 10;
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)logits) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v2 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const float v3 = v2.v[lane];
+        acc0 = mlp_max(acc0, v3);
+      }
+    }
     #pragma unroll 4
-    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix1 = o * n_r + r;
-      const float v2 = logits[ix1];
-      acc0 = mlp_max(acc0, v2);
+    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix4 = o * n_r + r;
+      const float v5 = logits[ix4];
+      acc0 = mlp_max(acc0, v5);
     }
     acc0 = mlp_warp_max(acc0);
-    const float s3 = (float)acc0;
-    float acc4 = 0;
-    #pragma unroll 4
-    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix5 = o * n_r + r;
-      const float v6 = logits[ix5];
-      const float v7 = v6 - s3;
-      const float v8 = mlp_exp(v7);
-      acc4 += v8;
+    const float s6 = (float)acc0;
+    float acc7 = 0;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const float v10 = v9.v[lane];
+        const float v11 = v10 - s6;
+        const float v12 = mlp_exp(v11);
+        acc7 += v12;
+      }
     }
-    acc4 = mlp_warp_sum(acc4);
-    const float s9 = (float)acc4;
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s3;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s9;
+    #pragma unroll 4
+    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix13 = o * n_r + r;
+      const float v14 = logits[ix13];
+      const float v15 = v14 - s6;
+      const float v16 = mlp_exp(v15);
+      acc7 += v16;
+    }
+    acc7 = mlp_warp_sum(acc7);
+    const float s17 = (float)acc7;
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s6;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s17;
   }
 }
 
 /* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (one block per output element) */
 static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
   const int n_o = 1, n_r = dim_B;
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)y | (uintptr_t)loss_amax | (uintptr_t)loss_sum) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     float acc1 = 0;
+    #pragma unroll 2
+    for (int rv = threadIdx.x; rv < nrv; rv += blockDim.x) {
+      const mlp_vec<int32_t, 4> v3 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
+      const mlp_vec<float, 4> v6 = ((const mlp_vec<float, 4> *)(loss_sum + o * n_r))[rv];
+      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(loss_amax + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const int r = rv * 4 + lane;
+        const int ix2 = o * n_r + r;
+        const int64_t ix4 = v3.v[lane];
+        const int v5 = ix4 != -100;
+        const float v7 = v6.v[lane];
+        const float v8 = mlp_log(v7);
+        const float v10 = v9.v[lane];
+        const float v11 = v8 + v10;
+        const int v12 = ix4 >= 0 && ix4 < 10;
+        if (!v12 && !(ix4 == -100))
+          atomicMin(bad, (unsigned long long)(ix2));
+        const int ix13 = v12 ? ix4 : 0;
+        const int ix14 = r * (10) + ix13;
+        const float v15 = logits[ix14];
+        const float v16 = v11 - v15;
+        const float v17 = v5 ? v16 : 0.0f;
+        acc0 += v17;
+        const float v18 = (float)v5;
+        acc1 += v18;
+      }
+    }
     #pragma unroll 4
-    for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int ix2 = o * n_r + r;
-      const int64_t ix3 = y[ix2];
-      const int v4 = ix3 != -100;
-      const float v5 = loss_sum[ix2];
-      const float v6 = mlp_log(v5);
-      const float v7 = loss_amax[ix2];
-      const float v8 = v6 + v7;
-      const int v9 = ix3 >= 0 && ix3 < 10;
-      if (!v9 && !(ix3 == -100))
-        atomicMin(bad, (unsigned long long)(ix2));
-      const int ix10 = v9 ? ix3 : 0;
-      const int ix11 = r * (10) + ix10;
-      const float v12 = logits[ix11];
-      const float v13 = v8 - v12;
-      const float v14 = v4 ? v13 : 0.0f;
-      acc0 += v14;
-      const float v15 = (float)v4;
-      acc1 += v15;
+    for (int r = nrv * 4 + threadIdx.x; r < n_r; r += blockDim.x) {
+      const int ix19 = o * n_r + r;
+      const int64_t ix20 = y[ix19];
+      const int v21 = ix20 != -100;
+      const float v22 = loss_sum[ix19];
+      const float v23 = mlp_log(v22);
+      const float v24 = loss_amax[ix19];
+      const float v25 = v23 + v24;
+      const int v26 = ix20 >= 0 && ix20 < 10;
+      if (!v26 && !(ix20 == -100))
+        atomicMin(bad, (unsigned long long)(ix19));
+      const int ix27 = v26 ? ix20 : 0;
+      const int ix28 = r * (10) + ix27;
+      const float v29 = logits[ix28];
+      const float v30 = v25 - v29;
+      const float v31 = v21 ? v30 : 0.0f;
+      acc0 += v31;
+      const float v32 = (float)v21;
+      acc1 += v32;
     }
     acc0 = mlp_block_sum(acc0);
-    const float s16 = (float)acc0;
+    const float s33 = (float)acc0;
     acc1 = mlp_block_sum(acc1);
-    const float s17 = (float)acc1;
-    const float v18 = s16 / s17;
-    if (threadIdx.x == 0) loss[o] = (float)v18;
+    const float s34 = (float)acc1;
+    const float v35 = s33 / s34;
+    if (threadIdx.x == 0) loss[o] = (float)v35;
   }
 }
 
@@ -107,64 +157,118 @@ static __global__ void k3_relu(int dim_B, const float *__restrict__ h_linear, fl
 /* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
 static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
   const int n_o = 1, n_r = dim_B;
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)y) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
+    #pragma unroll 2
+    for (int rv = threadIdx.x; rv < nrv; rv += blockDim.x) {
+      const mlp_vec<int32_t, 4> v2 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const int64_t ix3 = v2.v[lane];
+        const int v4 = ix3 != -100;
+        const float v5 = (float)v4;
+        acc0 += v5;
+      }
+    }
     #pragma unroll 4
-    for (int r = threadIdx.x; r < n_r; r += blockDim.x) {
-      const int ix1 = o * n_r + r;
-      const int64_t ix2 = y[ix1];
-      const int v3 = ix2 != -100;
-      const float v4 = (float)v3;
-      acc0 += v4;
+    for (int r = nrv * 4 + threadIdx.x; r < n_r; r += blockDim.x) {
+      const int ix6 = o * n_r + r;
+      const int64_t ix7 = y[ix6];
+      const int v8 = ix7 != -100;
+      const float v9 = (float)v8;
+      acc0 += v9;
     }
     acc0 = mlp_block_sum(acc0);
-    const float s5 = (float)acc0;
-    if (threadIdx.x == 0) d_loss_sum[o] = (float)s5;
+    const float s10 = (float)acc0;
+    if (threadIdx.x == 0) d_loss_sum[o] = (float)s10;
   }
 }
 
 /* k5_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (one warp per output element) */
 static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
   const int n_o = dim_B, n_r = 10;
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v2 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const float v3 = v2.v[lane];
+        acc0 = mlp_max(acc0, v3);
+      }
+    }
     #pragma unroll 4
-    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix1 = o * n_r + r;
-      const float v2 = logits[ix1];
-      acc0 = mlp_max(acc0, v2);
+    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix4 = o * n_r + r;
+      const float v5 = logits[ix4];
+      acc0 = mlp_max(acc0, v5);
     }
     acc0 = mlp_warp_max(acc0);
-    const float s3 = (float)acc0;
-    float acc4 = 0;
-    #pragma unroll 4
-    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix5 = o * n_r + r;
-      const float v6 = logits[ix5];
-      const float v7 = v6 - s3;
-      const float v8 = mlp_exp(v7);
-      acc4 += v8;
+    const float s6 = (float)acc0;
+    float acc7 = 0;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const float v10 = v9.v[lane];
+        const float v11 = v10 - s6;
+        const float v12 = mlp_exp(v11);
+        acc7 += v12;
+      }
     }
-    acc4 = mlp_warp_sum(acc4);
-    const float s9 = (float)acc4;
-    const int64_t ix15 = y[o];
-    const int v20 = ix15 != -100;
-    const float v21 = d_loss_sum[0];
-    const float v22 = 1.0f / v21;
-    const float v23 = v20 ? v22 : 0.0f;
     #pragma unroll 4
-    for (int r = threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix10 = o * n_r + r;
-      const float v11 = logits[ix10];
-      const float v12 = v11 - s3;
-      const float v13 = mlp_exp(v12);
-      const float v14 = v13 / s9;
-      const int ix16 = ix10 % (10);
-      const int v17 = ix15 == ix16;
-      const float v18 = (float)v17;
-      const float v19 = v14 - v18;
-      const float v24 = v19 * v23;
-      d_loss[ix10] = (float)v24;
+    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix13 = o * n_r + r;
+      const float v14 = logits[ix13];
+      const float v15 = v14 - s6;
+      const float v16 = mlp_exp(v15);
+      acc7 += v16;
+    }
+    acc7 = mlp_warp_sum(acc7);
+    const float s17 = (float)acc7;
+    const int64_t ix24 = y[o];
+    const int v29 = ix24 != -100;
+    const float v30 = d_loss_sum[0];
+    const float v31 = 1.0f / v30;
+    const float v32 = v29 ? v31 : 0.0f;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v19 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      mlp_vec<float, 4> v34;
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const int r = rv * 4 + lane;
+        const int ix18 = o * n_r + r;
+        const float v20 = v19.v[lane];
+        const float v21 = v20 - s6;
+        const float v22 = mlp_exp(v21);
+        const float v23 = v22 / s17;
+        const int ix25 = ix18 % (10);
+        const int v26 = ix24 == ix25;
+        const float v27 = (float)v26;
+        const float v28 = v23 - v27;
+        const float v33 = v28 * v32;
+        v34.v[lane] = (float)v33;
+      }
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v34;
+    }
+    #pragma unroll 4
+    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+      const int ix35 = o * n_r + r;
+      const float v36 = logits[ix35];
+      const float v37 = v36 - s6;
+      const float v38 = mlp_exp(v37);
+      const float v39 = v38 / s17;
+      const int ix40 = ix35 % (10);
+      const int v41 = ix24 == ix40;
+      const float v42 = (float)v41;
+      const float v43 = v39 - v42;
+      const float v44 = v43 * v32;
+      d_loss[ix35] = (float)v44;
     }
   }
 }
