@@ -185,6 +185,15 @@ Dim dim_div(Graph *g, Dim a, Dim b, Loc l) {
   s->den = b;
   s->loc = l;
   s->name = arena_printf(g->arena, "(%s)/(%s)", dim_str(g, &a), dim_str(g, &b));
+  /* the back end sizes buffers at the dims' maxima: the quotient must be
+   * whole there (a split of B into 2 with B's max 7 has no size to plan) */
+  int64_t vals[MAXSYM] = {0}, nv, dv;
+  const char *err;
+  for (int k = 0; k < g->nsyms; k++)
+    vals[k] = g->syms[k].max;
+  if (dim_eval(g, &a, vals, &nv, &err) && dim_eval(g, &b, vals, &dv, &err) && dv != 0 && nv % dv)
+    error_at(l, "%s%s / %s does not divide at the dims' maxima (%lld / %lld); give the dynamic dims maxima for which it "
+             "does", dim_context, dim_str(g, &a), dim_str(g, &b), (long long)nv, (long long)dv);
   return dim_sym(g->nsyms++);
 }
 
