@@ -1204,6 +1204,7 @@ Graph *tgen_load(Diag *d, Arena *a, const char *file, const char *src, size_t le
   if (setjmp(d->jmp)) {
     diag = saved;
     dims_env = NULL;
+    dim_context = ""; /* an error inside eval_size leaves it pointing into the arena the caller frees */
     return NULL;
   }
   if (len > MAX_SPEC_BYTES)
