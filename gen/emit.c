@@ -42,6 +42,14 @@ typedef struct OutFile {
   size_t len;
 } OutFile;
 
+/* The runtime library calls a section of the runtime templates can be kept
+ * for, one per op (render.c's call_kernel prints them): a section names the
+ * ops, e.g. "attention matmul". GEMMs that render.c prints as tgm_*_gemm calls
+ * (gemm_call) need no section: that code is always kept. */
+static const Op library_ops[] = {OP_ATTENTION, OP_EMBEDDING, OP_EMBEDDING_BACKWARD,
+                                 OP_DROPOUT,   OP_MATMUL,    OP_LINEAR};
+enum { NLIBRARY = sizeof library_ops / sizeof *library_ops };
+
 typedef struct E {
   Graph *g;
   Arena *a;
@@ -60,6 +68,7 @@ typedef struct E {
   int nruns, need_master;
   int64_t *state, state_elems; /* param k's f32 element in the optimizer state; the total */
   Plan plan;         /* the training schedule (partition.c) */
+  char calls[NLIBRARY]; /* per library_ops: some pass calls it (the runtime sections kept) */
 } E;
 
 #define P(...) buf_printf(b, __VA_ARGS__)
@@ -128,6 +137,92 @@ static const char *replace_section(E *e, const char *text, const char *key, cons
   if (*e0 == '\n')
     e0++;
   return arena_printf(e->a, "%.*s%s%s", (int)(b0 - text), text, repl, e0);
+}
+
+/* ---------------------------------------------------------------- runtime sections */
+
+/* Which of library_ops some pass calls: the anchors of its K_EXTERN kernels
+ * and of the K_GEMM kernels that are not strided GEMMs (call_kernel's test). */
+static void find_library_calls(E *e) {
+  for (int i = 0; i < NPASS; i++) {
+    BPass *p = e->pass[i];
+    for (int j = 0; p && j < p->nk; j++) {
+      const Kernel *k = p->k[j];
+      /* call_kernel prints a library call for these (strided GEMMs: gemm_call) */
+      int call = k->kind == K_EXTERN || (k->kind == K_GEMM && !gemm_strided(k->anchor));
+      if (!call)
+        continue;
+      for (int c = 0; c < NLIBRARY; c++)
+        if (k->anchor->op == library_ops[c])
+          e->calls[c] = 1;
+    }
+  }
+}
+
+/* Whether the section naming the ops in words[0, len) (separated by spaces)
+ * is kept: some pass calls one of them. An unknown name is a template bug. */
+static int section_kept(E *e, const char *path, const char *words, size_t len) {
+  int kept = 0;
+  const char *s = words, *end = words + len;
+  while (s < end) {
+    if (*s == ' ') {
+      s++;
+      continue;
+    }
+    size_t n = 0;
+    while (s + n < end && s[n] != ' ')
+      n++;
+    int c;
+    for (c = 0; c < NLIBRARY; c++) {
+      const char *name = op_info[library_ops[c]].name;
+      if (strlen(name) == n && !strncmp(name, s, n))
+        break;
+    }
+    if (c == NLIBRARY)
+      die("template %s: section names '%.*s', which is no library call", path, (int)n, s);
+    kept |= e->calls[c];
+    s += n;
+  }
+  return kept;
+}
+
+/* A runtime template's text with its sections resolved. A section is the
+ * lines between two marker lines, C comments holding "@uses NAMES@" and
+ * "@end NAMES@" (the same NAMES, e.g. "attention matmul"), each comment alone
+ * on its line: kept when the model calls one of the library functions NAMES
+ * (ops, see library_ops), else dropped. The marker lines themselves are
+ * always dropped. Sections do not nest. */
+static const char *keep_sections(E *e, const char *path, const char *text) {
+  Buf b;
+  buf_init(&b, e->a);
+  const char *open = NULL; /* the open section's NAMES, or NULL */
+  size_t openlen = 0;
+  int keep = 1;
+  const char *s = text;
+  while (*s) {
+    const char *eol = strchr(s, '\n');
+    size_t len = eol ? (size_t)(eol - s) : strlen(s);
+    const char *next = eol ? eol + 1 : s + len;
+    int marker = len > 3 && !strncmp(s + len - 3, "@*/", 3);
+    if (marker && len > 11 && !strncmp(s, "/*@uses ", 8)) {
+      if (open)
+        die("template %s: section '%.*s' opened inside '%.*s'", path, (int)(len - 11), s + 8, (int)openlen, open);
+      open = s + 8;
+      openlen = len - 11;
+      keep = section_kept(e, path, open, openlen);
+    } else if (marker && len > 10 && !strncmp(s, "/*@end ", 7)) {
+      if (!open || len - 10 != openlen || strncmp(s + 7, open, openlen))
+        die("template %s: '%.*s' closes no open section", path, (int)len, s);
+      open = NULL;
+      keep = 1;
+    } else if (keep) {
+      buf_putn(&b, s, (size_t)(next - s));
+    }
+    s = next;
+  }
+  if (open)
+    die("template %s: section '%.*s' is not closed", path, (int)openlen, open);
+  return b.p;
 }
 
 static void add_file(E *e, const char *path, const char *data) {
@@ -1133,6 +1228,7 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
       return -1;
   }
   build_passes(g, g->grads ? &e->plan : NULL, o->fuse, 2, e->pass);
+  find_library_calls(e);
   const char *why = NULL;
   int have_golden = o->golden && golden(e, &why);
   const char *note = have_golden
@@ -1164,7 +1260,8 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
                                            {"project/test_api.c", "tests/%s_test_api.c"},
                                            {"project/bench.c", "bench/%s_bench.c"}};
   for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
-    add_file(e, arena_printf(e->a, runtime[i][1], e->name), instantiate(e, runtime[i][0]));
+    add_file(e, arena_printf(e->a, runtime[i][1], e->name),
+             keep_sections(e, runtime[i][0], instantiate(e, runtime[i][0])));
   add_file(e, arena_printf(e->a, "src/%s_common.c", e->name), common_file(e));
   add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), render_file(g, e->pass, 0, o->spec_name));
   add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), render_file(g, e->pass, 1, o->spec_name));

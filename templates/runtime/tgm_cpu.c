@@ -6,13 +6,14 @@
  *
  * Template: copied into every emitted project with "tgm_" renamed. Plain C11
  * plus OpenMP pragmas (ignored without -fopenmp); needs libm, and a CBLAS when
- * built with -DTGM_HAVE_CBLAS. The dtype conversions (tgm_bf16_to_f32, ...)
- * live in tgm_init.c; the hot loops use the inline copies of tgm_rt.h
- * (tgm_ld_bf16, tgm_st_bf16, tgm_ld_f16, tgm_st_f16, shared with
- * tgm_optim_cpu.c), written so that loops over them vectorise, bit-identical
- * to those (round to nearest even; the unit test checks every half and a
- * sweep of floats). exp and gelu are tgm_math.h's (the generated kernels'),
- * vectorisable polynomials.
+ * built with -DTGM_HAVE_CBLAS. Only the sections of the library calls a
+ * model makes are copied (tgm_rt.h, "Sections"). The dtype conversions
+ * (tgm_bf16_to_f32, ...) live in tgm_init.c; the hot loops use the inline
+ * copies of tgm_rt.h (tgm_ld_bf16, tgm_st_bf16, tgm_ld_f16, tgm_st_f16,
+ * shared with tgm_optim_cpu.c), written so that loops over them vectorise,
+ * bit-identical to those (round to nearest even; the unit test checks every
+ * half and a sweep of floats). exp and gelu are tgm_math.h's (the generated
+ * kernels'), vectorisable polynomials.
  *
  * Numerics: floating ops compute in f32 (bf16/f16 are loaded to f32 and the
  * result rounded once on store); softmax sums accumulate in double. On x86
@@ -164,6 +165,7 @@ CLONES static void from_f32(int dt, const float *restrict x, void *y, int64_t n)
 #undef M_
 }
 
+/*@uses matmul linear attention@*/
 /* Parallel versions for whole tensors. */
 static void to_f32_par(int dt, const void *x, float *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
@@ -171,13 +173,17 @@ static void to_f32_par(int dt, const void *x, float *y, int64_t n) {
   for (int64_t b = 0; b < nb; b++)
     to_f32(dt, (const char *)x + b * 4096 * (int64_t)esize(dt), y + b * 4096, min64(4096, n - b * 4096));
 }
+/*@end matmul linear attention@*/
+/*@uses matmul attention@*/
 static void from_f32_par(int dt, const float *x, void *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t b = 0; b < nb; b++)
     from_f32(dt, x + b * 4096, (char *)y + b * 4096 * (int64_t)esize(dt), min64(4096, n - b * 4096));
 }
+/*@end matmul attention@*/
 
+/*@uses matmul linear attention@*/
 /* A malloc'd f32 copy of a floating tensor, or NULL. */
 static float *f32_copy(int dt, const void *x, int64_t n) {
   float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -185,6 +191,7 @@ static float *f32_copy(int dt, const void *x, int64_t n) {
     to_f32_par(dt, x, p, n);
   return p;
 }
+/*@end matmul linear attention@*/
 
 /* ---------------------------------------------------------------- cast */
 
@@ -225,6 +232,7 @@ void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
   }
 }
 
+/*@uses dropout@*/
 /* ---------------------------------------------------------------- dropout */
 
 /* Word 0 of Philox4x32-10 (the bits of tgm_philox4x32, tgm_init.c), inline so
@@ -279,7 +287,9 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
   for (int64_t b = 0; b < nb; b++)
     dropout_run(dt, x, y, b * 4096, min64(n, (b + 1) * 4096), t, s, k0, k1, s0, s1);
 }
+/*@end dropout@*/
 
+/*@uses matmul attention@*/
 /* Offset of index i over n dims of sizes sz, strides st. */
 static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) {
   int64_t off = 0;
@@ -290,6 +300,29 @@ static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) 
   return off;
 }
 
+/* Elements of shape s[r]. */
+static int64_t numel(int r, const int64_t *s) {
+  int64_t n = 1;
+  for (int k = 0; k < r; k++)
+    n *= s[k];
+  return n;
+}
+
+/* Batch strides: the batch dims of an operand (the first r of shape s, each
+ * batch a matrix of `mat` elements) read at the result's nb batch dims (0
+ * along broadcast ones). */
+static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, int64_t *st) {
+  int64_t c = mat;
+  for (int k = nb - 1; k >= 0; k--) {
+    int kk = k - (nb - r);
+    st[k] = kk < 0 || s[kk] == 1 ? 0 : c;
+    if (kk >= 0)
+      c *= s[kk];
+  }
+}
+/*@end matmul attention@*/
+
+/*@uses embedding@*/
 /* ---------------------------------------------------------------- embedding */
 
 int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y) {
@@ -302,7 +335,9 @@ int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *tab
     memcpy((char *)y + (size_t)i * row, (const char *)table + (size_t)idx[i] * row, row);
   return -1;
 }
+/*@end embedding@*/
 
+/*@uses embedding_backward@*/
 /* One row of embedding_backward: row = the sum over its m positions (pos[k],
  * increasing), in f32 from 0 and in that order, stored once in dt; BLK
  * columns at a time. pos NULL: the positions are those p < m with idx[p] == v
@@ -369,6 +404,7 @@ int64_t tgm_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const 
   free(c);
   return -1;
 }
+/*@end embedding_backward@*/
 
 /* ---------------------------------------------------------------- GEMM */
 
@@ -489,6 +525,7 @@ static void pack_b(int tb, const float *B, int64_t ldb, int64_t k0, int64_t j0, 
         dst[k * nr + j] = 0;
 }
 
+/*@uses matmul linear attention@*/
 /* C = alpha op(A) op(B) + beta C without blocking or scratch (the fallback
  * when scratch cannot be had). beta 0 ignores C's old contents. */
 static void gemm_naive(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -569,6 +606,7 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
   free(bp);
   free(ap);
 }
+/*@end matmul linear attention@*/
 
 #ifdef TGM_HAVE_CBLAS
 /* 1 = never use the CBLAS (tests compare the two). */
@@ -622,6 +660,7 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 }
 #endif
 
+/*@uses matmul linear attention@*/
 /* The f32 GEMM every op uses: the CBLAS when built with it (and `par`:
  * cblas_split spreads it over the OpenMP threads, so calls from inside a
  * parallel loop use the built-in one), else the blocked one. */
@@ -636,26 +675,15 @@ static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 #endif
   gemm_blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, par);
 }
-
-/* ---------------------------------------------------------------- matmul */
-
-/* Batch strides: the batch dims of an operand (the first r of shape s, each
- * batch a matrix of `mat` elements) read at the result's nb batch dims (0
- * along broadcast ones). */
-static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, int64_t *st) {
-  int64_t c = mat;
-  for (int k = nb - 1; k >= 0; k--) {
-    int kk = k - (nb - r);
-    st[k] = kk < 0 || s[kk] == 1 ? 0 : c;
-    if (kk >= 0)
-      c *= s[kk];
-  }
-}
+/*@end matmul linear attention@*/
 
 /* Per-GEMM work (multiply-adds) below which a batch of GEMMs is split across
  * threads by batch (each GEMM serial, built-in) rather than each GEMM
  * threaded; also done when there are many batches. */
 #define GEMM_SMALL 4194304.0
+
+/*@uses matmul@*/
+/* ---------------------------------------------------------------- matmul */
 
 static void matmul_f32(const float *a, int ra, const int64_t *sa, const float *b, int rb, const int64_t *sb, float *y,
                        int ry, const int64_t *sy) {
@@ -713,13 +741,6 @@ static void matmul_naive(int dt, const void *a, int ra, const int64_t *sa, const
   }
 }
 
-static int64_t numel(int r, const int64_t *s) {
-  int64_t n = 1;
-  for (int k = 0; k < r; k++)
-    n *= s[k];
-  return n;
-}
-
 void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
                     void *y, int ry, const int64_t *sy) {
   if (dt == TGM_F32) {
@@ -739,7 +760,9 @@ void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void
   free(fb);
   free(fy);
 }
+/*@end matmul@*/
 
+/*@uses linear@*/
 /* ---------------------------------------------------------------- linear */
 
 void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
@@ -788,6 +811,7 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
   free(fw);
   free(fy);
 }
+/*@end linear@*/
 
 /* ---------------------------------------------------------------- gemm */
 
@@ -1134,6 +1158,7 @@ int tgm_cpu_gemm(const tgm_gemm *g) {
   return 0;
 }
 
+/*@uses attention@*/
 /* ---------------------------------------------------------------- attention */
 
 /* The NaN-propagating max of n contiguous floats (-inf for none): with gcc
@@ -1301,3 +1326,4 @@ void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
   if (fy != y)
     free(fy);
 }
+/*@end attention@*/

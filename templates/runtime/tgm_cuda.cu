@@ -9,7 +9,9 @@
  * cuBLASLt, and CUB's headers for embedding_backward's radix sort). Every
  * entry point checks its arguments, enqueues its work on the context's stream
  * and returns 0, or a CUDA/cuBLAS error code with "FUNCTION: what went wrong"
- * in the context (tgm_cuda_ctx_error); nothing here exits or aborts.
+ * in the context (tgm_cuda_ctx_error); nothing here exits or aborts. Only
+ * the sections of the library calls a model makes are copied (tgm_rt.h,
+ * "Sections"); CUB's header is in embedding_backward's.
  *
  * Semantics are PyTorch's, as gen/interp.c computes them in double: storage
  * f32 / bf16 / f16 (and i32 / bool for cast and fill), arithmetic and
@@ -35,7 +37,9 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+/*@uses embedding_backward@*/
 #include <cub/device/device_radix_sort.cuh>
+/*@end embedding_backward@*/
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -209,6 +213,7 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
 
+/*@uses dropout@*/
 /* Philox4x32-10, the bits of tgm_philox4x32 (tgm_init.c): ten rounds, each
  * multiplying words 0 and 2, xoring the high halves into words 1 and 3 with
  * the round key; the key bumped by the Weyl constants between rounds. */
@@ -225,9 +230,7 @@ __device__ __forceinline__ uint4 philox4x32(uint4 c, uint2 k) {
   }
   return c;
 }
-
-__device__ __forceinline__ bool is_nan(float x) { return x != x; }
-__device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == INFINITY; }
+/*@end dropout@*/
 
 /* N elements moved as one aligned access (16 bytes at most per access). */
 template <class T, int N> struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec { T v[N]; };
@@ -323,7 +326,11 @@ template <class E> __global__ void k_fill(E *__restrict__ y, int64_t n, E v) {
 
 __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)INT64_MAX; }
 
+/*@uses attention@*/
 /* ---------------------------------------------------------------- the attention softmax */
+
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+__device__ __forceinline__ bool is_inf(float x) { return fabsf(x) == INFINITY; }
 
 /* Online log-sum-exp, the state of the attention softmax's row reductions:
  * a = the running max m (NaN once any NaN), b = the sum of exp(x - m); with
@@ -473,8 +480,10 @@ __global__ void __launch_bounds__(1024)
             [&](int64_t j, float v) { return expf((j <= lim ? v : -INFINITY) - m) / sum; });
   }
 }
+/*@end attention@*/
 
-/* ---------------------------------------------------------------- embedding_backward, dropout */
+/*@uses embedding_backward@*/
+/* ---------------------------------------------------------------- embedding_backward */
 
 /* embedding_backward, step 1: the sort's input, key[p] = idx[p] (or `nkeys`,
  * above every valid key, for an index outside [0, V), whose position goes to
@@ -618,6 +627,10 @@ __global__ void k_emb_heavy(const T *__restrict__ dy, int64_t D, const uint32_t 
         out[(int64_t)v * D + col] = from_f<T>(acc[0]);
     }
 }
+/*@end embedding_backward@*/
+
+/*@uses dropout@*/
+/* ---------------------------------------------------------------- dropout */
 
 /* Dropout: element j kept iff 2 (r >> 8) + 1 >= t, r = word 0 of
  * philox4x32({j lo, j hi, step lo, step hi}, key); y = x s or +0. x and y
@@ -631,6 +644,7 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
     y[j] = from_f<T>(((r >> 8) << 1 | 1u) >= t ? v : 0.0f);
   }
 }
+/*@end dropout@*/
 
 /* tgm_cuda_gemm's epilogue where cuBLASLt's cannot express it, over batch x
  * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
@@ -696,6 +710,7 @@ __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ b
 
 /* ---------------------------------------------------------------- host: geometry */
 
+/*@uses matmul attention@*/
 int64_t numel_of(int rank, const int64_t *shape) {
   int64_t n = 1;
   for (int k = 0; k < rank; k++)
@@ -777,6 +792,7 @@ void contiguous_strides(int rank, const int64_t *shape, int64_t unit, int64_t *s
     s *= shape[k];
   }
 }
+/*@end matmul attention@*/
 
 bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 
@@ -791,7 +807,8 @@ template <class TI, class TO, class F> int launch_map1(tgm_cuda_ctx *cx, const v
   return 0;
 }
 
-/* Binary op: the contiguous same-shape fast path, or the broadcasting one. */
+/*@uses linear embedding@*/
+/* The widest of 16, 8, 4, 2, 1 bytes that divides every v[i] (copy_rows's unit). */
 int unit_for(const int64_t *v, int nv) {
   int u = 16;
   for (int i = 0; i < nv; i++)
@@ -829,11 +846,13 @@ int copy_rows(tgm_cuda_ctx *cx, const void *src, int64_t spb, void *dst, int64_t
   default: return launch_rows<uint8_t>(cx, src, spb, dst, dpb, rows, wb, idx, V);
   }
 }
+/*@end linear embedding@*/
 
 /* ---------------------------------------------------------------- host: GEMM */
 
 cudaDataType_t blas_type(int dt) { return dt == TGM_F32 ? CUDA_R_32F : dt == TGM_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
 
+/*@uses attention matmul linear@*/
 /* Column-major C[m, n] (+ batch) = alpha op(A) op(B) + beta C through
  * cublasGemmEx / cublasGemmStridedBatchedEx, f32 compute (no TF32). A stride
  * of 0 broadcasts an operand over the batch. k == 0 writes beta * C, i.e.
@@ -869,6 +888,7 @@ int gemm(tgm_cuda_ctx *cx, cublasOperation_t ta, cublasOperation_t tb, int64_t m
   }
   return 0;
 }
+/*@end attention matmul linear@*/
 
 /* ---------------------------------------------------------------- host: cuBLASLt plans (tgm_cuda_gemm) */
 
@@ -1198,6 +1218,7 @@ int gemm_via_scratch(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   return 0;
 }
 
+/*@uses matmul attention@*/
 /* Batch dims of several operands over an output batch shape, collapsed; the
  * last collapsed dim runs inside a strided-batched call and the others in a
  * host loop (usually there are none). */
@@ -1230,7 +1251,9 @@ template <int NOP> struct BatchWalk {
   }
   int64_t stride(int p) const { return g.st[p][g.rank - 1]; }
 };
+/*@end matmul attention@*/
 
+/*@uses attention@*/
 /* ---------------------------------------------------------------- host: attention */
 
 template <class TO, bool BLOCK>
@@ -1290,6 +1313,7 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
   }
   return 0;
 }
+/*@end attention@*/
 
 } // namespace
 
@@ -1528,6 +1552,7 @@ int tgm_cuda_cast(tgm_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *
 
 /* ---------------------------------------------------------------- linear algebra */
 
+/*@uses matmul@*/
 /* torch.matmul: C[M, N] = A[M, K] B[K, N] per batch, as the column-major
  * C^T = B^T A^T; batch dims broadcast (stride 0). When b has no batch and a's
  * batch is contiguous, the batch folds into M: one GEMM. */
@@ -1575,7 +1600,9 @@ int tgm_cuda_matmul(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64
   }
   return 0;
 }
+/*@end matmul@*/
 
+/*@uses linear@*/
 /* y = x w^T + b: y is first filled with b broadcast over the rows, then the
  * GEMM accumulates into it (beta = 1), so the bias is added in f32 and the
  * result rounded once. Column-major: Y^T [out, rows] = W [out, in] X^T. */
@@ -1602,6 +1629,7 @@ int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, cons
   return gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, 1.0f, w, t, in, 0, x, t, in, 0, b ? 1.0f : 0.0f, y, t, out,
               0, 1);
 }
+/*@end linear@*/
 
 /* One (batched) GEMM with its epilogue (tgm_rt.h). cuBLASLt alone when one of
  * its epilogues (with beta) expresses the whole request; else the product
@@ -1664,6 +1692,7 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
 
 /* ---------------------------------------------------------------- neural */
 
+/*@uses embedding@*/
 int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
                        void *y) {
   cx->op = "tgm_cuda_embedding";
@@ -1680,7 +1709,9 @@ int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, 
     return launch_rows<uint8_t>(cx, table, 0, y, 0, n, 0, idx, V);
   return copy_rows(cx, table, D * es, y, D * es, n, D * es, idx, V);
 }
+/*@end embedding@*/
 
+/*@uses embedding_backward@*/
 template <class T>
 static int emb_rows_typed(tgm_cuda_ctx *cx, const void *dy, int64_t D, int64_t V, uint32_t nkeys, const uint32_t *pos,
                           const uint32_t *lo, const uint32_t *hi, uint32_t *heavy, uint32_t *nheavy, int64_t maxheavy,
@@ -1769,7 +1800,9 @@ int tgm_cuda_embedding_backward(tgm_cuda_ctx *cx, int dt, const int32_t *idx, in
   default: return emb_rows_typed<f16>(cx, dy, D, V, nkeys, pos, lo, hi, heavy, nheavy, maxheavy, out);
   }
 }
+/*@end embedding_backward@*/
 
+/*@uses dropout@*/
 template <class T>
 static int dropout_typed(tgm_cuda_ctx *cx, const void *x, void *y, int64_t n, uint32_t t, float s, uint2 key,
                          uint32_t s0, uint32_t s1) {
@@ -1805,7 +1838,9 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
   default: return dropout_typed<f16>(cx, x, y, n, t, s, key, s0, s1);
   }
 }
+/*@end dropout@*/
 
+/*@uses attention@*/
 int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
                        int causal, double scale) {
@@ -1850,6 +1885,7 @@ int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const in
                            (float)scale);
   }
 }
+/*@end attention@*/
 
 /* Every element = v rounded to dt (via f32 for bf16/f16, as the host's
  * conversions; to i32 truncated; to bool v != 0). */

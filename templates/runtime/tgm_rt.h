@@ -5,6 +5,12 @@
  * "NAME_" upper-cased. It compiles on its own as the runtime of a model
  * called "tgm", which is how the runtime's own tests build it.
  *
+ * Sections: the lines between the marker comments "@uses NAMES@" and
+ * "@end NAMES@" (each alone on its line) are copied only into models whose
+ * passes call one of the library functions NAMES (attention, embedding,
+ * embedding_backward, dropout, matmul, linear; gen/emit.c, keep_sections).
+ * The markers are comments: the template still compiles whole.
+ *
  * Contents:
  *   dtypes and their conversions (bf16, f16 stored as uint16_t; math in f32)
  *   the model-independent parts of the model object (errors, params buffer)
@@ -202,12 +208,16 @@ void tgm_st_free(tgm_st_file *f);
  * dropout) and the cast the model object uses; the pointwise, reduction, view
  * and loss kernels are generated per model (NAME_cpu.c, NAME_cuda.cu). */
 void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
+/*@uses matmul@*/
 /* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
 void tgm_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
                     void *y, int ry, const int64_t *sy);
+/*@end matmul@*/
+/*@uses linear@*/
 /* y [rows, out] = x [rows, in] @ w[out, in]^T + b[out] (b may be NULL) */
 void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
                     int64_t out);
+/*@end linear@*/
 /* One (batched) GEMM with a fused epilogue, row-major. For b in [0, batch):
  *   T = op(A_b) @ op(B_b)       op(A_b) is [M, K]: A_b = A + b*sa (elements); ta = 0: stored [M, K] with row
  *                               stride lda (>= K); ta = 1: stored [K, M] (lda >= M) and transposed. op(B_b) is
@@ -243,14 +253,19 @@ enum { TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH };
  * thread count (with the built-in GEMM; f32 GEMMs go through cblas_sgemm when built with TGM_HAVE_CBLAS,
  * whose order of summation is the BLAS's). */
 int tgm_cpu_gemm(const tgm_gemm *g);
+/*@uses embedding@*/
 /* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
 int64_t tgm_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
+/*@end embedding@*/
+/*@uses embedding_backward@*/
 /* The table's gradient: out [V, D] = 0, then out[idx[p], :] += dy[p, :] for
  * p = 0, 1, ... n - 1 in that order, in f32 (stored once in dt: f32, bf16,
  * f16); deterministic (the same bits for any thread count). Returns -1, or
  * the first p with idx[p] outside [0, V) (then out is not written). */
 int64_t tgm_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V, int64_t D,
                                    void *out);
+/*@end embedding_backward@*/
+/*@uses dropout@*/
 /* Training-mode dropout (gen/interp.c's eval_dropout): element j is kept iff
  * u >= p, u = ((r >> 8) + 0.5) 2^-24 from r = word 0 of tgm_philox4x32(ctr =
  * {j lo32, j hi32, step lo32, step hi32}, key = {seed lo32, seed hi32 ^
@@ -259,10 +274,13 @@ int64_t tgm_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const 
  * interpreter's in double: values agree to rounding, the mask exactly). */
 void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64_t seed, uint32_t ordinal,
                      uint64_t step);
+/*@end dropout@*/
+/*@uses attention@*/
 /* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
 void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
                        double scale);
+/*@end attention@*/
 
 /* The optimizer step (tgm_optim_cpu.c), PyTorch 2.x semantics (torch.optim
  * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
@@ -314,10 +332,14 @@ int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int 
 
 int tgm_cuda_cast(tgm_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
 int tgm_cuda_fill(tgm_cuda_ctx *cx, int dt, void *y, int64_t n, double v); /* every element = v rounded to dt */
+/*@uses matmul@*/
 int tgm_cuda_matmul(tgm_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
                     const int64_t *sb, void *y, int ry, const int64_t *sy);
+/*@end matmul@*/
+/*@uses linear@*/
 int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
                     int64_t in, int64_t out);
+/*@end linear@*/
 /* tgm_cpu_gemm's operation on device pointers, through cuBLASLt (f32 compute, no TF32) with its fused
  * epilogues where they express the request (bias, relu, tanh-gelu, gelu aux, a residual or accumulation
  * through beta = 1); the rest (erf gelu, an activation followed by a residual or accumulation, relu or no
@@ -326,20 +348,28 @@ int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, cons
  * scratch when C's old values are still needed (accumulation, a residual or aux in C's place). Returns 0 or
  * an error code with a message in cx. */
 int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g);
+/*@uses embedding@*/
 int tgm_cuda_embedding(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
                        void *y);
+/*@end embedding@*/
+/*@uses embedding_backward@*/
 /* As tgm_cpu_embedding_backward, the same bits (positions in order, f32);
  * a bad index records its position in d_bad and its dy row is left out.
  * Uses the context's scratch (a CUB radix sort of the indices). */
 int tgm_cuda_embedding_backward(tgm_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V,
                                 int64_t D, void *out);
+/*@end embedding_backward@*/
+/*@uses dropout@*/
 /* As tgm_cpu_dropout, the same bits (the same mask; one f32 multiply and a
  * round-to-nearest-even store on both). */
 int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n, double p, uint64_t seed,
                      uint32_t ordinal, uint64_t step);
+/*@end dropout@*/
+/*@uses attention@*/
 int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
                        int causal, double scale);
+/*@end attention@*/
 
 /* The optimizer step on device pointers (tgm_optim_cuda.cu): the same
  * semantics and arguments as tgm_cpu_adamw / tgm_cpu_sgd, enqueued on the
