@@ -5,6 +5,12 @@
  * "NAME_" upper-cased. It compiles on its own as the runtime of a model
  * called "mlp", which is how the runtime's own tests build it.
  *
+ * Sections: the lines between the marker comments "@uses NAMES@" and
+ * "@end NAMES@" (each alone on its line) are copied only into models whose
+ * passes call one of the library functions NAMES (attention, embedding,
+ * embedding_backward, dropout, matmul, linear; gen/emit.c, keep_sections).
+ * The markers are comments: the template still compiles whole.
+ *
  * Contents:
  *   dtypes and their conversions (bf16, f16 stored as uint16_t; math in f32)
  *   the model-independent parts of the model object (errors, params buffer)
@@ -202,12 +208,6 @@ void mlp_st_free(mlp_st_file *f);
  * dropout) and the cast the model object uses; the pointwise, reduction, view
  * and loss kernels are generated per model (NAME_cpu.c, NAME_cuda.cu). */
 void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n); /* to i32 truncates; to bool x != 0 */
-/* torch.matmul (1-D operands, broadcast batch dims); sy is the result shape */
-void mlp_cpu_matmul(int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb, const int64_t *sb,
-                    void *y, int ry, const int64_t *sy);
-/* y [rows, out] = x [rows, in] @ w[out, in]^T + b[out] (b may be NULL) */
-void mlp_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t in,
-                    int64_t out);
 /* One (batched) GEMM with a fused epilogue, row-major. For b in [0, batch):
  *   T = op(A_b) @ op(B_b)       op(A_b) is [M, K]: A_b = A + b*sa (elements); ta = 0: stored [M, K] with row
  *                               stride lda (>= K); ta = 1: stored [K, M] (lda >= M) and transposed. op(B_b) is
@@ -243,26 +243,6 @@ enum { MLP_ACT_NONE, MLP_ACT_RELU, MLP_ACT_GELU, MLP_ACT_GELU_TANH };
  * thread count (with the built-in GEMM; f32 GEMMs go through cblas_sgemm when built with MLP_HAVE_CBLAS,
  * whose order of summation is the BLAS's). */
 int mlp_cpu_gemm(const mlp_gemm *g);
-/* y [n, D] = table[idx[i]]; returns -1, or the first i with idx[i] outside [0, V) */
-int64_t mlp_cpu_embedding(int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D, void *y);
-/* The table's gradient: out [V, D] = 0, then out[idx[p], :] += dy[p, :] for
- * p = 0, 1, ... n - 1 in that order, in f32 (stored once in dt: f32, bf16,
- * f16); deterministic (the same bits for any thread count). Returns -1, or
- * the first p with idx[p] outside [0, V) (then out is not written). */
-int64_t mlp_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V, int64_t D,
-                                   void *out);
-/* Training-mode dropout (gen/interp.c's eval_dropout): element j is kept iff
- * u >= p, u = ((r >> 8) + 0.5) 2^-24 from r = word 0 of mlp_philox4x32(ctr =
- * {j lo32, j hi32, step lo32, step hi32}, key = {seed lo32, seed hi32 ^
- * ordinal}); kept: y = f32(x) * (float)(1 / (1 - p)) rounded to dt, dropped:
- * y = +0; p >= 1 drops everything. The scale is applied in f32 (the
- * interpreter's in double: values agree to rounding, the mask exactly). */
-void mlp_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64_t seed, uint32_t ordinal,
-                     uint64_t step);
-/* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
-void mlp_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
-                       const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
-                       double scale);
 
 /* The optimizer step (mlp_optim_cpu.c), PyTorch 2.x semantics (torch.optim
  * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
@@ -314,10 +294,6 @@ int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int 
 
 int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
 int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v); /* every element = v rounded to dt */
-int mlp_cuda_matmul(mlp_cuda_ctx *cx, int dt, const void *a, int ra, const int64_t *sa, const void *b, int rb,
-                    const int64_t *sb, void *y, int ry, const int64_t *sy);
-int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, const void *b, void *y, int64_t rows,
-                    int64_t in, int64_t out);
 /* mlp_cpu_gemm's operation on device pointers, through cuBLASLt (f32 compute, no TF32) with its fused
  * epilogues where they express the request (bias, relu, tanh-gelu, gelu aux, a residual or accumulation
  * through beta = 1); the rest (erf gelu, an activation followed by a residual or accumulation, relu or no
@@ -326,20 +302,6 @@ int mlp_cuda_linear(mlp_cuda_ctx *cx, int dt, const void *x, const void *w, cons
  * scratch when C's old values are still needed (accumulation, a residual or aux in C's place). Returns 0 or
  * an error code with a message in cx. */
 int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g);
-int mlp_cuda_embedding(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *table, int64_t V, int64_t D,
-                       void *y);
-/* As mlp_cpu_embedding_backward, the same bits (positions in order, f32);
- * a bad index records its position in d_bad and its dy row is left out.
- * Uses the context's scratch (a CUB radix sort of the indices). */
-int mlp_cuda_embedding_backward(mlp_cuda_ctx *cx, int dt, const int32_t *idx, int64_t n, const void *dy, int64_t V,
-                                int64_t D, void *out);
-/* As mlp_cpu_dropout, the same bits (the same mask; one f32 multiply and a
- * round-to-nearest-even store on both). */
-int mlp_cuda_dropout(mlp_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n, double p, uint64_t seed,
-                     uint32_t ordinal, uint64_t step);
-int mlp_cuda_attention(mlp_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
-                       int causal, double scale);
 
 /* The optimizer step on device pointers (mlp_optim_cuda.cu): the same
  * semantics and arguments as mlp_cpu_adamw / mlp_cpu_sgd, enqueued on the
