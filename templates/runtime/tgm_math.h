@@ -19,6 +19,8 @@
 #include <string.h>
 
 #ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #define TGM_FN static __device__ __forceinline__
 #else
 #if defined(__GNUC__) || defined(__clang__)
@@ -59,6 +61,14 @@ TGM_FN float tgm_pick(uint32_t m, float a, float b) { return tgm_fbits((tgm_bits
 
 /* ---------------------------------------------------------------- storage */
 
+#ifdef __CUDACC__
+/* CUDA: the hardware's conversions (one instruction each; round to nearest
+ * even, as below; a NaN becomes the canonical NaN) */
+TGM_FN float tgm_load_bf16(uint16_t h) { return __bfloat162float(__ushort_as_bfloat16(h)); }
+TGM_FN uint16_t tgm_store_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+TGM_FN float tgm_load_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+TGM_FN uint16_t tgm_store_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+#else
 TGM_FN float tgm_load_bf16(uint16_t h) { return tgm_fbits((uint32_t)h << 16); }
 TGM_FN uint16_t tgm_store_bf16(float f) { /* round to nearest even; NaN stays NaN */
   uint32_t u = tgm_bitsf(f), nan = tgm_m((u & 0x7fffffffu) > 0x7f800000u);
@@ -84,6 +94,7 @@ TGM_FN uint16_t tgm_store_f16(float f) {
   r = (nanv & isnan) | (r & ~isnan);
   return (uint16_t)(sign | (r & 0xffffu));
 }
+#endif
 /* A value rounded to bf16 / f16 and back (an explicit cast). */
 TGM_FN float tgm_round_bf16(float f) { return tgm_load_bf16(tgm_store_bf16(f)); }
 TGM_FN float tgm_round_f16(float f) { return tgm_load_f16(tgm_store_f16(f)); }
