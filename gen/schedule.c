@@ -457,15 +457,17 @@ static const char *merge(S *s, int i, int j, int commit) {
                           "too few for the work over its whole input (the H100 has 132 SMs)", (long long)o,
                           (long long)((o + 31) / 32));
   }
-  int *saved = s->saved;
-  memcpy(saved, p->kern, sizeof(int) * (size_t)p->n);
+  int *saved = s->saved; /* the kernel of each value m stores, before (only these change) */
   int pos = at_i ? i : j;
-  for (int q = 0; q < m->nouts; q++)
+  for (int q = 0; q < m->nouts; q++) {
+    saved[q] = p->kern[m->outs[q]->id];
     p->kern[m->outs[q]->id] = pos;
+  }
   p->k[pos] = m;
   int bad = render_check(p, m);
   if (bad || !commit) {
-    memcpy(p->kern, saved, sizeof(int) * (size_t)p->n);
+    for (int q = m->nouts - 1; q >= 0; q--)
+      p->kern[m->outs[q]->id] = saved[q];
     p->k[pos] = pos == i ? ki : kj;
     return bad == 2   ? "the fused kernel would load a value it stores (a concat's operand)"
            : bad      ? "a reduction's result would be read at another element than the fused loop's own"
