@@ -23,7 +23,7 @@ cmake --build build-asan -j "$jobs"
 step "tests under sanitizers"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE e2e
 
-step "fuzzing the front end and the safetensors reader for ${TGEN_FUZZ_SECONDS:-60} s"
+step "fuzzing the spec (front end and back end) and the safetensors reader for ${TGEN_FUZZ_SECONDS:-60} s"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DTGEN_FUZZ=ON -DTGEN_FUZZ_SECONDS="${TGEN_FUZZ_SECONDS:-60}" -DBUILD_TESTING=ON >/dev/null
 cmake --build build-fuzz -j "$jobs" --target tgen_fuzz tgen_fuzz_st
 ctest --test-dir build-fuzz -L fuzz --output-on-failure
