@@ -212,6 +212,28 @@ void plan(BPass *p) {
     home[n->id] = h;
     hidx[n->id] = idx;
   }
+  /* later[i]: a later node has node i's binding (name and scope): node i is
+   * an intermediate of the binding, named after its op too (a table of
+   * (name, scope) pointers, filled from the end: linear) */
+  char *later = arena_alloc(a, (size_t)p->n + 1);
+  {
+    int cap = 256;
+    while (cap < 2 * p->n + 2)
+      cap *= 2;
+    const Node **seen = arena_alloc(a, sizeof(Node *) * (size_t)cap);
+    for (int i = p->n - 1; i >= 0; i--) {
+      const Node *n = p->nodes[i];
+      if (!n->name)
+        continue;
+      uintptr_t h = ((uintptr_t)n->name * 31u) ^ (uintptr_t)n->scope;
+      int j = (int)((h ^ (h >> 17)) & (uintptr_t)(cap - 1));
+      while (seen[j] && !(seen[j]->name == n->name && seen[j]->scope == n->scope))
+        j = (j + 1) & (cap - 1);
+      later[i] = seen[j] != NULL;
+      if (!seen[j])
+        seen[j] = n;
+    }
+  }
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     int leaf = n->op == OP_INPUT || n->op == OP_PARAM;
@@ -248,10 +270,8 @@ void plan(BPass *p) {
       else if (home[i] == HOME_OUTPUT && p->kind == PASS_FORWARD)
         base = g->output_names[hidx[i]];
       else {
-        int named = 0; /* the binding's own value keeps its name; others add the op */
-        for (int j = i + 1; j < p->n && !named; j++)
-          named = p->nodes[j]->name == n->name && p->nodes[j]->scope == n->scope;
-        if (named || !n->name)
+        /* the binding's own value keeps its name; others add the op */
+        if (later[i] || !n->name)
           base = arena_printf(a, "%s_%s", base, op_info[n->op].name);
       }
       b->name = c_name(a, &taken, base, g->spec->name);
