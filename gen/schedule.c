@@ -36,7 +36,14 @@ typedef struct S {
   struct LoadWalk *wp, *wp2; /* the walks of merge() and of leaves_to_finals() */
   int *mark, *mj, *saved;
   char *cut;             /* per node: stored to bound an expression's depth */
+  /* While it schedules, p->kern holds a kernel's id (its first index), which
+   * a merge does not change: kid_at[index] and idx_of[id] map between them
+   * (a merge then renumbers the kernels after it, not every node) */
+  int *kid_at, *idx_of;
 } S;
+
+/* The current index of the kernel that stores node id, or -1. */
+static int kidx(const S *s, int id) { return s->p->kern[id] < 0 ? -1 : s->idx_of[s->p->kern[id]]; }
 
 /* the deepest expression a kernel computes inline (schedule) */
 #define MAX_INLINE_DEPTH 256
@@ -398,7 +405,7 @@ static const char *merge(S *s, int i, int j, int commit) {
     related = s->mark[ki->outs[q]->id] == sj;
   /* a value stored to bound the depth of a chain's expression stays a load */
   for (int q = 0; q < s->wp->nlist; q++)
-    if (s->cut[s->wp->list[q]] && p->kern[s->wp->list[q]] == i)
+    if (s->cut[s->wp->list[q]] && kidx(s, s->wp->list[q]) == i)
       return WHY("the next reads a value stored to bound a chain's expression depth (%d ops)",
                           MAX_INLINE_DEPTH);
   if (!related) { /* horizontal: a shared load */
@@ -416,7 +423,7 @@ static const char *merge(S *s, int i, int j, int commit) {
   int at_i = 1;
   for (int q = 0; q < s->wp->nlist && at_i; q++) {
     int id = s->wp->list[q];
-    if (p->kern[id] > i && p->kern[id] != j)
+    if (kidx(s, id) > i && kidx(s, id) != j)
       at_i = 0;
   }
   int at_j = 0;
@@ -461,7 +468,7 @@ static const char *merge(S *s, int i, int j, int commit) {
   int pos = at_i ? i : j;
   for (int q = 0; q < m->nouts; q++) {
     saved[q] = p->kern[m->outs[q]->id];
-    p->kern[m->outs[q]->id] = pos;
+    p->kern[m->outs[q]->id] = s->kid_at[pos];
   }
   p->k[pos] = m;
   int bad = render_check(p, m);
@@ -475,14 +482,13 @@ static const char *merge(S *s, int i, int j, int commit) {
   }
   /* remove the other slot */
   int gone = pos == i ? j : i;
-  for (int q = gone; q + 1 < p->nk; q++)
+  s->idx_of[s->kid_at[gone]] = -1; /* its values are m's now (stamped with the id at pos above) */
+  for (int q = gone; q + 1 < p->nk; q++) {
     p->k[q] = p->k[q + 1];
+    s->kid_at[q] = s->kid_at[q + 1];
+    s->idx_of[s->kid_at[q]] = q;
+  }
   p->nk--;
-  for (int q = 0; q < p->n; q++)
-    if (p->kern[q] > gone)
-      p->kern[q]--;
-    else if (p->kern[q] == gone)
-      p->kern[q] = pos < gone ? pos : pos - 1;
   return NULL;
 }
 
@@ -501,6 +507,8 @@ void schedule(BPass *p, int fuse) {
   p->walk = walk_new(s->a, p->n);
   s->mark = s->wp->mark;
   s->cut = arena_alloc(s->a, (size_t)p->n + 1);
+  s->kid_at = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  s->idx_of = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   char *keep = arena_alloc(s->a, (size_t)p->n + 1); /* must stay stored */
@@ -627,7 +635,7 @@ void schedule(BPass *p, int fuse) {
       continue;
     }
     KernelKind kind = op_info[n->op].cls == C_GEMM ? K_GEMM : op_info[n->op].cls == C_EXTERN ? K_EXTERN : K_LOOP;
-    p->kern[i] = p->nk;
+    p->kern[i] = s->kid_at[p->nk] = s->idx_of[p->nk] = p->nk;
     p->k[p->nk++] = new_kernel(s, kind, n);
   }
   /* GEMM epilogues: the tail is stored by the GEMM's kernel */
@@ -636,7 +644,7 @@ void schedule(BPass *p, int fuse) {
     if (!e[0] && !e[1])
       continue;
     Node *tail = e[1] ? e[1] : e[0];
-    int c = p->kern[tail->id];
+    int c = kidx(s, tail->id);
     Kernel *k = p->k[c];
     k->kind = K_GEMM;
     k->anchor = p->nodes[i];
@@ -685,7 +693,7 @@ void schedule(BPass *p, int fuse) {
             k->outs[k->nouts++] = k->outs[q];
             k->outs[q] = n;
             p->realized[n->id] = 1;
-            p->kern[n->id] = c;
+            p->kern[n->id] = s->kid_at[c];
             why[n->id] = "its kernel reads it at other elements than its own (a loop cannot keep it in registers)";
           } else {
             q--;
@@ -702,6 +710,8 @@ void schedule(BPass *p, int fuse) {
   for (int c = 0; c + 1 < p->nk; c++)
     if (!p->k[c]->stop) /* the greedy pass merged otherwise (or TGEN_FUSE_LIMIT stopped it) */
       p->k[c]->stop = "none: the two could fuse, but the greedy fusion pass did not merge them";
+  for (int i = 0; i < p->n; i++) /* kernel ids to the kernels' indices */
+    p->kern[i] = kidx(s, i);
 }
 
 /* ---------------------------------------------------------------- dump */
