@@ -34,7 +34,7 @@ typedef struct S {
   BPass *p;
   Arena *a;
   struct LoadWalk *wp, *wp2; /* the walks of merge() and of leaves_to_finals() */
-  int *mark, *mj, *saved;
+  int *mj, *saved;
   char *cut;             /* per node: stored to bound an expression's depth */
   /* While it schedules, p->kern holds a kernel's id (its first index), which
    * a merge does not change: kid_at[index] and idx_of[id] map between them
@@ -245,10 +245,9 @@ void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w) {
   }
 }
 
-/* Stamp the loads of k into s->mark (and s->wp's list) with a new stamp; returns it. */
+/* Stamp the loads of k into s->wp's marks and list with a new stamp; returns it. */
 static int loads(S *s, const Kernel *k) {
   kernel_loads(s->p, k, s->wp);
-  s->mark = s->wp->mark;
   return s->wp->stamp;
 }
 
@@ -298,15 +297,14 @@ static int in_backward(const BPass *p, const Kernel *k) {
   return 0;
 }
 
-/* Whether kernel k (its loads marked sj) reads only inputs and params and
+/* Whether kernel k (its loads just walked into s->wp) reads only inputs and params and
  * stores only pass results (gradients) and values no other kernel reads
  * (kept in registers): such a backward kernel may join a forward one that
  * reads the same inputs (sum(f(x)) w.r.t. x: the loss and d_x in one pass
  * over x), since it needs nothing the forward computes and keeps nothing in
  * the arena. */
-static int leaves_to_finals(S *s, Kernel *k, int sj) {
-  BPass *p = s->p;
-  (void)sj; /* s->wp's list holds k's loads */
+static int leaves_to_finals(S *s, Kernel *k) {
+  BPass *p = s->p; /* s->wp's list holds k's loads */
   for (int q = 0; q < s->wp->nlist; q++)
     if (!is_leaf(p->nodes[s->wp->list[q]]))
       return 0;
@@ -398,11 +396,11 @@ static const char *merge(S *s, int i, int j, int commit) {
    * (fusing a recomputation into the forward would store what the
    * partitioner chose not to save) */
   int sj = loads(s, kj);
-  if (in_backward(p, ki) != in_backward(p, kj) && !(!in_backward(p, ki) && leaves_to_finals(s, kj, sj)))
+  if (in_backward(p, ki) != in_backward(p, kj) && !(!in_backward(p, ki) && leaves_to_finals(s, kj)))
     return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
-    related = s->mark[ki->outs[q]->id] == sj;
+    related = s->wp->mark[ki->outs[q]->id] == sj;
   /* a value stored to bound the depth of a chain's expression stays a load */
   for (int q = 0; q < s->wp->nlist; q++)
     if (s->cut[s->wp->list[q]] && kidx(s, s->wp->list[q]) == i)
@@ -413,7 +411,7 @@ static const char *merge(S *s, int i, int j, int commit) {
     memcpy(mj, s->wp->list, sizeof(int) * (size_t)nj);
     int si = loads(s, ki);
     for (int q = 0; q < nj && !related; q++)
-      related = s->mark[mj[q]] == si;
+      related = s->wp->mark[mj[q]] == si;
     sj = loads(s, kj);
   }
   if (!related)
@@ -432,7 +430,7 @@ static const char *merge(S *s, int i, int j, int commit) {
     for (int m = i + 1; m < j && at_j; m++) {
       int sm = loads(s, p->k[m]);
       for (int q = 0; q < ki->nouts && at_j; q++)
-        if (s->mark[ki->outs[q]->id] == sm)
+        if (s->wp->mark[ki->outs[q]->id] == sm)
           at_j = 0;
     }
   }
@@ -505,7 +503,6 @@ void schedule(BPass *p, int fuse) {
   s->wp = walk_new(s->a, p->n);
   s->wp2 = walk_new(s->a, p->n);
   p->walk = walk_new(s->a, p->n);
-  s->mark = s->wp->mark;
   s->cut = arena_alloc(s->a, (size_t)p->n + 1);
   s->kid_at = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->idx_of = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
