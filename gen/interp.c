@@ -255,6 +255,7 @@ static double gvar(const double *x, const int64_t *off, int64_t len, double corr
  * semantics: maximum/minimum and clamp propagate NaN; gelu in its erf form,
  * or its tanh form when tanh_form. */
 static double f_abs(double x) { return fabs(x); }
+static double f_div(double a, double b) { return a / b; }
 static double f_exp(double x) { return exp(x); }
 static double f_log(double x) { return log(x); }
 static double f_sqrt(double x) { return sqrt(x); }

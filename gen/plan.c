@@ -37,7 +37,7 @@ static int64_t bytes_at(const BPass *p, const Node *n) {
 static int is_keyword(const char *s, const char *model) {
   static const char *const kw[] = {"ws", "P", "G", "m", "sym", "in", "out", "bad", "st", "i", "o", "r", "n", "n_o",
                                    "n_r", "o0", "live", "gemm", "lb", "iv", "nv", "lane", "split_part", "split_count",
-                                   "c", "nc", "rv", "nrv", NULL};
+                                   "c", "nc", "rv", "nrv", "rj", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
       return 1;

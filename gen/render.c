@@ -196,6 +196,8 @@ struct R {
   const char *it;     /* the index type: "int64_t", or "int" where every size fits (CUDA) */
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
+  int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
+  int rcache_regs;    /* the registers those arrays take so far */
   int lanes;          /* printing a vector loop's lane body */
   const char *vflat;  /* the flat index a vector lane loads and stores at ("i"; a row kernel's "o * n_r + r") */
   const char *vidx;   /* the vector loop's index ("iv"; "rv": vectors of the row at o) */
@@ -523,6 +525,29 @@ static int own_bytes(R *r, const Node *n) {
   return is_own(r, n);
 }
 
+/* A row kernel that reads its rows in several phases (layer_norm: the mean,
+ * the variance, the normalised values) keeps each thread's vectors of a
+ * buffer's row in a register array (r->rcache vectors; at most RCACHE_REGS
+ * registers for all its arrays, the later buffers load in every phase):
+ * the array is filled where the first phase reads the buffer and read in
+ * the later ones, so the row comes from memory once. */
+enum { RCACHE_REGS = 64, RCACHE_MAX = 8 };
+enum { ROW_BLOCK = 512 }; /* M_BLOCK's threads a row (not split) */
+
+static const char *row_cache(R *r, const Node *n, const char *p) {
+  const char *key = arena_printf(r->a, "rcache|%s", p), *v = memo_get(r, key);
+  if (v || r->rcache_regs + 4 * r->rcache > RCACHE_REGS)
+    return v;
+  v = arena_printf(r->a, "v%d", r->nvars++);
+  const char *vt = vec_type(r, n->dtype);
+  emit(r, 1, "%s %s[%d];  /* this thread's vectors of %s's row o */", vt, v, r->rcache, p);
+  emit(r, r->vload_lv, "%s[rj] = ((const %s *)%s)[%s];", v, vt, vec_base(r, p), r->vidx);
+  memo_put(r, key, v, 1);
+  set_var_level(r, v, 1);
+  r->rcache_regs += 4 * r->rcache;
+  return v;
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
@@ -531,7 +556,10 @@ static const char *load(R *r, const Node *n, Ix *ix) {
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
     r->contig[bi] = 1;
-    if (r->lanes) { /* the lane of one vector load per buffer and vector */
+    const char *rc = r->lanes && r->rcache ? row_cache(r, n, p) : NULL;
+    if (rc) {
+      at = arena_printf(r->a, "%s[rj].v[lane]", rc);
+    } else if (r->lanes) { /* the lane of one vector load per buffer and vector */
       const char *key = arena_printf(r->a, "vec|%s", p), *v = memo_get(r, key);
       if (!v) {
         v = arena_printf(r->a, "v%d", r->nvars++);
@@ -1298,6 +1326,8 @@ static void loop_body(R *r) {
       last_full = d > last_full ? d : last_full;
     }
   r->nph = nph, r->last_full = last_full;
+  if (nph + (last_full == nph) < 2) /* one pass over the row: nothing to keep */
+    r->rcache = 0;
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
     open_level(r);
     column_tiles(r, &rsh);
@@ -1348,8 +1378,16 @@ static void loop_body(R *r) {
                           : r->split        ? "blockIdx.y * blockDim.x + threadIdx.x"
                                             : "threadIdx.x";
       const char *step = r->mode == M_WARP ? "32" : r->split ? "gridDim.y * blockDim.x" : "blockDim.x";
-      head(r, "#pragma unroll 2");
-      head(r, "for (%s rv = %s; rv < nrv; rv += %s) {", r->it, start, step);
+      if (r->rcache) { /* the same vectors in every phase: the first phase's loads stay in registers */
+        head(r, "#pragma unroll");
+        head(r, "for (int rj = 0; rj < %d; rj++) {", r->rcache);
+        set_var_level(r, "rj", 2);
+        emit(r, 2, "const %s rv = %s + rj * %s;", r->it, start, step);
+        emit(r, 2, "if (rv >= nrv) break;");
+      } else {
+        head(r, "#pragma unroll 2");
+        head(r, "for (%s rv = %s; rv < nrv; rv += %s) {", r->it, start, step);
+      }
       set_var_level(r, "rv", 2);
       open_level(r);
       head(r, "#pragma unroll");
@@ -1621,9 +1659,13 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     if (r->mode == M_PW && (r->vec = vec_width(probe, 1)))
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi] || probe->written[bi];
-    if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0)))
+    if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0))) {
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi];
+      int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
+      if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
+        r->rcache = (int)((nr / r->rvec + per - 1) / per);
+    }
   }
   loop_body(r);
   r->d->close_kernel(r);
@@ -1695,7 +1737,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
-                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), 512", f->name, n)
+                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
     if (r->split) { /* gridDim.y: the blocks per output tile */

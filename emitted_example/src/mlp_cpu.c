@@ -73,7 +73,7 @@ static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const 
     }
     const float s16 = (float)acc0;
     const float s17 = (float)acc1;
-    const float v18 = s16 / s17;
+    const float v18 = mlp_div(s16, s17);
     loss[o] = (float)v18;
   }
   return bad == INT64_MAX ? -1 : bad;
@@ -134,14 +134,14 @@ static void k5_softmax_mul(int64_t dim_B, const float *restrict logits, const in
     const int64_t ix15 = y[o];
     const int v20 = ix15 != -100;
     const float v21 = d_loss_sum[0];
-    const float v22 = 1.0f / v21;
+    const float v22 = mlp_div(1.0f, v21);
     const float v23 = v20 ? v22 : 0.0f;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix10 = o * n_r + r;
       const float v11 = logits[ix10];
       const float v12 = v11 - s3;
       const float v13 = mlp_exp(v12);
-      const float v14 = v13 / s9;
+      const float v14 = mlp_div(v13, s9);
       const int64_t ix16 = ix10 % (10);
       const int v17 = ix15 == ix16;
       const float v18 = (float)v17;

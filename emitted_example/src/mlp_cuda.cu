@@ -23,12 +23,15 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
-      const mlp_vec<float, 4> v2 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    mlp_vec<float, 4> v2[1];  /* this thread's vectors of logits's row o */
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 32 + rj * 32;
+      if (rv >= nrv) break;
+      v2[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v3 = v2.v[lane];
+        const float v3 = v2[rj].v[lane];
         acc0 = mlp_max(acc0, v3);
       }
     }
@@ -41,29 +44,30 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
     acc0 = mlp_warp_max(acc0);
     const float s6 = (float)acc0;
     float acc7 = 0;
-    #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
-      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 32 + rj * 32;
+      if (rv >= nrv) break;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v10 = v9.v[lane];
-        const float v11 = v10 - s6;
-        const float v12 = mlp_exp(v11);
-        acc7 += v12;
+        const float v9 = v2[rj].v[lane];
+        const float v10 = v9 - s6;
+        const float v11 = mlp_exp(v10);
+        acc7 += v11;
       }
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix13 = o * n_r + r;
-      const float v14 = logits[ix13];
-      const float v15 = v14 - s6;
-      const float v16 = mlp_exp(v15);
-      acc7 += v16;
+      const int ix12 = o * n_r + r;
+      const float v13 = logits[ix12];
+      const float v14 = v13 - s6;
+      const float v15 = mlp_exp(v14);
+      acc7 += v15;
     }
     acc7 = mlp_warp_sum(acc7);
-    const float s17 = (float)acc7;
+    const float s16 = (float)acc7;
     if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s6;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s17;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s16;
   }
 }
 
@@ -127,7 +131,7 @@ static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y
     const float s33 = (float)acc0;
     acc1 = mlp_block_sum(acc1);
     const float s34 = (float)acc1;
-    const float v35 = s33 / s34;
+    const float v35 = mlp_div(s33, s34);
     if (threadIdx.x == 0) loss[o] = (float)v35;
   }
 }
@@ -191,12 +195,15 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
-      const mlp_vec<float, 4> v2 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    mlp_vec<float, 4> v2[1];  /* this thread's vectors of logits's row o */
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 32 + rj * 32;
+      if (rv >= nrv) break;
+      v2[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v3 = v2.v[lane];
+        const float v3 = v2[rj].v[lane];
         acc0 = mlp_max(acc0, v3);
       }
     }
@@ -209,66 +216,68 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
     acc0 = mlp_warp_max(acc0);
     const float s6 = (float)acc0;
     float acc7 = 0;
-    #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
-      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 32 + rj * 32;
+      if (rv >= nrv) break;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v10 = v9.v[lane];
-        const float v11 = v10 - s6;
-        const float v12 = mlp_exp(v11);
-        acc7 += v12;
+        const float v9 = v2[rj].v[lane];
+        const float v10 = v9 - s6;
+        const float v11 = mlp_exp(v10);
+        acc7 += v11;
       }
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix13 = o * n_r + r;
-      const float v14 = logits[ix13];
-      const float v15 = v14 - s6;
-      const float v16 = mlp_exp(v15);
-      acc7 += v16;
+      const int ix12 = o * n_r + r;
+      const float v13 = logits[ix12];
+      const float v14 = v13 - s6;
+      const float v15 = mlp_exp(v14);
+      acc7 += v15;
     }
     acc7 = mlp_warp_sum(acc7);
-    const float s17 = (float)acc7;
-    const int64_t ix24 = y[o];
-    const int v29 = ix24 != -100;
-    const float v30 = d_loss_sum[0];
-    const float v31 = 1.0f / v30;
-    const float v32 = v29 ? v31 : 0.0f;
-    #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
-      const mlp_vec<float, 4> v19 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
-      mlp_vec<float, 4> v34;
+    const float s16 = (float)acc7;
+    const int64_t ix22 = y[o];
+    const int v27 = ix22 != -100;
+    const float v28 = d_loss_sum[0];
+    const float v29 = mlp_div(1.0f, v28);
+    const float v30 = v27 ? v29 : 0.0f;
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 32 + rj * 32;
+      if (rv >= nrv) break;
+      mlp_vec<float, 4> v32;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
-        const int ix18 = o * n_r + r;
-        const float v20 = v19.v[lane];
-        const float v21 = v20 - s6;
-        const float v22 = mlp_exp(v21);
-        const float v23 = v22 / s17;
-        const int ix25 = ix18 % (10);
-        const int v26 = ix24 == ix25;
-        const float v27 = (float)v26;
-        const float v28 = v23 - v27;
-        const float v33 = v28 * v32;
-        v34.v[lane] = (float)v33;
+        const int ix17 = o * n_r + r;
+        const float v18 = v2[rj].v[lane];
+        const float v19 = v18 - s6;
+        const float v20 = mlp_exp(v19);
+        const float v21 = mlp_div(v20, s16);
+        const int ix23 = ix17 % (10);
+        const int v24 = ix22 == ix23;
+        const float v25 = (float)v24;
+        const float v26 = v21 - v25;
+        const float v31 = v26 * v30;
+        v32.v[lane] = (float)v31;
       }
-      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v34;
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v32;
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix35 = o * n_r + r;
-      const float v36 = logits[ix35];
-      const float v37 = v36 - s6;
-      const float v38 = mlp_exp(v37);
-      const float v39 = v38 / s17;
-      const int ix40 = ix35 % (10);
-      const int v41 = ix24 == ix40;
-      const float v42 = (float)v41;
-      const float v43 = v39 - v42;
-      const float v44 = v43 * v32;
-      d_loss[ix35] = (float)v44;
+      const int ix33 = o * n_r + r;
+      const float v34 = logits[ix33];
+      const float v35 = v34 - s6;
+      const float v36 = mlp_exp(v35);
+      const float v37 = mlp_div(v36, s16);
+      const int ix38 = ix33 % (10);
+      const int v39 = ix22 == ix38;
+      const float v40 = (float)v39;
+      const float v41 = v37 - v40;
+      const float v42 = v41 * v30;
+      d_loss[ix33] = (float)v42;
     }
   }
 }

@@ -10,7 +10,9 @@
  * CPU accuracy (against the interpreter's double): exp 1.4 ulp (a Cody-Waite
  * reduction and a degree-6 polynomial, Cephes' coefficients); tanh and erf
  * within 4e-7 relative (Cephes' odd polynomials near 0, else from exp and
- * libm's erfcf); log, sqrt, sin, cos, pow are libm's. */
+ * libm's erfcf); log, sqrt, sin, cos, pow are libm's. CUDA: CUDA's math
+ * library; f32 division (mlp_div) within 2 ulp (tests/cuda_math/div.cu);
+ * erf-gelu as PyTorch's CUDA kernels compute it. */
 #ifndef MLP_MATH_H
 #define MLP_MATH_H
 
@@ -115,6 +117,20 @@ MLP_FN float mlp_clamp(float x, float lo, float hi) { /* min(max(x, lo), hi); Na
 }
 MLP_FN float mlp_inf0(float x) { return mlp_abs(x) == INFINITY ? 0.0f : x; }
 
+/* a / b. CUDA: PTX div.full.f32, at most 2 ulp from the IEEE quotient over
+ * the whole range, infinities and NaN as IEEE (Triton's f32 division, so
+ * torch.compile's); about half the instructions of div.rn's IEEE sequence,
+ * which made tinyops' backward compute-bound. The CPU divides exactly. */
+#ifdef __CUDA_ARCH__
+MLP_FN float mlp_div(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+#else
+MLP_FN float mlp_div(float a, float b) { return a / b; }
+#endif
+
 #ifdef __CUDACC__
 MLP_FN float mlp_exp(float x) { return expf(x); }
 MLP_FN float mlp_log(float x) { return logf(x); }
@@ -127,7 +143,11 @@ MLP_FN float mlp_pow(float x, float p) { return p == 2.0f ? x * x : powf(x, p); 
 MLP_FN float mlp_gelu(float x, int tanh_form) {
   if (tanh_form)
     return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-  return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+  /* PyTorch's CUDA formula: erff costs about half of erfcf, and gelu's
+   * backward (x/2 (1 + erf(x/sqrt 2)) + ...) shares it. For x < -3 the
+   * result's relative error grows (1 + erf cancels) while its absolute
+   * error stays below |x| 1e-7, as PyTorch's. */
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
 #else
 /* exp: x = n ln2 + r (Cody-Waite, two parts), e^r by a degree-6 polynomial,

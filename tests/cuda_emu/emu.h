@@ -36,6 +36,23 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
   return r;
 }
 static float __ldcg(const float *p) { return *p; }
+/* cuda_fp16.h and cuda_bf16.h: the conversions tgm_math.h uses, in software */
+#define __CUDA_FP16_H__
+#define __CUDA_BF16_H__
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+static __half __ushort_as_half(uint16_t h) { return {h}; }
+static uint16_t __half_as_ushort(__half h) { return h.x; }
+static float __half2float(__half h) { _Float16 f; memcpy(&f, &h.x, 2); return (float)f; }
+static __half __float2half_rn(float f) { _Float16 h = (_Float16)f; __half r; memcpy(&r.x, &h, 2); return r; }
+static __nv_bfloat16 __ushort_as_bfloat16(uint16_t h) { return {h}; }
+static uint16_t __bfloat16_as_ushort(__nv_bfloat16 h) { return h.x; }
+static float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
+static __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40u)};
+  return {(uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
 static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static unsigned atomicAdd(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

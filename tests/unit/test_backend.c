@@ -458,6 +458,13 @@ static const char *buf_of(BPass *p, const char *name) {
   return "?";
 }
 
+static int count_text(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *t = strstr(text, needle); t; t = strstr(t + 1, needle))
+    n++;
+  return n;
+}
+
 static void expect_text(const char *text, const char *what, const char *needle, int present) {
   char w[256];
   snprintf(w, sizeof w, "%s: %s'%s'", what, present ? "" : "no ", needle);
@@ -506,6 +513,22 @@ static void cuda_mapping(void) {
   cu = forward_text(&a, "long softmax", spec(&a, "  B: 4\n  D: 65536", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
                     NULL);
   expect_text(cu, "softmax over 65536 (two phases): one block a row", "split", 0);
+  expect_text(cu, "softmax over 65536: rows too long to keep in registers", "rj <", 0);
+  /* layer_norm over rows of 512 f16 (three phases: mean, variance, output):
+   * each lane's 2 vectors of its row loaded once, kept in registers */
+  cu = forward_text(&a, "layer_norm rows",
+                    arena_printf(&a, "dtype: f16\n%s", spec(&a, "  B: 64\n  D: 512", "  x: [B, D]", NULL,
+                                                            "  - y: layer_norm(x)")),
+                    1, &p);
+  const char *x = buf_of(p, "x");
+  expect_text(cu, "layer_norm: x's row in registers", arena_printf(&a, "[2];  /* this thread's vectors of %s's row o */", x), 1);
+  const char *load = arena_printf(&a, "[rj] = ((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv];", x);
+  check(count_text(cu, load) == 1, "layer_norm: x's vectors loaded once, into the registers", "");
+  check(count_text(cu, "[rj].v[lane])") == 3, "layer_norm: the three phases read the registers", "");
+  check(count_text(cu, "for (int rj = 0; rj < 2; rj++) {") == 3, "layer_norm: three phases over the same 2 vectors", "");
+  /* one phase (a row sum): nothing to keep */
+  cu = forward_text(&a, "row sum", spec(&a, "  B: 64\n  D: 512", "  x: [B, D]", NULL, "  - s: sum(x, 1)"), 1, NULL);
+  expect_text(cu, "row sum: one pass, no register row", "rj <", 0);
   arena_free(&a);
 }
 
