@@ -32,7 +32,8 @@ row of the table, never the end of the run):
               (all projects in parallel, at the start);
   2. tgen:    NAME_bench --device cuda|cpu --dims ... --iters N [--train 1]
               (median ms; on the GPU CUDA events around each call, then
-              again with --graphs 1: CUDA graphs, reported in the notes);
+              again with --graphs 1: CUDA graphs, and with --graphs 1
+              --autotune 1: max-autotune, both reported in the notes);
   3. check:   NAME_run --seed 0 --save-params on fixed inputs (--grad for train
               workloads: the loss and every gradient), against torch_oracle.py's
               evaluation of tgen's graph in float64 on the same params and
@@ -389,6 +390,11 @@ class Worker:
                                  self.a.cmd_timeout, self.log, env=env)
             m = re.search(r"median ([\d.]+) ms", out)
             self.res["tgen_graphs_ms"] = float(m.group(1)) if rc == 0 and m else None
+            # and with autotuned GEMMs and graphs (compile.mode max-autotune's defaults)
+            rc, out, _ = run_cmd(cmd + ["--iters", str(n), "--warmup", str(max(warm, 3)), "--graphs", "1",
+                                        "--autotune", "1"], self.a.cmd_timeout, self.log, env=env)
+            m = re.search(r"median ([\d.]+) ms", out)
+            self.res["tgen_tuned_ms"] = float(m.group(1)) if rc == 0 and m else None
         ws = re.search(r"workspace ([\d.]+) MiB", out)
         if ws:
             self.res["tgen_workspace_mib"] = float(ws.group(1))
@@ -732,6 +738,8 @@ def row_of(name, r, ceil, a):
     notes = []
     if r.get("tgen_graphs_ms") is not None:
         notes.append(f"tgen with CUDA graphs {fmt_ms(r['tgen_graphs_ms'])} ms")
+    if r.get("tgen_tuned_ms") is not None:
+        notes.append(f"tgen max-autotune (graphs and timed GEMM algorithms) {fmt_ms(r['tgen_tuned_ms'])} ms")
     if r.get("compile_reduce-overhead_ms") is not None:
         notes.append(f"reduce-overhead {fmt_ms(r['compile_reduce-overhead_ms'])} ms")
     if r.get("compile_first_s") is not None:

@@ -369,10 +369,12 @@ static void emit_arena_table(E *e, Buf *b) {
     P("%s0x%llxULL", k ? ", " : "", (unsigned long long)bits);
   }
   P("};\n");
-  int ro = e->g->spec->compile.mode == MODE_REDUCE_OVERHEAD;
-  P("/* compile.mode %s: CUDA graphs %s by default (%s_set_graphs switches). */\n", ro ? "reduce-overhead" : "default",
-    ro ? "on" : "off", e->name);
+  CompileMode mode = e->g->spec->compile.mode;
+  int ro = mode != MODE_DEFAULT, mat = mode == MODE_MAX_AUTOTUNE;
+  P("/* compile.mode %s: CUDA graphs %s, autotuned GEMMs %s by default (%s_set_graphs, %s_set_autotune switch). */\n",
+    mat ? "max-autotune" : ro ? "reduce-overhead" : "default", ro ? "on" : "off", mat ? "on" : "off", e->name, e->name);
   P("const int %s_graphs_default = %d;\n", e->name, ro);
+  P("const int %s_tune_default = %d;\n", e->name, mat);
 }
 
 /* ---------------------------------------------------------------- common: tables, guards */

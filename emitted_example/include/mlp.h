@@ -103,6 +103,17 @@ mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes);
 mlp_status mlp_set_stream(mlp_model *m, void *stream);
 mlp_status mlp_sync(mlp_model *m);
 mlp_status mlp_set_graphs(mlp_model *m, int on);
+/* Autotuned GEMMs (CUDA; the default with compile.mode max-autotune, which
+ * also turns graphs on): on = 1 times up to 8 of cuBLASLt's candidate
+ * algorithms the first time each GEMM shape runs (that call waits for the
+ * timing) and keeps the fastest; the choices are read from and written to
+ * `file` (NULL: mlp_autotune.txt in the working directory; "": kept in
+ * memory only), a text file with one line per GEMM that is ignored when
+ * written on another GPU or cuBLASLt version (delete it to time again).
+ * Another algorithm may round differently, so results can differ from
+ * on = 0 by rounding. Set it before the first call; on "cpu" it does
+ * nothing. */
+mlp_status mlp_set_autotune(mlp_model *m, int on, const char *file);
 
 /* The forward pass: outputs from inputs for the given dims (NULL when the
  * model has no dynamic dims). */

@@ -79,8 +79,9 @@ const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276224};
 const int mlp_pass_dropout[MLP_NPASS] = {0, 0, 0};
 /* The inputs each pass reads (bit k: input k); the others may be NULL. */
 const uint64_t mlp_pass_inputs[MLP_NPASS] = {0x1ULL, 0x3ULL, 0x3ULL};
-/* compile.mode default: CUDA graphs off by default (mlp_set_graphs switches). */
+/* compile.mode default: CUDA graphs off, autotuned GEMMs off by default (mlp_set_graphs, mlp_set_autotune switch). */
 const int mlp_graphs_default = 0;
+const int mlp_tune_default = 0;
 
 /* dims and inputs as arrays */
 #define DIMS_INPUTS(what) \

@@ -58,6 +58,8 @@
 #define MLP_CUDA_GEMM_BUDGET ((size_t)256 << 20) /* mlp_cuda_gemm's f32 product scratch per piece */
 #endif
 #define MLP_CUDA_GEMM_PLANS 16                   /* cuBLASLt plans kept per context */
+#define MLP_CUDA_TUNES 256                       /* autotuned GEMM choices kept per context */
+#define MLP_CUDA_TUNE_CANDIDATES 8               /* the heuristic's algorithms timed per GEMM */
 
 /* What identifies a cuBLASLt plan: the problem as cuBLASLt sees it (types,
  * transposes, sizes, leading dims, batch count and strides, epilogue, beta 0
@@ -75,10 +77,19 @@ struct mlp_cuda_gemm_key {
  * the four layouts, and the heuristic's algorithm (ok = 0: there was none). */
 struct mlp_cuda_gemm_plan {
   int used, ok;
+  int tuned; /* autotune: the algorithm is the timed or cached choice (or timing was not possible) */
   struct mlp_cuda_gemm_key key;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t a, b, c, d;
   cublasLtMatmulAlgo_t algo;
+};
+
+/* An autotuned GEMM: its key, the fastest algorithm and the times of it
+ * and of the heuristic's first choice (ms; 0 when read from the file). */
+struct mlp_cuda_tune {
+  struct mlp_cuda_gemm_key key;
+  cublasLtMatmulAlgo_t algo;
+  float ms, heuristic_ms;
 };
 
 struct mlp_cuda_ctx {
@@ -93,6 +104,11 @@ struct mlp_cuda_ctx {
   cublasLtHandle_t lt;       /* cuBLASLt (mlp_cuda_gemm); calls pass `stream` */
   struct mlp_cuda_gemm_plan plans[MLP_CUDA_GEMM_PLANS]; /* mlp_cuda_gemm's plan cache, round robin */
   int next_plan;
+  int tune;                  /* max-autotune: a GEMM's first call times the heuristic's candidates */
+  char tune_file[512];       /* the choices' file ("": kept in memory only) */
+  int tune_read;             /* tune_file was read */
+  struct mlp_cuda_tune *tunes; /* the choices, MLP_CUDA_TUNES at most */
+  int ntunes;
   unsigned long long *d_bad; /* device int64: smallest bad data position, INT64_MAX if none */
   float *d_split_part;       /* split reductions: the blocks' partials (MLP_CUDA_SPLIT_PARTS floats) */
   unsigned *d_split_count;   /* and per output tile the blocks done (MLP_CUDA_SPLIT_TILES, zero between kernels) */
@@ -429,6 +445,213 @@ cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t ro
   return s;
 }
 
+/* The heuristic's constraints for key k: the shared workspace, split K only
+ * with f32 partial sums (no reduction in the output type), the pointers'
+ * alignment. */
+cublasStatus_t lt_preference(const mlp_cuda_gemm_key *k, cublasLtMatmulPreference_t *out) {
+  uint64_t ws = MLP_CUDA_BLAS_WS;
+  uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  cublasLtMatmulPreference_t pref;
+  cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    return s;
+  s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+  static const cublasLtMatmulPreferenceAttributes_t al[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &k->align[i], sizeof k->align[i]);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    cublasLtMatmulPreferenceDestroy(pref);
+  else
+    *out = pref;
+  return s;
+}
+
+/* ---------------------------------------------------------------- autotune */
+
+/* compile.mode max-autotune (mlp_cuda_set_tune): the first call of a GEMM
+ * shape times up to MLP_CUDA_TUNE_CANDIDATES of the heuristic's algorithms
+ * on its own operands (into a temporary output: the call's result is
+ * untouched; a warm-up, then 5 calls each) and keeps the fastest when it
+ * beats the heuristic's first choice by 3% (less is the timing's noise).
+ * The choices go to a text file, one line per GEMM, sorted, rewritten
+ * atomically after each new choice; a file written on another GPU or
+ * cuBLASLt version, or a choice cuBLASLt no longer accepts, is ignored
+ * (that GEMM is timed again). */
+const char kTuneMagic[] = "# tgen max-autotune: cuBLASLt's algorithm per GEMM, timed on this GPU";
+
+void tune_identity(mlp_cuda_ctx *cx, char *gpu, size_t n, size_t *lt_version) {
+  cudaDeviceProp prop;
+  snprintf(gpu, n, "unknown");
+  if (cudaGetDeviceProperties(&prop, cx->device) == cudaSuccess)
+    snprintf(gpu, n, "%s", prop.name);
+  *lt_version = cublasLtGetVersion();
+}
+
+const mlp_cuda_tune *tune_find(mlp_cuda_ctx *cx, const mlp_cuda_gemm_key *k);
+
+void tune_read(mlp_cuda_ctx *cx) {
+  cx->tune_read = 1;
+  FILE *f = cx->tune_file[0] ? fopen(cx->tune_file, "r") : NULL;
+  if (!f)
+    return;
+  char line[1024], gpu[256], want_gpu[256];
+  size_t want_v, v = 0;
+  tune_identity(cx, want_gpu, sizeof want_gpu, &want_v);
+  int ok = fgets(line, sizeof line, f) && !strncmp(line, kTuneMagic, strlen(kTuneMagic)) &&
+           fgets(line, sizeof line, f) && sscanf(line, "gpu %255[^\n]", gpu) == 1 && !strcmp(gpu, want_gpu) &&
+           fgets(line, sizeof line, f) && sscanf(line, "cublaslt %zu", &v) == 1 && v == want_v;
+  while (ok && cx->ntunes < MLP_CUDA_TUNES && fgets(line, sizeof line, f)) {
+    mlp_cuda_tune t;
+    memset(&t, 0, sizeof t);
+    mlp_cuda_gemm_key *k = &t.key;
+    unsigned long long a[8];
+    long long M, N, K, lda, ldb, ldd, sa, sb, sd;
+    if (sscanf(line,
+               "gemm dt %d d_f32 %d ta %d tb %d batch %d beta1 %d epilogue %u align %u %u %u %u %u %u M %lld N %lld "
+               "K %lld lda %lld ldb %lld ldd %lld sa %lld sb %lld sd %lld algo %llx %llx %llx %llx %llx %llx %llx %llx",
+               &k->dt, &k->d_f32, &k->ta, &k->tb, &k->batch, &k->beta1, &k->epilogue, &k->align[0], &k->align[1],
+               &k->align[2], &k->align[3], &k->align[4], &k->align[5], &M, &N, &K, &lda, &ldb, &ldd, &sa, &sb, &sd,
+               &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7]) != 30)
+      continue;
+    k->M = M, k->N = N, k->K = K, k->lda = lda, k->ldb = ldb, k->ldd = ldd, k->sa = sa, k->sb = sb, k->sd = sd;
+    for (int i = 0; i < 8; i++)
+      t.algo.data[i] = a[i];
+    if (!tune_find(cx, k))
+      cx->tunes[cx->ntunes++] = t;
+  }
+  fclose(f);
+}
+
+const mlp_cuda_tune *tune_find(mlp_cuda_ctx *cx, const mlp_cuda_gemm_key *k) {
+  if (!cx->tune_read)
+    tune_read(cx);
+  for (int i = 0; i < cx->ntunes; i++)
+    if (!memcmp(&cx->tunes[i].key, k, sizeof *k))
+      return &cx->tunes[i];
+  return NULL;
+}
+
+int tune_cmp(const void *a, const void *b) {
+  return memcmp(&((const mlp_cuda_tune *)a)->key, &((const mlp_cuda_tune *)b)->key, sizeof(mlp_cuda_gemm_key));
+}
+
+/* The choices, sorted by key, to tune_file (through a temporary and a
+ * rename: a reader never sees half a file). Best effort: a file that cannot
+ * be written leaves the choices in memory. */
+void tune_write(mlp_cuda_ctx *cx) {
+  if (!cx->tune_file[0])
+    return;
+  char tmp[600], gpu[256];
+  size_t v;
+  tune_identity(cx, gpu, sizeof gpu, &v);
+  snprintf(tmp, sizeof tmp, "%s.tmp", cx->tune_file);
+  FILE *f = fopen(tmp, "w");
+  if (!f)
+    return;
+  qsort(cx->tunes, (size_t)cx->ntunes, sizeof *cx->tunes, tune_cmp);
+  fprintf(f, "%s (delete it to time again)\ngpu %s\ncublaslt %zu\n", kTuneMagic, gpu, v);
+  for (int i = 0; i < cx->ntunes; i++) {
+    const mlp_cuda_tune *t = &cx->tunes[i];
+    const mlp_cuda_gemm_key *k = &t->key;
+    fprintf(f,
+            "gemm dt %d d_f32 %d ta %d tb %d batch %d beta1 %d epilogue %u align %u %u %u %u %u %u M %lld N %lld K %lld "
+            "lda %lld ldb %lld ldd %lld sa %lld sb %lld sd %lld algo",
+            k->dt, k->d_f32, k->ta, k->tb, k->batch, k->beta1, k->epilogue, k->align[0], k->align[1], k->align[2],
+            k->align[3], k->align[4], k->align[5], (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->lda,
+            (long long)k->ldb, (long long)k->ldd, (long long)k->sa, (long long)k->sb, (long long)k->sd);
+    for (int j = 0; j < 8; j++)
+      fprintf(f, " %llx", (unsigned long long)t->algo.data[j]);
+    if (t->ms > 0)
+      fprintf(f, "  # %.4f ms, the heuristic's first choice %.4f ms", t->ms, t->heuristic_ms);
+    fprintf(f, "\n");
+  }
+  int bad = ferror(f);
+  if (fclose(f) || bad || rename(tmp, cx->tune_file))
+    remove(tmp);
+}
+
+/* Times plan p's candidates on the call's operands (A, B, and C when beta
+ * is 1) into temporary D and aux of dbytes each, and keeps the fastest in
+ * p and in the choices. Any failure leaves the heuristic's choice. */
+void lt_tune(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const void *A, const void *B, const void *C, float beta,
+             const void *bias, size_t dbytes) {
+  p->tuned = 1;
+  if (cx->ntunes >= MLP_CUDA_TUNES)
+    return;
+  const bool gelu_aux = p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulHeuristicResult_t r[MLP_CUDA_TUNE_CANDIDATES];
+  int n = 0;
+  if (lt_preference(&p->key, &pref) != CUBLAS_STATUS_SUCCESS)
+    return;
+  cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(cx->lt, p->op, p->a, p->b, p->c, p->d, pref, MLP_CUDA_TUNE_CANDIDATES, r, &n);
+  cublasLtMatmulPreferenceDestroy(pref);
+  void *D = NULL, *aux = NULL;
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  if (s != CUBLAS_STATUS_SUCCESS || n < 1 || cudaMalloc(&D, dbytes) != cudaSuccess ||
+      (gelu_aux && cudaMalloc(&aux, dbytes) != cudaSuccess) || cudaEventCreate(&e0) != cudaSuccess ||
+      cudaEventCreate(&e1) != cudaSuccess)
+    goto done;
+  {
+    const float alpha = 1.0f;
+    const void *Cp = beta != 0.0f ? C : D;
+    float best = 0, first = 0;
+    int bi = -1;
+    if (bias)
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (aux)
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    for (int i = 0; i < n; i++) {
+      if (r[i].state != CUBLAS_STATUS_SUCCESS)
+        continue;
+      const cublasLtMatmulAlgo_t *al = &r[i].algo;
+      bool ok = cublasLtMatmul(cx->lt, p->op, &alpha, B, p->a, A, p->b, &beta, Cp, p->c, D, p->d, al, cx->blas_ws,
+                               MLP_CUDA_BLAS_WS, cx->stream) == CUBLAS_STATUS_SUCCESS; /* the warm-up */
+      ok = ok && cudaEventRecord(e0, cx->stream) == cudaSuccess;
+      for (int rep = 0; ok && rep < 5; rep++)
+        ok = cublasLtMatmul(cx->lt, p->op, &alpha, B, p->a, A, p->b, &beta, Cp, p->c, D, p->d, al, cx->blas_ws,
+                            MLP_CUDA_BLAS_WS, cx->stream) == CUBLAS_STATUS_SUCCESS;
+      float ms = 0;
+      ok = ok && cudaEventRecord(e1, cx->stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+           cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+      if (!ok) {
+        cudaGetLastError(); /* a candidate that fails is skipped */
+        continue;
+      }
+      ms /= 5;
+      if (i == 0)
+        first = ms;
+      if (bi < 0 || ms < best)
+        bi = i, best = ms;
+    }
+    if (first > 0 && best > 0.97f * first) /* within the timing's noise: the heuristic's choice stays */
+      bi = 0, best = first;
+    if (bi >= 0) {
+      p->algo = r[bi].algo;
+      mlp_cuda_tune *t = &cx->tunes[cx->ntunes++];
+      t->key = p->key;
+      t->algo = r[bi].algo;
+      t->ms = best;
+      t->heuristic_ms = first;
+      tune_write(cx);
+    }
+  }
+done:
+  if (e0)
+    cudaEventDestroy(e0);
+  if (e1)
+    cudaEventDestroy(e1);
+  if (D || aux)
+    cudaStreamSynchronize(cx->stream);
+  cudaFree(D);
+  cudaFree(aux);
+}
+
 /* Builds plan p for key k: row-major D [M, N] = op(A) op(B) is the
  * column-major D^T [N, M] = op(B)^T op(A)^T, so cuBLASLt's A is our B (its
  * transpose flag ours, its stored shape N x K or K x N column-major) and its
@@ -474,19 +697,7 @@ int lt_plan_build(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const mlp_cuda_gemm_k
   MLP_LT(lt_layout(&p->c, td, k->N, k->M, k->ldd, k->batch, k->sd), "layout of C");
   MLP_LT(lt_layout(&p->d, td, k->N, k->M, k->ldd, k->batch, k->sd), "layout of D");
   {
-    uint64_t ws = MLP_CUDA_BLAS_WS;
-    uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    MLP_LT(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-           "setting MAX_WORKSPACE_BYTES");
-    MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask),
-           "setting REDUCTION_SCHEME_MASK");
-    static const cublasLtMatmulPreferenceAttributes_t al[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-      MLP_LT(cublasLtMatmulPreferenceSetAttribute(pref, al[i], &k->align[i], sizeof k->align[i]),
-             "setting MIN_ALIGNMENT");
+    MLP_LT(lt_preference(k, &pref), "creating the matmul preference");
     cublasLtMatmulHeuristicResult_t r;
     int n = 0;
     memset(&r, 0, sizeof r);
@@ -496,6 +707,11 @@ int lt_plan_build(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const mlp_cuda_gemm_k
     if (s == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
       p->algo = r.algo;
       p->ok = 1;
+      const mlp_cuda_tune *t = cx->tune ? tune_find(cx, k) : NULL;
+      cublasLtMatmulHeuristicResult_t chk;
+      if (t && cublasLtMatmulAlgoCheck(cx->lt, p->op, p->a, p->b, p->c, p->d, &t->algo, &chk) == CUBLAS_STATUS_SUCCESS &&
+          chk.state == CUBLAS_STATUS_SUCCESS && chk.workspaceSize <= MLP_CUDA_BLAS_WS)
+        p->algo = t->algo, p->tuned = 1;
     } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
       what = "cublasLtMatmulAlgoGetHeuristic";
       goto fail;
@@ -580,6 +796,9 @@ int lt_matmul(mlp_cuda_ctx *cx, const mlp_gemm *g, void *D, int d_f32, int64_t l
       *none = true;
       return 0;
     }
+    if (cx->tune && !p->tuned && !cx->capturing)
+      lt_tune(cx, p, A, B, Cp, beta, bias,
+              (size_t)(((int64_t)nb - 1) * k.sd + (g->M - 1) * ldd + g->N) * (size_t)des);
     if (bias)
       MLP_CUDA_BLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (aux)
@@ -843,6 +1062,7 @@ void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx) {
     cudaStreamSynchronize(cx->stream);
   for (int i = 0; i < MLP_CUDA_GEMM_PLANS; i++)
     lt_plan_free(&cx->plans[i]);
+  free(cx->tunes);
   if (cx->lt)
     cublasLtDestroy(cx->lt);
   if (cx->blas)
@@ -1075,6 +1295,24 @@ int mlp_cuda_fill(mlp_cuda_ctx *cx, int dt, void *y, int64_t n, double v) {
 }
 
 /* ---------------------------------------------------------------- accessors */
+
+/* Autotune on or off; file: where the choices are read and written (NULL
+ * or "": kept in memory only). Plans already built keep their algorithm
+ * until they are rebuilt, so this is set before the first call. */
+int mlp_cuda_set_tune(mlp_cuda_ctx *cx, int on, const char *file) {
+  cx->op = "mlp_cuda_set_tune";
+  if (file && strlen(file) >= sizeof cx->tune_file)
+    return MLP_CUDA_BAD("the file name is longer than %d bytes", (int)sizeof cx->tune_file - 1);
+  if (on && !cx->tunes && !(cx->tunes = (mlp_cuda_tune *)calloc(MLP_CUDA_TUNES, sizeof *cx->tunes)))
+    return MLP_CUDA_BAD("out of host memory");
+  snprintf(cx->tune_file, sizeof cx->tune_file, "%s", file ? file : "");
+  cx->tune = on;
+  cx->tune_read = 0;
+  cx->ntunes = 0;
+  for (int i = 0; i < MLP_CUDA_GEMM_PLANS; i++) /* rebuilt with the new choices */
+    lt_plan_free(&cx->plans[i]);
+  return 0;
+}
 
 /* For kernel files that cannot see struct mlp_cuda_ctx (mlp_optim_cuda.cu). */
 int mlp_cuda_set_stream(mlp_cuda_ctx *cx, void *stream) {

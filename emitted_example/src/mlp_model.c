@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* compile.mode max-autotune: where the GEMM choices are kept (the working
+ * directory; mlp_set_autotune names another file) */
+#define MLP_TUNE_FILE "mlp_autotune.txt"
+
 int mlp_fail(struct mlp_model *m, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -116,6 +120,12 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
       return MLP_EDEVICE;
     }
     m->graphs = mlp_graphs_default;
+    if (mlp_tune_default && mlp_cuda_set_tune(m->cx, 1, MLP_TUNE_FILE)) {
+      set_err(err, errlen, "mlp_create: %s", mlp_cuda_ctx_error(m->cx));
+      mlp_cuda_ctx_destroy(m->cx);
+      free(m);
+      return MLP_ENOMEM;
+    }
 #else
     free(m);
     set_err(err, errlen, "mlp_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
@@ -528,6 +538,20 @@ mlp_status mlp_set_graphs(mlp_model *m, int on) {
   if (on != 0 && on != 1)
     return mlp_fail(m, MLP_EINVAL, "set_graphs: on must be 0 or 1, not %d", on);
   m->graphs = on && m->device == 1;
+  return MLP_OK;
+}
+
+mlp_status mlp_set_autotune(mlp_model *m, int on, const char *file) {
+  if (!m)
+    return MLP_EINVAL;
+  if (on != 0 && on != 1)
+    return mlp_fail(m, MLP_EINVAL, "set_autotune: on must be 0 or 1, not %d", on);
+  if (m->device == 0)
+    return MLP_OK;
+#ifdef MLP_HAVE_CUDA
+  if (mlp_cuda_set_tune(m->cx, on, file ? file : MLP_TUNE_FILE))
+    return mlp_fail(m, MLP_EINVAL, "set_autotune: %s", mlp_cuda_ctx_error(m->cx));
+#endif
   return MLP_OK;
 }
 

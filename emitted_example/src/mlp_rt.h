@@ -347,6 +347,7 @@ int mlp_cuda_opt_report(mlp_cuda_ctx *cx, void *state, int64_t *step, int64_t *b
  * generation counts the reallocations of the context's scratch: a graph
  * recorded under another generation holds a freed pointer. */
 int mlp_cuda_set_stream(mlp_cuda_ctx *cx, void *stream);
+int mlp_cuda_set_tune(mlp_cuda_ctx *cx, int on, const char *file); /* max-autotune; file NULL: in memory only */
 int mlp_cuda_graph_begin(mlp_cuda_ctx *cx);
 int mlp_cuda_graph_end(mlp_cuda_ctx *cx, void **graph);
 int mlp_cuda_graph_launch(mlp_cuda_ctx *cx, void *graph);
@@ -438,6 +439,7 @@ extern const int mlp_pass_dropout[MLP_NPASS];
  * may be NULL in its call. */
 extern const uint64_t mlp_pass_inputs[MLP_NPASS];
 extern const int mlp_graphs_default;
+extern const int mlp_tune_default; /* compile.mode max-autotune */
 
 #define MLP_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
 #define MLP_GRAPH_IO 16 /* models with more inputs or outputs run without graphs */

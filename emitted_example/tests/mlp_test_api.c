@@ -102,6 +102,10 @@ int main(int argc, char **argv) {
   check(mlp_set_stream(m, NULL) == MLP_OK && mlp_set_stream(NULL, NULL) == MLP_EINVAL, "set_stream(NULL)", mlp_error(m));
   check(mlp_set_graphs(m, 2) == MLP_EINVAL && mlp_set_graphs(m, 1) == MLP_OK && mlp_set_graphs(m, 0) == MLP_OK,
         "set_graphs takes 0 or 1", mlp_error(m));
+  check(mlp_set_autotune(m, 2, NULL) == MLP_EINVAL && contains(mlp_error(m), "0 or 1") &&
+            mlp_set_autotune(m, 1, NULL) == MLP_OK && mlp_set_autotune(m, 0, "") == MLP_OK &&
+            mlp_set_autotune(NULL, 0, NULL) == MLP_EINVAL,
+        "set_autotune takes 0 or 1 (on the cpu it does nothing)", mlp_error(m));
   check(mlp_sync(m) == MLP_OK && mlp_sync(NULL) == MLP_EINVAL, "sync", mlp_error(m));
 
   /* training calls */

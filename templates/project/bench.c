@@ -1,12 +1,13 @@
 /* tgm_bench: times the forward pass, or the training step.
- *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1]
+ *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
  * call is printed too), and the workspace the pass needs at these dims. --train 1 times train_step
  * (forward, backward, optimizer) on a fixed batch; for a model without an
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
- * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode). */
+ * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode); --autotune 1 times
+ * cuBLASLt's candidates for each GEMM in the warm-up (tgm_set_autotune, choices in memory only). */
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
 
@@ -28,7 +29,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
-  int iters = 20, warmup = 3, train = 0, graphs = -1;
+  int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
     else return fprintf(stderr, "tgm_bench: unknown option '%s'\n", argv[i]), 1;
   }
   if (iters < 1 || iters > 100000)
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
   if (tgm_create(device, &m, err, sizeof err))
     return fprintf(stderr, "tgm_bench: %s\n", err), 1;
   tgm_init_params(m, tgm_info.seed);
-  if (graphs >= 0 && tgm_set_graphs(m, graphs))
+  if ((graphs >= 0 && tgm_set_graphs(m, graphs)) || (tune >= 0 && tgm_set_autotune(m, tune, "")))
     return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
   tgm_host in[64], out[64];
   void *din[64], *dout[64];

@@ -102,6 +102,10 @@ int main(int argc, char **argv) {
   check(tgm_set_stream(m, NULL) == TGM_OK && tgm_set_stream(NULL, NULL) == TGM_EINVAL, "set_stream(NULL)", tgm_error(m));
   check(tgm_set_graphs(m, 2) == TGM_EINVAL && tgm_set_graphs(m, 1) == TGM_OK && tgm_set_graphs(m, 0) == TGM_OK,
         "set_graphs takes 0 or 1", tgm_error(m));
+  check(tgm_set_autotune(m, 2, NULL) == TGM_EINVAL && contains(tgm_error(m), "0 or 1") &&
+            tgm_set_autotune(m, 1, NULL) == TGM_OK && tgm_set_autotune(m, 0, "") == TGM_OK &&
+            tgm_set_autotune(NULL, 0, NULL) == TGM_EINVAL,
+        "set_autotune takes 0 or 1 (on the cpu it does nothing)", tgm_error(m));
   check(tgm_sync(m) == TGM_OK && tgm_sync(NULL) == TGM_EINVAL, "sync", tgm_error(m));
 
   /* training calls */

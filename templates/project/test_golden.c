@@ -2,27 +2,33 @@
  * the golden vectors tgen computed with its double-precision reference
  * interpreter (tests/golden.safetensors: meta.dims, meta.seed, the inputs,
  * expected.OUTPUT, meta.dtype.OUTPUT). Without golden vectors it checks that
- * the forward pass runs and gives finite values. Exit: 0 pass, 1 fail, 77 no
- * GPU (skipped). */
+ * the forward pass runs and gives finite values. With a third argument, a
+ * file name, the model runs with autotuned GEMMs (tgm_set_autotune) keeping
+ * its choices there, twice: the second model reads the choices the first
+ * wrote and must give the same outputs bit for bit; the file is removed.
+ * Exit: 0 pass, 1 fail, 77 no GPU (skipped). */
 #include "tgm_io.h"
 
 /* The error allowed for each output dtype: max|got - want| / max|want|. */
 static double tolerance(int dt) { return dt == TGM_BF16 ? 3e-2 : dt == TGM_F16 ? 5e-3 : 1e-4; }
 
-int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors\n", argv[0]);
-    return 1;
-  }
+/* One model's forward on dev against the golden vectors; with tune, its
+ * GEMMs autotuned with that file. The outputs' bytes stay in keep[k]
+ * (malloc'd) for the caller. Returns 0, 1 (failed) or 77 (no GPU). */
+static int run(const char *dev, const char *golden, const char *tune, void **keep, size_t *kbytes) {
   char err[512];
   tgm_model *m;
-  int rc = tgm_create(argv[1], &m, err, sizeof err);
-  if (rc == TGM_EDEVICE && !strcmp(argv[1], "cuda")) {
+  int rc = tgm_create(dev, &m, err, sizeof err);
+  if (rc == TGM_EDEVICE && !strcmp(dev, "cuda")) {
     printf("skipped: %s\n", err);
     return 77;
   }
+  if (!rc && tune && tgm_set_autotune(m, 1, tune)) {
+    fprintf(stderr, "FAIL: set_autotune: %s\n", tgm_error(m));
+    return 1;
+  }
   tgm_case c;
-  if (rc || tgm_case_open(m, argv[2], &c, err, sizeof err)) {
+  if (rc || tgm_case_open(m, golden, &c, err, sizeof err)) {
     fprintf(stderr, "FAIL: %s\n", err);
     return 1;
   }
@@ -69,10 +75,46 @@ int main(int argc, char **argv) {
   for (int k = 0; k < tgm_info.noutputs; k++) {
     if (dout[k] != out[k].data)
       tgm_device_free(m, dout[k]);
-    free(out[k].data);
+    kbytes[k] = (size_t)out[k].numel * (size_t)tgm_dtype_sizes[out[k].dtype];
+    keep[k] = out[k].data;
   }
   tgm_case_close(m, &c);
   tgm_destroy(m);
   printf("%d passed, %d failed\n", tgm_info.noutputs - fails, fails);
   return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors [AUTOTUNE_FILE]\n", argv[0]);
+    return 1;
+  }
+  void *a[64] = {0}, *b[64] = {0};
+  size_t na[64] = {0}, nb[64] = {0};
+  const char *tune = argc == 4 ? argv[3] : NULL;
+  if (tune)
+    remove(tune);
+  int rc = run(argv[1], argv[2], tune, a, na);
+  if (!rc && tune) { /* again, from the choices the first run wrote */
+    FILE *f = fopen(tune, "r");
+    char line[256] = "";
+    int gemms = 0;
+    if (f) {
+      while (fgets(line, sizeof line, f))
+        gemms += !strncmp(line, "gemm ", 5);
+      fclose(f);
+    }
+    printf("autotune: %s holds %d GEMM choice(s)\n", f ? tune : "no file", gemms);
+    rc = run(argv[1], argv[2], tune, b, nb);
+    for (int k = 0; !rc && k < tgm_info.noutputs; k++)
+      if (na[k] != nb[k] || memcmp(a[k], b[k], na[k])) {
+        printf("FAIL %s: the second autotuned run (choices read from %s) differs from the first\n",
+               tgm_info.outputs[k].name, tune);
+        rc = 1;
+      }
+    remove(tune);
+  }
+  for (int k = 0; k < 64; k++)
+    free(a[k]), free(b[k]);
+  return rc;
 }

@@ -104,6 +104,17 @@ tgm_status tgm_set_params(tgm_model *m, const void *host, size_t bytes);
 tgm_status tgm_set_stream(tgm_model *m, void *stream);
 tgm_status tgm_sync(tgm_model *m);
 tgm_status tgm_set_graphs(tgm_model *m, int on);
+/* Autotuned GEMMs (CUDA; the default with compile.mode max-autotune, which
+ * also turns graphs on): on = 1 times up to 8 of cuBLASLt's candidate
+ * algorithms the first time each GEMM shape runs (that call waits for the
+ * timing) and keeps the fastest; the choices are read from and written to
+ * `file` (NULL: tgm_autotune.txt in the working directory; "": kept in
+ * memory only), a text file with one line per GEMM that is ignored when
+ * written on another GPU or cuBLASLt version (delete it to time again).
+ * Another algorithm may round differently, so results can differ from
+ * on = 0 by rounding. Set it before the first call; on "cpu" it does
+ * nothing. */
+tgm_status tgm_set_autotune(tgm_model *m, int on, const char *file);
 
 /* The forward pass: outputs from inputs for the given dims (NULL when the
  * model has no dynamic dims). */

@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* compile.mode max-autotune: where the GEMM choices are kept (the working
+ * directory; tgm_set_autotune names another file) */
+#define TGM_TUNE_FILE "tgm_autotune.txt"
+
 int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -116,6 +120,12 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
       return TGM_EDEVICE;
     }
     m->graphs = tgm_graphs_default;
+    if (tgm_tune_default && tgm_cuda_set_tune(m->cx, 1, TGM_TUNE_FILE)) {
+      set_err(err, errlen, "tgm_create: %s", tgm_cuda_ctx_error(m->cx));
+      tgm_cuda_ctx_destroy(m->cx);
+      free(m);
+      return TGM_ENOMEM;
+    }
 #else
     free(m);
     set_err(err, errlen, "tgm_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
@@ -528,6 +538,20 @@ tgm_status tgm_set_graphs(tgm_model *m, int on) {
   if (on != 0 && on != 1)
     return tgm_fail(m, TGM_EINVAL, "set_graphs: on must be 0 or 1, not %d", on);
   m->graphs = on && m->device == 1;
+  return TGM_OK;
+}
+
+tgm_status tgm_set_autotune(tgm_model *m, int on, const char *file) {
+  if (!m)
+    return TGM_EINVAL;
+  if (on != 0 && on != 1)
+    return tgm_fail(m, TGM_EINVAL, "set_autotune: on must be 0 or 1, not %d", on);
+  if (m->device == 0)
+    return TGM_OK;
+#ifdef TGM_HAVE_CUDA
+  if (tgm_cuda_set_tune(m->cx, on, file ? file : TGM_TUNE_FILE))
+    return tgm_fail(m, TGM_EINVAL, "set_autotune: %s", tgm_cuda_ctx_error(m->cx));
+#endif
   return TGM_OK;
 }
 

@@ -415,6 +415,7 @@ int tgm_cuda_opt_report(tgm_cuda_ctx *cx, void *state, int64_t *step, int64_t *b
  * generation counts the reallocations of the context's scratch: a graph
  * recorded under another generation holds a freed pointer. */
 int tgm_cuda_set_stream(tgm_cuda_ctx *cx, void *stream);
+int tgm_cuda_set_tune(tgm_cuda_ctx *cx, int on, const char *file); /* max-autotune; file NULL: in memory only */
 int tgm_cuda_graph_begin(tgm_cuda_ctx *cx);
 int tgm_cuda_graph_end(tgm_cuda_ctx *cx, void **graph);
 int tgm_cuda_graph_launch(tgm_cuda_ctx *cx, void *graph);
@@ -506,6 +507,7 @@ extern const int tgm_pass_dropout[TGM_NPASS];
  * may be NULL in its call. */
 extern const uint64_t tgm_pass_inputs[TGM_NPASS];
 extern const int tgm_graphs_default;
+extern const int tgm_tune_default; /* compile.mode max-autotune */
 
 #define TGM_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
 #define TGM_GRAPH_IO 16 /* models with more inputs or outputs run without graphs */
