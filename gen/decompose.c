@@ -12,6 +12,8 @@
  *   layer_norm(x)   d * rsqrt(sum(d^2) / D + eps) * w + b,  d = x - sum(x) / D
  *   rms_norm(x)     x * rsqrt(sum(x^2) / D + eps) * w
  *   cross_entropy   sum(where(t != ignore, lse - take(x, t), 0)) / sum(t != ignore)
+ *                   (its gradient's softmax of the same logits reuses the
+ *                   row max and sum: the backward reads each logit once)
  *   mse_loss(a, b)  sum((a - b)^2) / n
  *
  * Statistics are computed in f32 whatever the model's dtype (as PyTorch's
@@ -28,6 +30,10 @@ typedef struct D {
   Arena *a;
   Vec nodes, orig;   /* Node *, const Node * */
   const Node *src;   /* the graph node being copied */
+  /* each cross_entropy's logits and its row max (f32, kept dims) and sum
+   * of exp(x - max): the backward's softmax of the same logits reuses them */
+  Node *ce_x[8], *ce_m[8], *ce_s[8];
+  int ce_ax[8], nce;
 } D;
 
 static Node *nn(D *d, Op op, int nin, DType dt, const Shape *sh) {
@@ -117,6 +123,14 @@ static uint32_t all_axes(const Node *x) { return x->shape.rank ? (1u << x->shape
 
 /* ---------------------------------------------------------------- rules */
 
+/* Are a and b the same value: one node, or reshapes of the same shape of
+ * one node (the backward may recompute a view)? */
+static int same_value(const Node *a, const Node *b) {
+  while (a != b && a->op == OP_RESHAPE && b->op == OP_RESHAPE && shape_eq(&a->shape, &b->shape))
+    a = a->in[0], b = b->in[0];
+  return a == b;
+}
+
 /* The decomposition of a composite node n whose operands (pass-local) are
  * in[]; returns the node holding its value. */
 static Node *decompose(D *d, const Node *n, Node **in) {
@@ -144,6 +158,12 @@ static Node *decompose(D *d, const Node *n, Node **in) {
   case OP_SOFTMAX: case OP_LOG_SOFTMAX: {
     uint32_t ax = 1u << n->axis;
     Node *xf = cast(d, x, DT_F32);
+    for (int i = 0; i < d->nce && n->op == OP_SOFTMAX; i++)
+      if (same_value(d->ce_x[i], x) && d->ce_ax[i] == n->axis) { /* cross_entropy's gradient: its forward's row statistics */
+        Node *e = op1(d, OP_EXP, op2(d, OP_SUB, xf, d->ce_m[i]));
+        Shape ks = d->ce_m[i]->shape;
+        return cast(d, op2(d, OP_DIV, e, reshape(d, d->ce_s[i], &ks)), dt);
+      }
     Node *z = op2(d, OP_SUB, xf, reduce(d, OP_AMAX, xf, ax, 1));
     if (n->op == OP_SOFTMAX) {
       Node *e = op1(d, OP_EXP, z);
@@ -169,6 +189,8 @@ static Node *decompose(D *d, const Node *n, Node **in) {
     Node *xf = cast(d, x, DT_F32), *t = in[1];
     Node *m = reduce(d, OP_AMAX, xf, 1u << ax, 1);
     Node *s = reduce(d, OP_SUM, op1(d, OP_EXP, op2(d, OP_SUB, xf, m)), 1u << ax, 0);
+    if (d->nce < 8)
+      d->ce_x[d->nce] = x, d->ce_m[d->nce] = m, d->ce_s[d->nce] = s, d->ce_ax[d->nce++] = ax;
     Node *lse = op2(d, OP_ADD, op1(d, OP_LOG, s), reshape(d, m, &s->shape));
     Node *picked = nn(d, OP_TAKE, 2, DT_F32, &s->shape);
     picked->in[0] = xf;

@@ -76,6 +76,14 @@ static const char *flit(Arena *a, double v) {
 
 /* ---------------------------------------------------------------- the dialects */
 
+/* An index into a value of shape sh: its row-major position, or its
+ * position along each dim, or both. */
+typedef struct Ix {
+  const Shape *sh;
+  const char *flat;          /* row-major position, or NULL */
+  const char *d[MAXRANK];    /* per-dim positions (NULL: derived from flat) */
+} Ix;
+
 typedef struct R R;
 /* how a kernel's elements map to threads: pointwise; a loop per output
  * element; a warp or a block per output element (rows: the reduced dims are
@@ -197,6 +205,7 @@ struct R {
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
+  Ix full;            /* a reduction phase's index over the kernel's whole space (full.sh NULL: none) */
   int rcache_regs;    /* the registers those arrays take so far */
   int lanes;          /* printing a vector loop's lane body */
   const char *vflat;  /* the flat index a vector lane loads and stores at ("i"; a row kernel's "o * n_r + r") */
@@ -345,11 +354,6 @@ static const char *bind_ix(R *r, const char *e) { return bind_as(r, r->it, e, "i
 
 /* ---------------------------------------------------------------- indices */
 
-typedef struct Ix {
-  const Shape *sh;
-  const char *flat;          /* row-major position, or NULL */
-  const char *d[MAXRANK];    /* per-dim positions (NULL: derived from flat) */
-} Ix;
 
 static int is_one(const Dim *d) {
   int64_t v;
@@ -450,6 +454,8 @@ static Ix ix_view(R *r, const Node *n, Ix *ix) {
   switch (n->op) {
   case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
     o.flat = ix_flat(r, ix);
+    if (r->full.sh && r->full.flat && !strcmp(o.flat, r->full.flat) && shape_eq(&x->shape, r->full.sh))
+      return r->full; /* back to the kernel's own index (its output element o reads its reductions) */
     return o;
   case OP_BROADCAST_TO:
     return ix_bcast(r, ix, &x->shape);
@@ -1249,6 +1255,9 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
     ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
   if (kernel_rows(k))
     r->vflat = ixF.flat = bind_ix(r, "o * n_r + r");
+  r->full = ixF; /* (only the rows' flat index names an element of the whole space) */
+  if (!kernel_rows(k))
+    r->full.sh = NULL;
   for (int i = 0; i < k->nreds && ph <= r->nph; i++) {
     const Node *red = k->reds[i];
     if (dep(r, red) != ph)
@@ -1275,6 +1284,7 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
       store(r, n, &xi, 0);
     }
   }
+  r->full.sh = NULL;
   return na;
 }
 

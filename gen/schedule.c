@@ -327,6 +327,45 @@ static int leaves_to_finals(S *s, Kernel *k) {
   return k->leaves == 1;
 }
 
+/* Does backward kernel k compute gradient work only (no value it stores or
+ * reduces is a copy of a forward node, as a recomputation is)? Such work
+ * may run in the forward's kernel that its operands are ready by: the loss
+ * gradient's first kernels over the logits or the prediction (a
+ * recomputation there would store what the partitioner chose not to save). */
+static int gradient_only(const BPass *p, const Kernel *k) {
+  for (int i = 0; i < k->nouts; i++)
+    if (p->orig[k->outs[i]->id]->id < p->g->nforward)
+      return 0;
+  for (int i = 0; i < k->nreds; i++)
+    if (p->orig[k->reds[i]->id]->id < p->g->nforward)
+      return 0;
+  return 1;
+}
+
+/* Does kernel k read only inputs and params (so it may run earlier)? */
+static int reads_leaves(S *s, const Kernel *k) {
+  kernel_loads(s->p, k, s->wp2);
+  for (int q = 0; q < s->wp2->nlist; q++)
+    if (!is_leaf(s->p->nodes[s->wp2->list[q]]))
+      return 0;
+  return 1;
+}
+
+/* Moves kernel x (> i) to index i, the kernels i..x-1 one later. */
+static void hoist(S *s, int x, int i) {
+  BPass *p = s->p;
+  Kernel *k = p->k[x];
+  int id = s->kid_at[x];
+  for (int q = x; q > i; q--) {
+    p->k[q] = p->k[q - 1];
+    s->kid_at[q] = s->kid_at[q - 1];
+    s->idx_of[s->kid_at[q]] = q;
+  }
+  p->k[i] = k;
+  s->kid_at[i] = id;
+  s->idx_of[id] = i;
+}
+
 /* What kernel k is, in words, for the reasons below ("a GEMM (linear)"). */
 static const char *kernel_what(const BPass *p, const Kernel *k) {
   if (k->kind == K_LOOP)
@@ -396,8 +435,14 @@ static const char *merge(S *s, int i, int j, int commit) {
    * (fusing a recomputation into the forward would store what the
    * partitioner chose not to save) */
   int sj = loads(s, kj);
-  if (in_backward(p, ki) != in_backward(p, kj) && !(!in_backward(p, ki) && leaves_to_finals(s, kj)))
-    return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
+  int into_fwd = 0; /* gradient work merged into the forward kernel its operands are ready by */
+  if (in_backward(p, ki) != in_backward(p, kj) && !(!in_backward(p, ki) && leaves_to_finals(s, kj))) {
+    if (in_backward(p, ki) || !gradient_only(p, kj) || reads_leaves(s, kj)) /* (one that reads only leaves
+                                                                               moves before its reader) */
+      return "the training step's backward part starts (the forward keeps only what the partitioner saved)";
+    into_fwd = 1;
+    sj = loads(s, kj);
+  }
   int related = 0;
   for (int q = 0; q < ki->nouts && !related; q++)
     related = s->wp->mark[ki->outs[q]->id] == sj;
@@ -418,12 +463,21 @@ static const char *merge(S *s, int i, int j, int commit) {
     return "nothing in common: the next reads nothing this one stores, and they load no buffer in common";
   /* placement: at i when every producer of j runs before i, else at j when
    * nothing between them reads i's stores */
-  int at_i = 1;
+  int at_i = 1, *up = s->mj, nup = 0; /* kernels between them that j reads and that read only leaves: moved before i */
   for (int q = 0; q < s->wp->nlist && at_i; q++) {
-    int id = s->wp->list[q];
-    if (kidx(s, id) > i && kidx(s, id) != j)
-      at_i = 0;
+    int id = s->wp->list[q], x = kidx(s, id);
+    if (x > i && x != j) {
+      int dup = 0;
+      for (int u = 0; u < nup; u++)
+        dup |= up[u] == x;
+      if (into_fwd && !dup && reads_leaves(s, p->k[x]))
+        up[nup++] = x;
+      else if (!dup)
+        at_i = 0;
+    }
   }
+  if (into_fwd && !at_i)
+    return WHY("the loss gradient's next kernel reads values computed after this one");
   int at_j = 0;
   if (!at_i) {
     at_j = 1;
@@ -461,6 +515,19 @@ static const char *merge(S *s, int i, int j, int commit) {
       return WHY("a reduction over leading dims with %lld outputs runs as %lld tiles of 32 columns, "
                           "too few for the work over its whole input (the H100 has 132 SMs)", (long long)o,
                           (long long)((o + 31) / 32));
+  }
+  if (commit && nup) { /* up[] (each before j) to i, i's kernel after them */
+    for (int u = 0; u < nup; u++) { /* in index order, so each move keeps the others' places */
+      int lo = u;
+      for (int v = u + 1; v < nup; v++)
+        if (up[v] < up[lo])
+          lo = v;
+      int t = up[u];
+      up[u] = up[lo];
+      up[lo] = t;
+      hoist(s, up[u], i + u);
+    }
+    i += nup;
   }
   int *saved = s->saved; /* the kernel of each value m stores, before (only these change) */
   int pos = at_i ? i : j;

@@ -189,8 +189,8 @@ static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *_
   }
 }
 
-/* k5_softmax_mul: spec/examples/mlp.yaml:32 'd_loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss) {
+/* k5_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
+static __global__ void k5_cross_entropy_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
@@ -279,6 +279,8 @@ static __global__ void k5_softmax_mul(int dim_B, const float *__restrict__ logit
       const float v42 = v41 * v30;
       d_loss[ix33] = (float)v42;
     }
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s6;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s16;
   }
 }
 
@@ -433,7 +435,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   return MLP_OK;
 }
 
-/* the train pass: 13 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 12 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -452,7 +454,7 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1048576);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1064960);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
@@ -477,10 +479,9 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
-  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   k4_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
-  k5_softmax_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss);
+  k5_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
+  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,

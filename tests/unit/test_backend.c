@@ -429,6 +429,75 @@ static void wrt_pass(const char *path, const char *want, int dx_kernel) {
   arena_free(&a);
 }
 
+/* A loss and the first kernel of its gradient: the loss's reductions over
+ * the prediction (cross_entropy: the row max and sum of exp; mse_loss: the
+ * sum of squares, split over blocks at 8192 x 1024) and the gradient of the
+ * prediction in one kernel, the only one that reads the prediction (the
+ * count of the targets that are not ignored, which reads only the targets,
+ * runs before it). */
+static int is_leaf_node(const Node *n) { return n->op == OP_INPUT || n->op == OP_PARAM; }
+
+static Dim shape_numel(const Shape *sh) {
+  Dim n = dim_const(1);
+  for (int i = 0; i < sh->rank; i++)
+    n = dim_mul(n, sh->d[i], (Loc){0});
+  return n;
+}
+
+static void loss_kernels(const char *path, Op loss) {
+  Arena a = {.fail_after = -1};
+  char *src = slurp(&a, path);
+  Graph *g = src ? load(&a, path, src) : NULL;
+  Plan pl = {0};
+  int64_t maxsym[MAXSYM] = {0};
+  char err[512], detail[200];
+  for (int k = 0; g && k < g->nsyms; k++) /* as tgen partitions: at each dynamic dim's max */
+    maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err)) {
+    check(0, path, "cannot load, differentiate or partition");
+    arena_free(&a);
+    return;
+  }
+  BPass *ps[NPASS] = {0};
+  build_passes(g, &pl, 1, 2, ps);
+  BPass *p = ps[PASS_TRAIN];
+  int kc = -1, grads = 0, readers = 0, pred = -1;
+  const Node *pg = NULL; /* the prediction in the graph: the loss's operand, through views */
+  for (int c = 0; c < p->nk && kc < 0; c++)
+    for (int r = 0; r < p->k[c]->nreds && kc < 0; r++)
+      if (p->orig[p->k[c]->reds[r]->id]->op == loss)
+        kc = c, pg = p->orig[p->k[c]->reds[r]->id]->in[0];
+  while (pg && op_info[pg->op].cls == C_VIEW)
+    pg = pg->in[0];
+  char *mark = arena_alloc(&a, (size_t)p->n + 1);
+  if (kc >= 0) {
+    const Kernel *k = p->k[kc];
+    for (int i = 0; i < k->nouts; i++) {
+      Dim n = shape_numel(&k->outs[i]->shape);
+      grads += k->outs[i]->id >= p->nfwd && dim_eq(&n, &k->numel);
+    }
+    loads_mark(p, k, mark); /* the prediction: what it loads over its whole space */
+    for (int i = 0; i < p->n && pred < 0; i++)
+      if (mark[i] && p->orig[i] == pg)
+        pred = i;
+    for (int i = 0; i < p->n && pred < 0; i++) { /* (an alias of it: what the kernel loads over its whole space) */
+      Dim n = shape_numel(&p->nodes[i]->shape);
+      if (mark[i] && !is_leaf_node(p->nodes[i]) && dim_eq(&n, &k->numel))
+        pred = i;
+    }
+    for (int c = 0; c < p->nk && pred >= 0; c++) { /* the kernels that pass over it */
+      memset(mark, 0, (size_t)p->n + 1);
+      loads_mark(p, p->k[c], mark);
+      readers += mark[pred] && p->k[c]->kind == K_LOOP && dim_eq(&p->k[c]->numel, &k->numel);
+    }
+  }
+  snprintf(detail, sizeof detail,
+           "%s: the %s kernel (#%d) stores %d gradient(s) over its input; %d kernel(s) pass over the prediction (%%%d)",
+           path, op_info[loss].name, kc + 1, grads, readers, pred);
+  check(kc >= 0 && grads == 1 && readers == 1, detail, "the loss and its gradient in one kernel over the prediction");
+  arena_free(&a);
+}
+
 static void wrt_kernels(void) {
   wrt_pass("tests/e2e/tinyops_grad.yaml", "LR", 0);
   wrt_pass("bench/specs/tinyops_fwdbwd.yaml", "R", 0);
@@ -546,6 +615,9 @@ int main(int argc, char **argv) {
   if (!only) {
     kernel_groups();
     wrt_kernels();
+    loss_kernels("spec/examples/mlp.yaml", OP_CROSS_ENTROPY);
+    loss_kernels("tests/data/gpt2_tiny.yaml", OP_CROSS_ENTROPY);
+    loss_kernels("spec/examples/mlp_blocks.yaml", OP_MSE_LOSS);
     cuda_mapping();
   }
   printf("%d passed, %d failed\n", npass, nfail);
