@@ -84,6 +84,16 @@ static int run(const char *dev, const char *golden, const char *tune, void **kee
   return fails ? 1 : 0;
 }
 
+/* The first bytes of file path (0 when there is none), NUL-terminated. */
+static size_t slurp(const char *path, char *buf, size_t cap) {
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  return n;
+}
+
 int main(int argc, char **argv) {
   if (argc != 3 && argc != 4) {
     fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors [AUTOTUNE_FILE]\n", argv[0]);
@@ -96,15 +106,12 @@ int main(int argc, char **argv) {
     remove(tune);
   int rc = run(argv[1], argv[2], tune, a, na);
   if (!rc && tune) { /* again, from the choices the first run wrote */
-    FILE *f = fopen(tune, "r");
-    char line[256] = "";
+    char first[8192], second[8192];
+    size_t n1 = slurp(tune, first, sizeof first), n2;
     int gemms = 0;
-    if (f) {
-      while (fgets(line, sizeof line, f))
-        gemms += !strncmp(line, "gemm ", 5);
-      fclose(f);
-    }
-    printf("autotune: %s holds %d GEMM choice(s)\n", f ? tune : "no file", gemms);
+    for (const char *l = first; (l = strstr(l, "\ngemm ")); l++)
+      gemms++;
+    printf("autotune: %s holds %d GEMM choice(s)\n", tune, gemms);
     rc = run(argv[1], argv[2], tune, b, nb);
     for (int k = 0; !rc && k < tgm_info.noutputs; k++)
       if (na[k] != nb[k] || memcmp(a[k], b[k], na[k])) {
@@ -112,6 +119,11 @@ int main(int argc, char **argv) {
                tgm_info.outputs[k].name, tune);
         rc = 1;
       }
+    n2 = slurp(tune, second, sizeof second);
+    if (!rc && (n1 != n2 || memcmp(first, second, n1))) { /* a GEMM timed again would rewrite it */
+      printf("FAIL the second run did not take its choices from %s: the file changed\n", tune);
+      rc = 1;
+    }
     remove(tune);
   }
   for (int k = 0; k < 64; k++)
