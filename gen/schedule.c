@@ -477,7 +477,7 @@ static const char *merge(S *s, int i, int j, int commit) {
     }
   }
   if (into_fwd && !at_i)
-    return WHY("the loss gradient's next kernel reads values computed after this one");
+    return WHY("the next is gradient work that reads values computed after this kernel");
   int at_j = 0;
   if (!at_i) {
     at_j = 1;
