@@ -43,6 +43,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+/*@uses attention@*/
+#include <mma.h>
+/*@end attention@*/
 
 #include <limits.h>
 #include <math.h>
@@ -1496,9 +1499,197 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
   return 0;
 }
 
+
+/* Flash attention's forward (FlashAttention-2's loop order) for bf16/f16
+ * with head dim D (64 or 128): a block of 4 warps takes 64 query rows of one
+ * batch element, each warp 16 of them. For each tile of 64 keys: S = scale
+ * q k^T on the tensor cores (f32), the online softmax of the warp's rows in
+ * shared memory (the running max m and sum l; the tile's P rounded to T as
+ * the materialised path rounds it), and O = alpha O + P v on the tensor
+ * cores, O's f32 accumulators kept in shared memory (a fragment's layout is
+ * opaque, the per-row rescale is not). Causal (column j > row i masked, as
+ * k_softmax_rows) skips the key tiles past the block's last row. No T x T
+ * buffer. Rows, keys and batches beyond the sizes read zeros and write
+ * nothing; an all-masked row gives NaN (0/0), as torch. */
+namespace fa {
+constexpr int BQ = 64, BK = 64, WARPS = 4;
+template <int D> struct Smem { /* shared memory layout (elements; wmma wants 32-byte aligned tiles) */
+  static constexpr int LD = D + 8, LDS = BK + 4, LDP = BK + 8, LDO = D + 4;
+  static constexpr size_t q = 0, k = q + (size_t)BQ * LD * 2, v = k + (size_t)BK * LD * 2,
+                          s = v + (size_t)BK * LD * 2, p = s + (size_t)WARPS * 16 * LDS * 4,
+                          o = p + (size_t)WARPS * 16 * LDP * 2, stat = o + (size_t)WARPS * 16 * LDO * 4,
+                          bytes = stat + (size_t)3 * BQ * 4;
+};
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_add(float x) {
+  for (int o = 16; o > 0; o >>= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+/* rows r0.. of a [rows, D] tile (row stride ld elements of global memory) into shared memory, zeros past n */
+template <class T, int D>
+__device__ __forceinline__ void load_tile(T *dst, int lds, const T *src, int64_t ld, int r0, int n) {
+  constexpr int V = 8; /* 16 bytes */
+  for (int e = threadIdx.x; e < 64 * D / V; e += WARPS * 32) {
+    int r = e / (D / V), c = (e % (D / V)) * V;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (r0 + r < n)
+      val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
+    *reinterpret_cast<uint4 *>(dst + r * lds + c) = val;
+  }
+}
+} // namespace fa
+
+template <class T, int D>
+__global__ void __launch_bounds__(128)
+    k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y, int Tq,
+                int Tk, int64_t bq, int64_t bk, int64_t bv, int64_t by, int causal, float scale) {
+  using namespace nvcuda;
+  using L = fa::Smem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T *sQ = (T *)(smem + L::q), *sK = (T *)(smem + L::k), *sV = (T *)(smem + L::v), *sP = (T *)(smem + L::p);
+  float *sS = (float *)(smem + L::s), *sO = (float *)(smem + L::o), *sM = (float *)(smem + L::stat);
+  float *sL = sM + fa::BQ, *sA = sL + fa::BQ;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = blockIdx.x * fa::BQ;
+  q += blockIdx.y * bq, k += blockIdx.y * bk, v += blockIdx.y * bv, y += blockIdx.y * by;
+  fa::load_tile<T, D>(sQ, L::LD, q, D, q0, Tq);
+  for (int e = threadIdx.x; e < fa::WARPS * 16 * L::LDO; e += fa::WARPS * 32)
+    sO[e] = 0.0f;
+  for (int e = threadIdx.x; e < fa::BQ; e += fa::WARPS * 32)
+    sM[e] = -INFINITY, sL[e] = 0.0f;
+  float *S = sS + w * 16 * L::LDS, *O = sO + w * 16 * L::LDO;
+  T *P = sP + w * 16 * L::LDP;
+  const int kend = causal && q0 + fa::BQ < Tk ? q0 + fa::BQ : Tk;
+  for (int k0 = 0; k0 < kend; k0 += fa::BK) {
+    __syncthreads(); /* the last tile's reads of sK, sV are done (and sQ, sO, stats are set) */
+    fa::load_tile<T, D>(sK, L::LD, k, D, k0, Tk);
+    fa::load_tile<T, D>(sV, L::LD, v, D, k0, Tk);
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    for (int j = 0; j < fa::BK / 16; j++) { /* S = q k^T, 16 keys at a time */
+      wmma::fill_fragment(acc, 0.0f);
+      for (int d = 0; d < D / 16; d++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+        wmma::load_matrix_sync(a, sQ + w * 16 * L::LD + d * 16, L::LD);
+        wmma::load_matrix_sync(b, sK + j * 16 * L::LD + d * 16, L::LD);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(S + j * 16, acc, L::LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int r = 0; r < 16; r++) { /* the online softmax of row r: lanes take columns lane, lane + 32 */
+      int i = q0 + w * 16 + r, j0 = k0 + lane, j1 = j0 + 32;
+      float x0 = S[r * L::LDS + lane] * scale, x1 = S[r * L::LDS + lane + 32] * scale;
+      if (j0 >= Tk || (causal && j0 > i))
+        x0 = -INFINITY;
+      if (j1 >= Tk || (causal && j1 > i))
+        x1 = -INFINITY;
+      float mold = sM[w * 16 + r], mnew = fmaxf(mold, fa::warp_max(fmaxf(x0, x1)));
+      float p0 = mnew == -INFINITY ? 0.0f : expf(x0 - mnew), p1 = mnew == -INFINITY ? 0.0f : expf(x1 - mnew);
+      T h0 = from_f<T>(p0), h1 = from_f<T>(p1);
+      P[r * L::LDP + lane] = h0;
+      P[r * L::LDP + lane + 32] = h1;
+      float sum = fa::warp_add(to_f(h0) + to_f(h1));
+      __syncwarp();
+      if (lane == 0) {
+        float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        sM[w * 16 + r] = mnew;
+        sL[w * 16 + r] = sL[w * 16 + r] * alpha + sum;
+        sA[w * 16 + r] = alpha;
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) /* O = alpha O */
+      O[(e / D) * L::LDO + e % D] *= sA[w * 16 + e / D];
+    __syncwarp();
+    for (int n = 0; n < D / 16; n++) { /* O += P v */
+      wmma::load_matrix_sync(acc, O + n * 16, L::LDO, wmma::mem_row_major);
+      for (int kk = 0; kk < fa::BK / 16; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+        wmma::load_matrix_sync(a, P + kk * 16, L::LDP);
+        wmma::load_matrix_sync(b, sV + kk * 16 * L::LD + n * 16, L::LD);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(O + n * 16, acc, L::LDO, wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    int r = e / D, c = e % D, i = q0 + w * 16 + r;
+    if (i < Tq)
+      y[(int64_t)i * D + c] = from_f<T>(O[r * L::LDO + c] / sL[w * 16 + r]);
+  }
+}
+
+/* k_flash_fwd over every batch element: per host iteration of bw, a grid
+ * of 64-row query tiles by batch elements (65535 at a time). Returns -1
+ * when it does not apply (the caller takes the materialised path): not
+ * bf16/f16, D != Dv, D not 64 or 128, or a pointer or batch step that is
+ * not a whole number of 16-byte rows. */
+template <class T, int D>
+int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw, int64_t Tq,
+                 int64_t Tk, int causal, float scale) {
+  using L = fa::Smem<D>;
+  static bool attr = false;
+  if (!attr) {
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    attr = true;
+  }
+  unsigned tiles = (unsigned)((Tq + fa::BQ - 1) / fa::BQ);
+  for (int64_t t = 0; t < bw.outer; t++) {
+    int64_t off[4];
+    bw.offsets(t, off);
+    for (int64_t b0 = 0; b0 < bw.inner; b0 += 65535) {
+      unsigned nb = (unsigned)(bw.inner - b0 < 65535 ? bw.inner - b0 : 65535);
+      k_flash_fwd<T, D><<<dim3(tiles, nb), fa::WARPS * 32, L::bytes, cx->stream>>>(
+          q + off[0] + b0 * bw.stride(0), k + off[1] + b0 * bw.stride(1), v + off[2] + b0 * bw.stride(2),
+          y + off[3] + b0 * bw.stride(3), (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2), bw.stride(3),
+          causal, scale);
+      TGM_CUDA_LAUNCHED("k_flash_fwd");
+    }
+  }
+  return 0;
+}
+
+int flash_attention(tgm_cuda_ctx *, int, const float *, const float *, const float *, float *, const BatchWalk<4> &,
+                    int64_t, int64_t, int64_t, int64_t, int, float) {
+  return -1; /* f32: no tensor-core path (TF32 would round beyond f32) */
+}
+
+template <class T>
+int flash_attention(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
+                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  if (dt == TGM_F32 || D != Dv || (D != 64 && D != 128) || Tq > INT_MAX || Tk > INT_MAX || !aligned(q, 16) ||
+      !aligned(k, 16) || !aligned(v, 16) || !aligned(y, 16))
+    return -1;
+  for (int p = 0; p < 4; p++)
+    if (bw.stride(p) % 8)
+      return -1;
+  for (int64_t t = 0; t < bw.outer; t++) { /* the host iterations' offsets too */
+    int64_t off[4];
+    bw.offsets(t, off);
+    for (int p = 0; p < 4; p++)
+      if (off[p] % 8)
+        return -1;
+  }
+  return D == 64 ? flash_launch<T, 64>(cx, q, k, v, y, bw, Tq, Tk, causal, scale)
+                 : flash_launch<T, 128>(cx, q, k, v, y, bw, Tq, Tk, causal, scale);
+}
+
 template <class T>
 int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
                     int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  if (dt != TGM_F32) { /* flash attention where it applies */
+    int rc = flash_attention(cx, dt, q, k, v, y, bw, Tq, Tk, D, Dv, causal, scale);
+    if (rc >= 0)
+      return rc;
+  }
   const bool f32 = dt == TGM_F32;
   const size_t per = (size_t)(Tq * Tk) * (sizeof(float) + (f32 ? 0 : sizeof(T)));
   int64_t chunk = per ? (int64_t)(TGM_CUDA_ATTN_BUDGET / per) : bw.inner;

@@ -1,5 +1,6 @@
 /* test_cuda_kernels.cu: every tgm_cuda_* library call (cast, fill, matmul,
- * linear, embedding and its backward, dropout, attention; tgm_cuda_gemm has
+ * linear, embedding and its backward, dropout, attention (bf16/f16 with head
+ * dim 64 or 128: flash attention); tgm_cuda_gemm has
  * test_gemm_cuda.cu) against a naive double-precision host reference (the
  * semantics of gen/interp.c), on random data with odd sizes and broadcasting
  * batch shapes, for f32 / bf16 / f16 (and i32, bool where the call takes
@@ -595,6 +596,51 @@ static void test_timing(void) {
   }
 }
 
+/* GPT-2's attention (B=16, 12 heads, T=1024, D=64, causal, bf16): flash
+ * attention, and the materialised path it replaces (forced by operands one
+ * element off 16-byte alignment), both timed; the two must agree. */
+static void test_attention_timing(void) {
+  const int64_t B = 16, H = 12, T = 1024, D = 64, n = B * H * T * D;
+  Shape sh = {B, H, T, D};
+  Tensor q, k, v, q2, k2, v2, y1, y2; /* q2, k2, v2: the same values one element later (not 16-byte aligned) */
+  rand_tensor(q, TGM_BF16, {n + 8}, -1, 1);
+  rand_tensor(k, TGM_BF16, {n + 8}, -1, 1);
+  rand_tensor(v, TGM_BF16, {n + 8}, -1, 1);
+  out_tensor(q2, TGM_BF16, {n + 8});
+  out_tensor(k2, TGM_BF16, {n + 8});
+  out_tensor(v2, TGM_BF16, {n + 8});
+  cudaMemcpy((char *)q2.d + 2, q.d, (size_t)n * 2, cudaMemcpyDeviceToDevice);
+  cudaMemcpy((char *)k2.d + 2, k.d, (size_t)n * 2, cudaMemcpyDeviceToDevice);
+  cudaMemcpy((char *)v2.d + 2, v.d, (size_t)n * 2, cudaMemcpyDeviceToDevice);
+  out_tensor(y1, TGM_BF16, {n + 8});
+  out_tensor(y2, TGM_BF16, {n + 8});
+  const char *lab[2] = {"TIME attention bf16 [16, 12, 1024, 64] causal, flash", "TIME attention bf16 [16, 12, 1024, 64] causal, materialised"};
+  double ms[2];
+  int rc = 0;
+  for (int m = 0; m < 2; m++) {
+    size_t o = (size_t)m * 2; /* bytes: 0 aligned (flash), 2 not (the materialised path) */
+    const char *qp = (const char *)(m ? q2.d : q.d) + o, *kp = (const char *)(m ? k2.d : k.d) + o;
+    const char *vp = (const char *)(m ? v2.d : v.d) + o;
+    char *yp = (char *)(m ? y2.d : y1.d) + o;
+    ms[m] = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4, sh.data(), yp, 4, sh.data(), 1, 0.125); }, 10);
+    if (ran(lab[m], rc))
+      printf("%-64s %.3f ms (%.0f TFLOP/s causal)\n", lab[m], ms[m], 2.0 * B * H * T * T * D / ms[m] * 1e-9);
+  }
+  std::vector<uint16_t> a((size_t)n), b((size_t)n);
+  cudaMemcpy(a.data(), y1.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), (const char *)y2.d + 2, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t ua = (uint32_t)a[(size_t)i] << 16, ub = (uint32_t)b[(size_t)i] << 16;
+    float fa, fb;
+    memcpy(&fa, &ua, 4);
+    memcpy(&fb, &ub, 4);
+    worst = std::max(worst, (double)fabsf(fa - fb) / std::max(1.0, (double)fabsf(fb)));
+  }
+  expect("attention timing: flash and the materialised path agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
+         "max error " + std::to_string(worst));
+}
+
 /* The device Philox against tgm_philox4x32 (tgm_init.c), all four words. */
 __global__ void k_test_philox(const uint4 *c, const uint2 *k, uint4 *out, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -728,7 +774,13 @@ static void test_attention(void) {
                         {{9, 4}, {9, 4}, {9, 6}},
                         {{1, 2, 4, 16}, {1, 2, 1500, 16}, {1, 2, 1500, 16}},
                         {{3, 1, 7, 64}, {3, 4, 7, 64}, {3, 4, 7, 64}},
-                        {{2, 33, 32}, {2, 40, 32}, {2, 40, 32}}};
+                        {{2, 33, 32}, {2, 40, 32}, {2, 40, 32}},
+                        /* bf16/f16 with head dim 64 or 128: flash attention (k_flash_fwd; 64-row tiles) */
+                        {{2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}},
+                        {{1, 3, 64, 64}, {1, 3, 64, 64}, {1, 3, 64, 64}},
+                        {{2, 2, 70, 64}, {1, 2, 200, 64}, {2, 1, 200, 64}},
+                        {{1, 2, 130, 128}, {1, 2, 90, 128}, {1, 2, 90, 128}},
+                        {{3, 1, 1, 64}, {3, 1, 300, 64}, {3, 1, 300, 64}}};
   const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
   for (int dt : dts)
     for (int causal = 0; causal < 2; causal++)
@@ -848,6 +900,7 @@ int main(int argc, char **argv) {
                            {"embedding_backward", test_embedding_backward},
                            {"dropout", test_dropout},
                            {"timing", test_timing},
+                           {"attention_timing", test_attention_timing},
                            {"attention", test_attention},
                            {"errors", test_errors}};
   for (const Group &g : groups_)
