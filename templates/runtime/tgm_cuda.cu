@@ -1507,7 +1507,8 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
  * shared memory (the running max m and sum l; the tile's P rounded to T as
  * the materialised path rounds it), and O = alpha O + P v on the tensor
  * cores, O's f32 accumulators kept in shared memory (a fragment's layout is
- * opaque, the per-row rescale is not). Causal (column j > row i masked, as
+ * opaque, the per-row rescale is not; two lanes a row, 32 columns each).
+ * Causal (column j > row i masked, as
  * k_softmax_rows) skips the key tiles past the block's last row. No T x T
  * buffer. Rows, keys and batches beyond the sizes read zeros and write
  * nothing; an all-masked row gives NaN (0/0), as torch. */
@@ -1520,16 +1521,6 @@ template <int D> struct Smem { /* shared memory layout (elements; wmma wants 32-
                           o = p + (size_t)WARPS * 16 * LDP * 2, stat = o + (size_t)WARPS * 16 * LDO * 4,
                           bytes = stat + (size_t)3 * BQ * 4;
 };
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1)
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_add(float x) {
-  for (int o = 16; o > 0; o >>= 1)
-    x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 /* rows r0.. of a [rows, D] tile (row stride ld elements of global memory) into shared memory, zeros past n */
 template <class T, int D>
 __device__ __forceinline__ void load_tile(T *dst, int lds, const T *src, int64_t ld, int r0, int n) {
@@ -1582,21 +1573,29 @@ __global__ void __launch_bounds__(128)
       wmma::store_matrix_sync(S + j * 16, acc, L::LDS, wmma::mem_row_major);
     }
     __syncwarp();
-    for (int r = 0; r < 16; r++) { /* the online softmax of row r: lanes take columns lane, lane + 32 */
-      int i = q0 + w * 16 + r, j0 = k0 + lane, j1 = j0 + 32;
-      float x0 = S[r * L::LDS + lane] * scale, x1 = S[r * L::LDS + lane + 32] * scale;
-      if (j0 >= Tk || (causal && j0 > i))
-        x0 = -INFINITY;
-      if (j1 >= Tk || (causal && j1 > i))
-        x1 = -INFINITY;
-      float mold = sM[w * 16 + r], mnew = fmaxf(mold, fa::warp_max(fmaxf(x0, x1)));
-      float p0 = mnew == -INFINITY ? 0.0f : expf(x0 - mnew), p1 = mnew == -INFINITY ? 0.0f : expf(x1 - mnew);
-      T h0 = from_f<T>(p0), h1 = from_f<T>(p1);
-      P[r * L::LDP + lane] = h0;
-      P[r * L::LDP + lane + 32] = h1;
-      float sum = fa::warp_add(to_f(h0) + to_f(h1));
+    { /* the online softmax: lanes 2r and 2r + 1 take row r, 32 columns each (from column lane % 2 * 32 + c,
+         c rotated by the row so that the 16 rows' reads fall in different banks) */
+      const int r = lane / 2, h = lane % 2, i = q0 + w * 16 + r;
+      const float *Sr = S + r * L::LDS + h * 32;
+      T *Pr = P + r * L::LDP + h * 32;
+      float x[32], mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 32; c++) {
+        int cc = (c + r) & 31, j = k0 + h * 32 + cc; /* x[c] is column cc (c is static: x stays in registers) */
+        x[c] = j < Tk && !(causal && j > i) ? Sr[cc] * scale : -INFINITY;
+        mx = fmaxf(mx, x[c]);
+      }
+      float mold = sM[w * 16 + r], mnew = fmaxf(mold, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 32; c++) {
+        T hp = from_f<T>(mnew == -INFINITY ? 0.0f : expf(x[c] - mnew));
+        Pr[(c + r) & 31] = hp;
+        sum += to_f(hp);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       __syncwarp();
-      if (lane == 0) {
+      if (h == 0) {
         float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
         sM[w * 16 + r] = mnew;
         sL[w * 16 + r] = sL[w * 16 + r] * alpha + sum;
