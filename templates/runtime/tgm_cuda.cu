@@ -1635,10 +1635,12 @@ template <class T, int D>
 int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw, int64_t Tq,
                  int64_t Tk, int causal, float scale) {
   using L = fa::Smem<D>;
-  static bool attr = false;
-  if (!attr) {
+  static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
+  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
+  if (!set || !*set) {
     TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
-    attr = true;
+    if (set)
+      *set = true;
   }
   unsigned tiles = (unsigned)((Tq + fa::BQ - 1) / fa::BQ);
   for (int64_t t = 0; t < bw.outer; t++) {
