@@ -1555,8 +1555,12 @@ __global__ void __launch_bounds__(128)
   float *S = sS + w * 16 * L::LDS, *O = sO + w * 16 * L::LDO;
   T *P = sP + w * 16 * L::LDP;
   const int kend = causal && q0 + fa::BQ < Tk ? q0 + fa::BQ : Tk;
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa[D / 16]; /* the warp's q rows, for every key tile */
+  for (int d = 0; d < D / 16; d++)
+    wmma::load_matrix_sync(qa[d], sQ + w * 16 * L::LD + d * 16, L::LD);
   for (int k0 = 0; k0 < kend; k0 += fa::BK) {
-    __syncthreads(); /* the last tile's reads of sK, sV are done (and sQ, sO, stats are set) */
+    __syncthreads(); /* the last tile's reads of sK, sV are done */
     fa::load_tile<T, D>(sK, L::LD, k, D, k0, Tk);
     fa::load_tile<T, D>(sV, L::LD, v, D, k0, Tk);
     __syncthreads();
@@ -1564,11 +1568,9 @@ __global__ void __launch_bounds__(128)
     for (int j = 0; j < fa::BK / 16; j++) { /* S = q k^T, 16 keys at a time */
       wmma::fill_fragment(acc, 0.0f);
       for (int d = 0; d < D / 16; d++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-        wmma::load_matrix_sync(a, sQ + w * 16 * L::LD + d * 16, L::LD);
         wmma::load_matrix_sync(b, sK + j * 16 * L::LD + d * 16, L::LD);
-        wmma::mma_sync(acc, a, b, acc);
+        wmma::mma_sync(acc, qa[d], b, acc);
       }
       wmma::store_matrix_sync(S + j * 16, acc, L::LDS, wmma::mem_row_major);
     }
