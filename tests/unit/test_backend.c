@@ -379,6 +379,25 @@ static void kernel_groups(void) {
   arena_free(&a);
 }
 
+/* The fused training pass of the model at path, partitioned at each dynamic
+ * dim's max (as tgen does; at_max) or at zero sizes; NULL after a failed
+ * check when it cannot be built. */
+static BPass *train_pass(Arena *a, const char *path, int at_max, Plan *pl) {
+  char *src = slurp(a, path);
+  Graph *g = src ? load(a, path, src) : NULL;
+  int64_t maxsym[MAXSYM] = {0};
+  char err[512];
+  for (int k = 0; g && at_max && k < g->nsyms; k++)
+    maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, pl, err, sizeof err)) {
+    check(0, path, "cannot load, differentiate or partition");
+    return NULL;
+  }
+  BPass *ps[NPASS] = {0};
+  build_passes(g, pl, 1, 2, ps);
+  return ps[PASS_TRAIN];
+}
+
 /* The training pass of d sum(tinyops(x)) / d x (train.wrt). Nothing is
  * saved; the backward recomputes the chain from x, so the kernel that
  * writes d_x reads x only and joins the forward kernel that reads x (a
@@ -390,27 +409,23 @@ static void kernel_groups(void) {
  * x and writes the loss and d_x. */
 static void wrt_pass(const char *path, const char *want, int dx_kernel) {
   Arena a = {.fail_after = -1};
-  char *src = slurp(&a, path);
-  Graph *g = src ? load(&a, path, src) : NULL;
   Plan pl = {0};
-  int64_t maxsym[MAXSYM] = {0};
-  char err[512], detail[160];
-  if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err)) {
-    check(0, path, "cannot load, differentiate or partition");
+  char detail[160];
+  BPass *p = train_pass(&a, path, 0, &pl);
+  if (!p) {
     arena_free(&a);
     return;
   }
-  check(g->nwrt == 1 && g->ngrads == 1 && pl.nsaved == 0, path, "d_x from x alone (nothing saved)");
-  BPass *ps[NPASS] = {0};
-  build_passes(g, &pl, 1, 2, ps);
-  BPass *p = ps[PASS_TRAIN];
+  check(p->g->nwrt == 1 && p->g->ngrads == 1 && pl.nsaved == 0, path, "d_x from x alone (nothing saved)");
   char kinds[16] = {0};
   for (int c = 0; c < p->nk && c < 15; c++)
     kinds[c] = p->k[c]->kind == K_GEMM ? 'G' : p->k[c]->kind == K_EXTERN ? 'C' : p->k[c]->nreds ? 'R' : 'L';
   snprintf(detail, sizeof detail, "%s: train pass kernels %s, want %s", path, kinds, want);
   check(!strcmp(kinds, want), detail, "");
-  if (dx_kernel >= p->nk)
+  if (dx_kernel >= p->nk) {
+    arena_free(&a);
     return;
+  }
   const Kernel *k = p->k[dx_kernel];
   char *mark = arena_alloc(&a, (size_t)p->n + 1);
   loads_mark(p, k, mark);
@@ -446,21 +461,13 @@ static Dim shape_numel(const Shape *sh) {
 
 static void loss_kernels(const char *path, Op loss) {
   Arena a = {.fail_after = -1};
-  char *src = slurp(&a, path);
-  Graph *g = src ? load(&a, path, src) : NULL;
   Plan pl = {0};
-  int64_t maxsym[MAXSYM] = {0};
-  char err[512], detail[200];
-  for (int k = 0; g && k < g->nsyms; k++) /* as tgen partitions: at each dynamic dim's max */
-    maxsym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
-  if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl, err, sizeof err)) {
-    check(0, path, "cannot load, differentiate or partition");
+  char detail[200];
+  BPass *p = train_pass(&a, path, 1, &pl);
+  if (!p) {
     arena_free(&a);
     return;
   }
-  BPass *ps[NPASS] = {0};
-  build_passes(g, &pl, 1, 2, ps);
-  BPass *p = ps[PASS_TRAIN];
   int kc = -1, grads = 0, readers = 0, pred = -1;
   const Node *pg = NULL; /* the prediction in the graph: the loss's operand, through views */
   for (int c = 0; c < p->nk && kc < 0; c++)
