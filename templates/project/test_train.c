@@ -202,8 +202,9 @@ static void nonfinite_step(tgm_model *m, tgm_case *c, const char *dir, const cha
   if (!runner)
     goto done;
   /* the runner: fresh training (step 1) from these params */
-  snprintf(path, sizeof path, "%s/%s_nan_params.safetensors", dir, tgm_info.name);
-  snprintf(log, sizeof log, "%s/%s_nan_run.log", dir, tgm_info.name);
+  /* named per device: the cpu and cuda tests share the folder and run at once */
+  snprintf(path, sizeof path, "%s/%s_nan_params_%s.safetensors", dir, tgm_info.name, dev);
+  snprintf(log, sizeof log, "%s/%s_nan_run_%s.log", dir, tgm_info.name, dev);
   snprintf(cmd, sizeof cmd, "\"%s\" --device cpu --params \"%s\" --train-steps 3 >\"%s\" 2>&1", runner, path, log);
   if (tgm_save_params(m, path)) {
     check(0, "a NaN gradient: saving %s: %s", path, tgm_error(m));
@@ -221,7 +222,7 @@ done:
   /* the scratch files go (a checkpoint is gigabytes at GPT-2 size) */
   snprintf(path, sizeof path, "%s/%s_nan_%s.safetensors", dir, tgm_info.name, dev);
   remove(path);
-  snprintf(path, sizeof path, "%s/%s_nan_params.safetensors", dir, tgm_info.name);
+  snprintf(path, sizeof path, "%s/%s_nan_params_%s.safetensors", dir, tgm_info.name, dev);
   remove(path);
   free(p0);
   free(p1);
