@@ -327,6 +327,8 @@ static Shape eval_shape(Ctx *c, Expr **dims, int rank, Loc loc, const char *what
 
 /* ---------------------------------------------------------------- signatures */
 
+#define MAXSIG 12 /* parameters in an op signature (ops.def) */
+
 typedef enum { K_T, K_TL, K_INT, K_DIMS, K_SHAPE, K_INTS, K_F, K_BOOL, K_STR, K_DTYPE } ArgKind;
 
 typedef struct Param_ {
@@ -337,7 +339,7 @@ typedef struct Param_ {
 } SigParam;
 
 typedef struct Sig {
-  SigParam p[8];
+  SigParam p[MAXSIG];
   int n;
 } Sig;
 
@@ -354,11 +356,11 @@ static void parse_sigs(void) {
         s++;
       if (!*s)
         break;
-      if (sg->n == 8)
+      if (sg->n == MAXSIG)
         die("signature of %s too long", op_info[op].name);
       SigParam *p = &sg->p[sg->n++];
       const char *colon = strchr(s, ':');
-      static char names[NUM_OPS][8][24], defs[NUM_OPS][8][24];
+      static char names[NUM_OPS][MAXSIG][24], defs[NUM_OPS][MAXSIG][24];
       size_t nl = (size_t)(colon - s);
       memcpy(names[op][sg->n - 1], s, nl);
       p->name = names[op][sg->n - 1];
@@ -523,7 +525,7 @@ static void default_arg(const SigParam *p, Arg *a) {
  * keyword; unknown keywords, duplicates and missing arguments are errors. */
 static void bind_args(Ctx *c, int op, const Expr *call, Arg *args) {
   const Sig *sg = &sigs[op];
-  const Expr *given[8] = {0};
+  const Expr *given[MAXSIG] = {0};
   int npos = 0;
   for (int i = 0; i < call->nargs; i++) {
     const Expr *a = call->args[i];
@@ -533,7 +535,7 @@ static void bind_args(Ctx *c, int op, const Expr *call, Arg *args) {
         if (!strcmp(sg->p[k].name, a->name))
           break;
       if (k == sg->n) {
-        const char *names[8];
+        const char *names[MAXSIG];
         for (int j = 0; j < sg->n; j++)
           names[j] = sg->p[j].name;
         const char *dym = did_you_mean(a->name, names, sg->n);
@@ -705,7 +707,7 @@ static Node **eval_call(Ctx *c, const Expr *e, int *nout) {
       error_at(e->loc, "%sunknown op or block '%s'; did you mean '%s'?", where(c), e->name, dym);
     error_at(e->loc, "%sunknown op or block '%s'", where(c), e->name);
   }
-  Arg args[8] = {0};
+  Arg args[MAXSIG] = {0};
   bind_args(c, op, e, args);
   if (op == OP_SPLIT) { /* n equal slices along dim */
     Node *x = args[0].t;

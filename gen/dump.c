@@ -64,7 +64,8 @@ void dump_graph(const Graph *g, Buf *b) {
       if (n->has_f[0]) buf_printf(b, " min=%g", n->f[0]);
       if (n->has_f[1]) buf_printf(b, " max=%g", n->f[1]);
       break;
-    case OP_ATTENTION:
+    case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BACKWARD:
+      if (n->op == OP_ATTENTION_BACKWARD) buf_printf(b, " d%s", n->axis == 0 ? "q" : n->axis == 1 ? "k" : "v");
       buf_printf(b, "%s", n->flag ? " causal" : "");
       if (n->has_f[0]) buf_printf(b, " scale=%g", n->f[0]);
       break;

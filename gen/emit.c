@@ -46,8 +46,8 @@ typedef struct OutFile {
  * for, one per op (render.c's call_kernel prints them): a section names the
  * ops, e.g. "attention matmul". GEMMs that render.c prints as tgm_*_gemm calls
  * (gemm_call) need no section: that code is always kept. */
-static const Op library_ops[] = {OP_ATTENTION, OP_EMBEDDING, OP_EMBEDDING_BACKWARD,
-                                 OP_DROPOUT,   OP_MATMUL,    OP_LINEAR};
+static const Op library_ops[] = {OP_ATTENTION, OP_ATTENTION_BACKWARD, OP_EMBEDDING, OP_EMBEDDING_BACKWARD,
+                                 OP_DROPOUT,   OP_MATMUL,             OP_LINEAR};
 enum { NLIBRARY = sizeof library_ops / sizeof *library_ops };
 
 typedef struct E {
@@ -152,8 +152,9 @@ static void find_library_calls(E *e) {
       int call = k->kind == K_EXTERN || (k->kind == K_GEMM && !gemm_strided(k->anchor));
       if (!call)
         continue;
+      Op op = k->anchor->op == OP_ATTENTION_LSE ? OP_ATTENTION : k->anchor->op; /* one call computes both */
       for (int c = 0; c < NLIBRARY; c++)
-        if (k->anchor->op == library_ops[c])
+        if (op == library_ops[c])
           e->calls[c] = 1;
     }
   }
@@ -632,12 +633,13 @@ static double forward_cost(const Graph *g, const int64_t *sym) {
     if (!concrete_shape(g, &n->shape, sym, &t, err, sizeof err))
       return 1e30;
     double k = 1;
-    if (n->op == OP_MATMUL || n->op == OP_LINEAR || n->op == OP_ATTENTION) {
+    int att = n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BACKWARD;
+    if (n->op == OP_MATMUL || n->op == OP_LINEAR || att) {
       const Node *a = n->in[0];
       int64_t kk;
       if (!dim_eval(g, &a->shape.d[a->shape.rank - 1], sym, &kk, &(const char *){0}))
         return 1e30;
-      k = 2.0 * (double)kk * (n->op == OP_ATTENTION ? 4 : 1);
+      k = 2.0 * (double)kk * (att ? 4 : 1);
     }
     c += (double)t.numel * (k > 10 ? k : 10);
   }

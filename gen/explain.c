@@ -58,6 +58,10 @@ static int in_list(Node *const *v, int n, const Node *x) {
   return 0;
 }
 
+static int is_attention(const Node *n) {
+  return n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BACKWARD;
+}
+
 /* FLOPs of the values loop kernel k computes: n and the operands it
  * recomputes (up to loads), each once. */
 static double loop_flops(const BPass *p, const Kernel *k, const Node *n, int top, char *seen) {
@@ -101,10 +105,21 @@ void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops) 
     f = 2 * numel(p, &a->shape) * dimv(p, &x->shape.d[x->shape.rank - 1]);
     double e = numel(p, &a->shape);
     f += e * ((a->op == OP_LINEAR && a->nin > 2 && a->in[2]) + (k->act != NULL) + (k->add != NULL));
-  } else if (a && a->op == OP_ATTENTION) {
+  } else if (a && is_attention(a)) {
+    /* the products of T x T scores (a causal mask skips about half): the
+     * forward's S = q k^T and P v; the backward recomputes S, and computes
+     * dy v^T for dq or dk, then P^T dy (dv), dS k (dq), dS^T q (dk) */
     const Shape *q = &a->in[0]->shape, *kk = &a->in[1]->shape, *v = &a->in[2]->shape;
-    double d = dimv(p, &q->d[q->rank - 1]), scores = numel(p, q) / d * dimv(p, &kk->d[kk->rank - 2]);
-    f = 2 * scores * (d + dimv(p, &v->d[v->rank - 1]));
+    double d = dimv(p, &q->d[q->rank - 1]), dv = dimv(p, &v->d[v->rank - 1]);
+    double scores = numel(p, q) / d * dimv(p, &kk->d[kk->rank - 2]) * (a->flag ? 0.5 : 1);
+    if (a->op != OP_ATTENTION_BACKWARD)
+      f = 2 * scores * (d + dv);
+    else {
+      int want[3] = {0, 0, 0};
+      for (int i = 0; i < k->nouts; i++)
+        want[k->outs[i]->axis] = 1;
+      f = 2 * scores * (d + (want[0] || want[1] ? dv : 0) + want[0] * d + want[1] * d + want[2] * dv);
+    }
   } else if (a && a->op == OP_DROPOUT) {
     f = numel(p, &a->shape);
   } else if (a && a->op == OP_EMBEDDING_BACKWARD) {
@@ -139,7 +154,7 @@ static const char *kname(const BPass *p, const Kernel *k) {
 
 static double floor_us(const Kernel *k, double bytes, double flops) {
   DType t = k->anchor ? k->anchor->dtype : DT_F32;
-  int mma = (k->kind == K_GEMM || (k->anchor && k->anchor->op == OP_ATTENTION)) && (t == DT_BF16 || t == DT_F16);
+  int mma = (k->kind == K_GEMM || (k->anchor && is_attention(k->anchor))) && (t == DT_BF16 || t == DT_F16);
   double tb = bytes / COPY_BPS, tf = flops / (mma ? GEMM16_FLOPS : F32_FLOPS);
   return 1e6 * (tb > tf ? tb : tf);
 }

@@ -526,6 +526,33 @@ static void infer_attention(R *r) {
   n->dtype = q->dtype;
 }
 
+/* attention_lse(q, k, v, causal, scale): made by autodiff from a checked
+ * attention, so only the result changes: f32 [batch..., Tq]. */
+static void infer_attention_lse(R *r) {
+  infer_attention(r);
+  r->n->shape.rank--;
+  r->n->dtype = DT_F32;
+}
+
+/* attention_backward(q, k, v, dy, lse, delta, causal, scale, which): made by
+ * autodiff, so a mismatch is a bug; the gradient of operand `which` over the
+ * forward result's batch dims, in q's dtype. */
+static void infer_attention_backward(R *r) {
+  Node *n = r->n, *y = n->in[3];
+  int64_t w;
+  infer_attention(r);
+  if (!shape_eq(&n->shape, &y->shape) || n->in[4]->dtype != DT_F32 || n->in[5]->dtype != DT_F32 ||
+      !dim_is_const(&r->a[8].d, &w) || w < 0 || w > 2)
+    die("attention_backward: dy %s does not match the attention", shp(r, y));
+  const Node *x = n->in[w];
+  n->flag = r->a[6].b; /* infer_attention read them from attention's positions */
+  n->has_f[0] = !r->a[7].is_none;
+  n->f[0] = r->a[7].f;
+  n->axis = (int)w;
+  n->shape.d[n->shape.rank - 2] = x->shape.d[x->shape.rank - 2];
+  n->shape.d[n->shape.rank - 1] = x->shape.d[x->shape.rank - 1];
+}
+
 static void infer_dropout(R *r) {
   double p = r->a[1].f;
   if (p < 0 || p > 1)

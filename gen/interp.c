@@ -666,37 +666,48 @@ static int eval_embedding_backward(Ctx *c, const Node *n, Tensor *out) {
 /* attention(q, k, v) as scaled_dot_product_attention: per batch index (q, k, v
  * batch dims broadcast to the result's), S = scale * q k^T [Tq, Tk]; causal
  * masks j > i (torch's tril(ones(Tq, Tk)), top-left aligned) to -inf; P =
- * softmax(S) over the last dim; out = P v [Tq, Dv]. */
+ * softmax(S) over the last dim; out = P v [Tq, Dv].
+ * attention_lse: lse[i] = log(sum_j exp(S[i, j])) (the max taken out first).
+ * attention_backward (FlashAttention's, from the forward's lse and delta[i] =
+ * sum_e dy[i, e] out[i, e]): P = exp(S - lse), dS = P (dy v^T - delta);
+ * operand 0: dq = scale dS k; 1: dk = scale dS^T q; 2: dv = P^T dy, each
+ * over the result's batch dims. */
 static int eval_attention(Ctx *c, const Node *n, Tensor *out) {
   const Tensor *t[3] = {&c->vals[n->in[0]->id], &c->vals[n->in[1]->id], &c->vals[n->in[2]->id]};
-  int r = out->rank;
+  int lse = n->op == OP_ATTENTION_LSE, bwd = n->op == OP_ATTENTION_BACKWARD;
+  int br = out->rank - (lse ? 1 : 2);
   for (int p = 0; p < 3; p++)
     if (t[p]->rank < 2)
-      return fail(c, "internal error: attention '%s': operand of rank < 2", nname(n));
+      return fail(c, "internal error: %s '%s': operand of rank < 2", op_info[n->op].name, nname(n));
   const Tensor *q = t[0], *k = t[1], *v = t[2];
   int64_t Tq = q->shape[q->rank - 2], D = q->shape[q->rank - 1];
   int64_t Tk = k->shape[k->rank - 2], Dv = v->shape[v->rank - 1];
-  if (r < 2 || k->shape[k->rank - 1] != D || v->shape[v->rank - 2] != Tk || out->shape[r - 2] != Tq ||
-      out->shape[r - 1] != Dv)
-    return fail(c, "internal error: attention '%s': operand shapes do not match", nname(n));
+  int64_t ylen[3] = {Tq * D, Tk * D, Tk * Dv};
+  if (br < 0 || k->shape[k->rank - 1] != D || v->shape[v->rank - 2] != Tk ||
+      (n->op == OP_ATTENTION && (out->shape[br] != Tq || out->shape[br + 1] != Dv)) ||
+      (lse && out->shape[br] != Tq))
+    return fail(c, "internal error: %s '%s': operand shapes do not match", op_info[n->op].name, nname(n));
   double scale = n->has_f[0] ? n->f[0] : 1.0 / sqrt((double)D);
   Walk w;
-  walk_init(&w, r - 2, out->shape, 3);
+  walk_init(&w, br, out->shape, 3);
   for (int p = 0; p < 3; p++) {
     int64_t st[MAXRANK];
     contiguous_strides(t[p]->rank, t[p]->shape, st);
-    if (!bcast_strides(t[p]->rank - 2, t[p]->shape, st, r - 2, out->shape, w.st[p]))
-      return fail(c, "internal error: attention '%s': batch dims do not broadcast", nname(n));
+    if (!bcast_strides(t[p]->rank - 2, t[p]->shape, st, br, out->shape, w.st[p]))
+      return fail(c, "internal error: %s '%s': batch dims do not broadcast", op_info[n->op].name, nname(n));
   }
   double *s = malloc(sizeof(double) * (size_t)(Tk ? Tk : 1));
   if (!s)
     return fail(c, "out of memory");
   int64_t nbatch = 1;
-  for (int d = 0; d < r - 2; d++)
+  for (int d = 0; d < br; d++)
     nbatch *= out->shape[d];
+  const double *DY = bwd ? c->vals[n->in[3]->id].data : NULL, *LSE = bwd ? c->vals[n->in[4]->id].data : NULL;
+  const double *DELTA = bwd ? c->vals[n->in[5]->id].data : NULL;
+  if (bwd)
+    memset(out->data, 0, sizeof(double) * (size_t)(nbatch * ylen[n->axis]));
   for (int64_t b = 0; b < nbatch; b++, walk_next(&w)) {
     const double *Q = q->data + w.off[0], *K = k->data + w.off[1], *V = v->data + w.off[2];
-    double *O = out->data + b * Tq * Dv;
     for (int64_t i = 0; i < Tq; i++) {
       double m = -INFINITY, sum = 0;
       for (int64_t j = 0; j < Tk; j++) {
@@ -707,11 +718,37 @@ static int eval_attention(Ctx *c, const Node *n, Tensor *out) {
         if (s[j] > m) /* a NaN score still reaches every output through exp */
           m = s[j];
       }
+      if (bwd) { /* s[j] = P[i, j] from the forward's lse */
+        int64_t r = b * Tq + i;
+        const double *dy = DY + r * Dv;
+        double *o = out->data + b * ylen[n->axis];
+        for (int64_t j = 0; j < Tk; j++) {
+          double p = exp(s[j] - LSE[r]), dp = 0;
+          for (int64_t e = 0; e < Dv; e++)
+            dp += dy[e] * V[j * Dv + e];
+          double ds = p * (dp - DELTA[r]);
+          if (n->axis == 0)
+            for (int64_t d = 0; d < D; d++)
+              o[i * D + d] += scale * ds * K[j * D + d];
+          else if (n->axis == 1)
+            for (int64_t d = 0; d < D; d++)
+              o[j * D + d] += scale * ds * Q[i * D + d];
+          else
+            for (int64_t e = 0; e < Dv; e++)
+              o[j * Dv + e] += p * dy[e];
+        }
+        continue;
+      }
       for (int64_t j = 0; j < Tk; j++) {
         s[j] = exp(s[j] - m);
         sum += s[j];
       }
+      if (lse) {
+        out->data[b * Tq + i] = m + log(sum);
+        continue;
+      }
       /* O[i,e] = sum over j (in order) of P[i,j] * V[j,e]; j outer for locality */
+      double *O = out->data + b * Tq * Dv;
       for (int64_t e = 0; e < Dv; e++)
         O[i * Dv + e] = 0;
       for (int64_t j = 0; j < Tk; j++) {
@@ -949,7 +986,7 @@ static int eval_node(Ctx *c, const Node *n, const Tensor *inputs, const Tensor *
   case OP_LINEAR: return eval_linear(c, n, out);
   case OP_EMBEDDING: return eval_embedding(c, n, out);
   case OP_EMBEDDING_BACKWARD: return eval_embedding_backward(c, n, out);
-  case OP_ATTENTION: return eval_attention(c, n, out);
+  case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BACKWARD: return eval_attention(c, n, out);
   case OP_DROPOUT: return eval_dropout(c, n, out);
   case OP_CROSS_ENTROPY: return eval_cross_entropy(c, n, out);
   case OP_MSE_LOSS: return eval_mse(c, n, out);

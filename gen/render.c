@@ -1782,15 +1782,17 @@ static const char *bname(BPass *p, const Node *n) {
 }
 
 /* A shape as a C array local named nm. */
-static const char *shape_arr(File *f, Buf *b, const Node *n, const char *nm) {
-  buf_printf(b, "  const int64_t %s[%d] = {", nm, n->shape.rank ? n->shape.rank : 1);
-  if (!n->shape.rank)
+static const char *shape_arr_of(File *f, Buf *b, const Shape *s, const char *nm) {
+  buf_printf(b, "  const int64_t %s[%d] = {", nm, s->rank ? s->rank : 1);
+  if (!s->rank)
     buf_printf(b, "1");
-  for (int i = 0; i < n->shape.rank; i++)
-    buf_printf(b, "%s%s", i ? ", " : "", c_dim(f->g, &n->shape.d[i]));
+  for (int i = 0; i < s->rank; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", c_dim(f->g, &s->d[i]));
   buf_printf(b, "};\n");
   return nm;
 }
+
+static const char *shape_arr(File *f, Buf *b, const Node *n, const char *nm) { return shape_arr_of(f, b, &n->shape, nm); }
 
 static const char *prod(File *f, const Shape *s, int from, int to) {
   Dim d = dim_const(1);
@@ -1896,17 +1898,35 @@ static void call_kernel(File *f, BPass *p, const Kernel *k, int ki, Buf *b) {
     buf_printf(b, "  %s%s_%s_dropout(%s%s, %s, %s, %s, %s, %s_info.seed, %du, (uint64_t)m->step)%s;\n", o, f->name, rt,
                cx, dt, a0, y, prod(f, &n->shape, 0, n->shape.rank), flit(f->a, n->f[0]), f->name, n->index, c);
     break;
-  case OP_ATTENTION: {
-    const Node *q = n->in[0];
+  case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BACKWARD: {
+    /* one call for the kernel's outputs: the result and its lse, or the wanted gradients */
+    const Node *q = n->in[0], *out[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < k->nouts; i++)
+      out[k->outs[i]->op == OP_ATTENTION_BACKWARD ? k->outs[i]->axis : k->outs[i]->op == OP_ATTENTION_LSE] = k->outs[i];
+    int bwd = n->op == OP_ATTENTION_BACKWARD;
+    const Node *yn = bwd ? n->in[3] : out[0] ? out[0] : NULL;
     const char *sq = shape_arr(f, b, q, arena_printf(f->a, "sq%d", ki));
     const char *sk = shape_arr(f, b, n->in[1], arena_printf(f->a, "sk%d", ki));
     const char *sv = shape_arr(f, b, n->in[2], arena_printf(f->a, "sv%d", ki));
-    const char *sy = shape_arr(f, b, n, arena_printf(f->a, "sy%d", ki));
+    Shape ys = n->shape; /* the forward result's shape */
+    if (!yn) {
+      const Shape *v = &n->in[2]->shape;
+      ys.d[ys.rank++] = v->d[v->rank - 1];
+    } else
+      ys = yn->shape;
+    const char *sy = shape_arr_of(f, b, &ys, arena_printf(f->a, "sy%d", ki));
     const char *scale = n->has_f[0] ? arena_printf(f->a, "%.17g", n->f[0])
                                     : arena_printf(f->a, "1.0 / sqrt((double)(%s))", c_dim(f->g, &q->shape.d[q->shape.rank - 1]));
-    buf_printf(b, "  %s%s_%s_attention(%s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %d, %s)%s;\n", o, f->name,
-               rt, cx, dt, a0, q->shape.rank, sq, a1, n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv, y,
-               n->shape.rank, sy, n->flag, scale, c);
+    const char *args = arena_printf(f->a, "%s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s", cx, dt, a0, q->shape.rank, sq, a1,
+                                    n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv);
+    if (bwd)
+      buf_printf(b, "  %s%s_%s_attention_backward(%s, %s, %d, %s, %s, %s, %s, %s, %s, %d, %s)%s;\n", o, f->name, rt, args,
+                 bname(p, yn), ys.rank, sy, bname(p, n->in[4]), bname(p, n->in[5]),
+                 out[0] ? bname(p, out[0]) : "NULL", out[1] ? bname(p, out[1]) : "NULL",
+                 out[2] ? bname(p, out[2]) : "NULL", n->flag, scale, c);
+    else
+      buf_printf(b, "  %s%s_%s_attention(%s, %s, %d, %s, %d, %s, %s)%s;\n", o, f->name, rt, args,
+                 yn ? bname(p, yn) : "NULL", ys.rank, sy, n->flag, scale, out[1] ? bname(p, out[1]) : "NULL", c);
     break;
   }
   default:

@@ -57,6 +57,19 @@ static int is_call(const Node *n) {
   OpClass c = op_info[n->op].cls;
   return c == C_GEMM || c == C_EXTERN || n->op == OP_CONCAT;
 }
+/* Do library calls a and b share one runtime call: attention and its
+ * attention_lse, or the attention_backward of its operands (the same
+ * operands and attributes)? */
+static int same_call(const Node *a, const Node *b) {
+  int fa = a->op == OP_ATTENTION || a->op == OP_ATTENTION_LSE, fb = b->op == OP_ATTENTION || b->op == OP_ATTENTION_LSE;
+  if (!(fa && fb) && !(a->op == OP_ATTENTION_BACKWARD && b->op == OP_ATTENTION_BACKWARD))
+    return 0;
+  for (int k = 0; k < (fa ? 3 : 6); k++)
+    if (a->in[k] != b->in[k])
+      return 0;
+  return a->flag == b->flag && a->has_f[0] == b->has_f[0] && (!a->has_f[0] || a->f[0] == b->f[0]);
+}
+
 /* A view whose result is its operand's bytes (an alias when stored). */
 static int is_alias_view(const Node *n) {
   return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE;
@@ -696,6 +709,19 @@ void schedule(BPass *p, int fuse) {
       if (!keep[n->in[0]->id] && p->why[i]) /* an alias (plan.c): its operand stays stored */
         p->why[n->in[0]->id] = arena_printf(s->a, "%s, through a reshape", p->why[i]);
       keep[n->in[0]->id] = 1;
+      continue;
+    }
+    Kernel *sib = NULL; /* an earlier call this one's runtime call computes too */
+    int att = n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BACKWARD;
+    for (int c = p->nk - 1; att && c >= 0 && !sib; c--)
+      if (p->k[c]->kind == K_EXTERN && same_call(p->k[c]->anchor, n))
+        sib = p->k[c];
+    if (sib) {
+      Node **o = arena_alloc(s->a, sizeof(Node *) * (size_t)(sib->nouts + 1));
+      memcpy(o, sib->outs, sizeof(Node *) * (size_t)sib->nouts);
+      o[sib->nouts++] = n;
+      sib->outs = o;
+      p->kern[i] = p->kern[sib->anchor->id];
       continue;
     }
     KernelKind kind = op_info[n->op].cls == C_GEMM ? K_GEMM : op_info[n->op].cls == C_EXTERN ? K_EXTERN : K_LOOP;

@@ -7,6 +7,8 @@
 #                                  (the forward pass is in eval mode: no call)
 #   embedding_backward             kept iff the spec has embedding and trains
 #                                  (every embedding table here is a param)
+#   attention_backward             kept iff the spec has attention and trains
+#                                  (every attention here gets a gradient)
 #   matmul                         kept iff the spec has matmul (the specs
 #                                  tested have no matmul that is not a GEMM)
 #   linear                         never (linear is always a strided GEMM)
@@ -68,7 +70,11 @@ check linear 0
 emb_bwd=0
 has embedding && [ $trains = 1 ] && emb_bwd=1
 check embedding_backward $emb_bwd
+att_bwd=0
+has attention && [ $trains = 1 ] && att_bwd=1
+check attention_backward $att_bwd
 marker '#include <cub/' $emb_bwd
+marker 'k_flash_bwd_kv' $att_bwd
 marker 'k_softmax_rows' "$(want attention)"
 marker 'philox4x32' $drop
 # the GEMM, cast and fill are always there

@@ -32,7 +32,8 @@
  *   gemm         mlp_cpu_gemm: the same blocks and micro-kernels on any
  *                dtype, transposes, strides and batches, with the fused
  *                epilogue applied as micro-tiles are stored
- *   attention    on the GEMM. */
+ *   attention    and its backward, a block of query rows at a time (never
+ *                a Tq x Tk matrix), on the GEMM's packing and micro-kernels. */
 #include "mlp_rt.h"
 #include "mlp_math.h"
 
@@ -327,6 +328,24 @@ static void pack_b(int tb, const float *B, int64_t ldb, int64_t k0, int64_t j0, 
     for (int64_t k = 0; k < kc; k++)
       for (int64_t j = nv; j < nr; j++)
         dst[k * nr + j] = 0;
+}
+
+/* The mv x nv corner of a micro-kernel's tile (row stride nr) into C (row
+ * stride ldc): C = alpha tile (bt 0), C += alpha tile (bt 1), else C =
+ * alpha tile + bt C. */
+static inline void tile_store(float *restrict C, int64_t ldc, const float *restrict tile, int64_t nr, int64_t mv,
+                              int64_t nv, float alpha, float bt) {
+  for (int64_t i = 0; i < mv; i++) {
+    float *restrict c = C + i * ldc;
+    const float *restrict tr = tile + i * nr;
+    if (bt == 0) {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j];
+    } else if (bt == 1) {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] += alpha * tr[j];
+    } else {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j] + bt * c[j];
+    }
+  }
 }
 
 
@@ -734,4 +753,6 @@ int mlp_cpu_gemm(const mlp_gemm *g) {
   gemm_ws_free(&w);
   return 0;
 }
+
+
 

@@ -945,6 +945,7 @@ int gemm_via_scratch(mlp_cuda_ctx *cx, const mlp_gemm *g) {
 
 
 
+
 } // namespace
 
 /* ================================================================ entry points */
@@ -1245,6 +1246,8 @@ int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
 }
 
 /* ---------------------------------------------------------------- neural */
+
+
 
 
 

@@ -32,7 +32,8 @@
  *   gemm         tgm_cpu_gemm: the same blocks and micro-kernels on any
  *                dtype, transposes, strides and batches, with the fused
  *                epilogue applied as micro-tiles are stored
- *   attention    on the GEMM. */
+ *   attention    and its backward, a block of query rows at a time (never
+ *                a Tq x Tk matrix), on the GEMM's packing and micro-kernels. */
 #include "tgm_rt.h"
 #include "tgm_math.h"
 
@@ -165,7 +166,7 @@ CLONES static void from_f32(int dt, const float *restrict x, void *y, int64_t n)
 #undef M_
 }
 
-/*@uses matmul linear attention@*/
+/*@uses matmul linear@*/
 /* Parallel versions for whole tensors. */
 static void to_f32_par(int dt, const void *x, float *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
@@ -173,17 +174,17 @@ static void to_f32_par(int dt, const void *x, float *y, int64_t n) {
   for (int64_t b = 0; b < nb; b++)
     to_f32(dt, (const char *)x + b * 4096 * (int64_t)esize(dt), y + b * 4096, min64(4096, n - b * 4096));
 }
-/*@end matmul linear attention@*/
-/*@uses matmul attention@*/
+/*@end matmul linear@*/
+/*@uses matmul@*/
 static void from_f32_par(int dt, const float *x, void *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t b = 0; b < nb; b++)
     from_f32(dt, x + b * 4096, (char *)y + b * 4096 * (int64_t)esize(dt), min64(4096, n - b * 4096));
 }
-/*@end matmul attention@*/
+/*@end matmul@*/
 
-/*@uses matmul linear attention@*/
+/*@uses matmul linear@*/
 /* A malloc'd f32 copy of a floating tensor, or NULL. */
 static float *f32_copy(int dt, const void *x, int64_t n) {
   float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -191,7 +192,7 @@ static float *f32_copy(int dt, const void *x, int64_t n) {
     to_f32_par(dt, x, p, n);
   return p;
 }
-/*@end matmul linear attention@*/
+/*@end matmul linear@*/
 
 /* ---------------------------------------------------------------- cast */
 
@@ -289,7 +290,7 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
 }
 /*@end dropout@*/
 
-/*@uses matmul attention@*/
+/*@uses matmul attention attention_backward@*/
 /* Offset of index i over n dims of sizes sz, strides st. */
 static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) {
   int64_t off = 0;
@@ -299,7 +300,8 @@ static int64_t dims_off(int n, const int64_t *sz, const int64_t *st, int64_t i) 
   }
   return off;
 }
-
+/*@end matmul attention attention_backward@*/
+/*@uses matmul@*/
 /* Elements of shape s[r]. */
 static int64_t numel(int r, const int64_t *s) {
   int64_t n = 1;
@@ -307,7 +309,8 @@ static int64_t numel(int r, const int64_t *s) {
     n *= s[k];
   return n;
 }
-
+/*@end matmul@*/
+/*@uses matmul attention attention_backward@*/
 /* Batch strides: the batch dims of an operand (the first r of shape s, each
  * batch a matrix of `mat` elements) read at the result's nb batch dims (0
  * along broadcast ones). */
@@ -320,7 +323,7 @@ static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, int64_t 
       c *= s[kk];
   }
 }
-/*@end matmul attention@*/
+/*@end matmul attention attention_backward@*/
 
 /*@uses embedding@*/
 /* ---------------------------------------------------------------- embedding */
@@ -525,7 +528,25 @@ static void pack_b(int tb, const float *B, int64_t ldb, int64_t k0, int64_t j0, 
         dst[k * nr + j] = 0;
 }
 
-/*@uses matmul linear attention@*/
+/* The mv x nv corner of a micro-kernel's tile (row stride nr) into C (row
+ * stride ldc): C = alpha tile (bt 0), C += alpha tile (bt 1), else C =
+ * alpha tile + bt C. */
+static inline void tile_store(float *restrict C, int64_t ldc, const float *restrict tile, int64_t nr, int64_t mv,
+                              int64_t nv, float alpha, float bt) {
+  for (int64_t i = 0; i < mv; i++) {
+    float *restrict c = C + i * ldc;
+    const float *restrict tr = tile + i * nr;
+    if (bt == 0) {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j];
+    } else if (bt == 1) {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] += alpha * tr[j];
+    } else {
+      SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j] + bt * c[j];
+    }
+  }
+}
+
+/*@uses matmul linear@*/
 /* C = alpha op(A) op(B) + beta C without blocking or scratch (the fallback
  * when scratch cannot be had). beta 0 ignores C's old contents. */
 static void gemm_naive(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -587,17 +608,7 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
             int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
             float tile[MAX_MR * MAX_NR];
             uk.fn(kc, ap + ip * kc * mr, bp + jp * kc * nr, tile);
-            for (int64_t i = 0; i < mv; i++) {
-              float *restrict c = C + (i0 + i) * ldc + j0;
-              const float *restrict tr = tile + i * nr;
-              if (bt == 0) {
-                SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j];
-              } else if (bt == 1) {
-                SIMD for (int64_t j = 0; j < nv; j++) c[j] += alpha * tr[j];
-              } else {
-                SIMD for (int64_t j = 0; j < nv; j++) c[j] = alpha * tr[j] + bt * c[j];
-              }
-            }
+            tile_store(C + i0 * ldc + j0, ldc, tile, nr, mv, nv, alpha, bt);
           }
         }
       }
@@ -606,7 +617,7 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
   free(bp);
   free(ap);
 }
-/*@end matmul linear attention@*/
+/*@end matmul linear@*/
 
 #ifdef TGM_HAVE_CBLAS
 /* 1 = never use the CBLAS (tests compare the two). */
@@ -660,8 +671,8 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 }
 #endif
 
-/*@uses matmul linear attention@*/
-/* The f32 GEMM every op uses: the CBLAS when built with it (and `par`:
+/*@uses matmul linear@*/
+/* The f32 GEMM matmul and linear use: the CBLAS when built with it (and `par`:
  * cblas_split spreads it over the OpenMP threads, so calls from inside a
  * parallel loop use the built-in one), else the blocked one. */
 static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -675,7 +686,7 @@ static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
 #endif
   gemm_blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, par);
 }
-/*@end matmul linear attention@*/
+/*@end matmul linear@*/
 
 /* Per-GEMM work (multiply-adds) below which a batch of GEMMs is split across
  * threads by batch (each GEMM serial, built-in) rather than each GEMM
@@ -1158,9 +1169,173 @@ int tgm_cpu_gemm(const tgm_gemm *g) {
   return 0;
 }
 
-/*@uses attention@*/
+/*@uses attention attention_backward@*/
 /* ---------------------------------------------------------------- attention */
 
+/* Attention, forward and backward, works on blocks of ATT_QB query rows of
+ * one (batch, head) and holds only their scores, [ATT_QB, Tk] f32 per
+ * thread, never Tq x Tk. A (batch, head)'s k and v are packed for the GEMM
+ * micro-kernels once (att_pack) and shared by its blocks, and the GEMMs
+ * (att_gemm) read q and dy in their dtype: no f32 copies. The block size is
+ * fixed rather than a share of the threads, and a GEMM's sums do not depend
+ * on its M, N or threads, so every row's results, and the order in which dk
+ * and dv add the blocks, are the same for any thread count. */
+#define ATT_QB 128
+
+/* One attention call: the sizes, the batch dims (sy's; q, k, v read at batch
+ * index t from dims_off(nb, sy, qst, t) ...: stride 0 along the dims they
+ * broadcast over), the operands as stored and the micro-kernel. */
+typedef struct Att {
+  int dt, nb, causal;
+  float scale;
+  const int64_t *sy;
+  int64_t Tq, D, Tk, Dv, nbatch;
+  int64_t qst[TGM_MAXRANK], kst[TGM_MAXRANK], vst[TGM_MAXRANK];
+  const void *q, *k, *v;
+  Ukernel uk;
+} Att;
+
+static Att att_init(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
+                    const void *v, int rv, const int64_t *sv, int ry, const int64_t *sy, int causal, double scale) {
+  Att a = {.dt = dt, .nb = ry - 2, .causal = causal, .scale = (float)scale, .sy = sy, .Tq = sq[rq - 2],
+           .D = sq[rq - 1], .Tk = sk[rk - 2], .Dv = sv[rv - 1], .nbatch = 1, .q = q, .k = k, .v = v,
+           .uk = pick_ukernel()};
+  batch_strides(rq - 2, sq, a.Tq * a.D, a.nb, a.qst);
+  batch_strides(rk - 2, sk, a.Tk * a.D, a.nb, a.kst);
+  batch_strides(rv - 2, sv, a.Tk * a.Dv, a.nb, a.vst);
+  for (int d = 0; d < a.nb; d++)
+    a.nbatch *= sy[d];
+  return a;
+}
+
+/* The keys query row i sees: all, or (causal) the first min(i + 1, Tk). */
+static int64_t att_keys(const Att *a, int64_t i) { return a->causal ? min64(i + 1, a->Tk) : a->Tk; }
+
+/* The row stride of a score block: Tk rounded up to 16 floats, so that with
+ * att_alloc every row starts 64-byte aligned and its vectorised loops split
+ * the same way in every thread's buffer. */
+static int64_t att_ld(int64_t Tk) { return (Tk + 15) / 16 * 16; }
+
+/* n floats, 64-byte aligned (free() frees them), or NULL. */
+static float *att_alloc(int64_t n) {
+  return aligned_alloc(64, (sizeof(float) * (size_t)(n > 0 ? n : 1) + 63) / 64 * 64);
+}
+
+/* An operand B [K, N] packed for the micro-kernel (nr wide) as gemm_blocked
+ * packs it, but whole: column panels of GEMM_NC / nr * nr, each in slices of
+ * GEMM_KC rows (slice (jc, pc) at K jc + pc roundup(min(panel, N - jc), nr)),
+ * each slice nr-wide slivers [kc][nr] zero-padded; K roundup(N, nr) floats. */
+static int64_t att_pksize(int64_t K, int64_t N, int nr) { return K * ((N + nr - 1) / nr * nr); }
+
+/* Packs op(B) [K, N] of dtype dt (tb: B stored [N, K]; row stride ldb) into
+ * dst (att_pksize floats). */
+static void att_pack(int dt, int tb, const void *B, int64_t ldb, int64_t K, int64_t N, int nr, float *dst, int par) {
+  const int64_t ncb = GEMM_NC / nr * nr, nsl = (N + nr - 1) / nr;
+  (void)par;
+  OMP(parallel for schedule(static) if (par && K * N >= PAR_MIN))
+  for (int64_t jp = 0; jp < nsl; jp++) {
+    const int64_t j0 = jp * nr, jc = j0 / ncb * ncb, ncr = (min64(ncb, N - jc) + nr - 1) / nr * nr;
+    for (int64_t pc = 0; pc < K; pc += GEMM_KC) {
+      int64_t kc = min64(GEMM_KC, K - pc);
+      pack_b_dt(dt, tb, B, ldb, pc, j0, min64(nr, N - j0), kc, nr, dst + K * jc + pc * ncr + (j0 - jc) * kc);
+    }
+  }
+}
+
+/* k and v of one batch index packed for the micro-kernel (each query block
+ * reuses them): k^T [D, Tk] (S's B), k [Tk, D] (dq's), v [Tk, Dv] (y's), v^T
+ * [Dv, Tk] (dP's); NULL where not needed. ko, vo: the offsets of the k and v
+ * packed there (-1: none yet). */
+typedef struct AttPk {
+  float *kt, *k, *v, *vt, *mem;
+  int64_t ko, vo;
+} AttPk;
+
+/* An AttPk with the packings named (1 wanted), in one att_alloc (pk.mem NULL:
+ * no memory). */
+static AttPk att_pk_alloc(const Att *a, int kt, int k, int v, int vt) {
+  const int nr = a->uk.nr;
+  const int64_t n[4] = {kt ? att_pksize(a->D, a->Tk, nr) : 0, k ? att_pksize(a->Tk, a->D, nr) : 0,
+                        v ? att_pksize(a->Tk, a->Dv, nr) : 0, vt ? att_pksize(a->Dv, a->Tk, nr) : 0};
+  AttPk pk = {.ko = -1, .vo = -1};
+  pk.mem = att_alloc(n[0] + n[1] + n[2] + n[3]);
+  if (pk.mem) {
+    pk.kt = kt ? pk.mem : NULL;
+    pk.k = k ? pk.mem + n[0] : NULL;
+    pk.v = v ? pk.mem + n[0] + n[1] : NULL;
+    pk.vt = vt ? pk.mem + n[0] + n[1] + n[2] : NULL;
+  }
+  return pk;
+}
+
+/* Packs what pk holds for batch index t, unless it holds it already (k and v
+ * broadcast over a batch dim are packed once). */
+static void att_pk_for(const Att *a, AttPk *pk, int64_t t, int par) {
+  const int64_t Tk = a->Tk, D = a->D, Dv = a->Dv, es = (int64_t)esize(a->dt);
+  const int64_t ko = dims_off(a->nb, a->sy, a->kst, t), vo = dims_off(a->nb, a->sy, a->vst, t);
+  const int nr = a->uk.nr;
+  const char *k = (const char *)a->k + ko * es, *v = (const char *)a->v + vo * es;
+  if (ko != pk->ko && pk->kt)
+    att_pack(a->dt, 1, k, D, D, Tk, nr, pk->kt, par);
+  if (ko != pk->ko && pk->k)
+    att_pack(a->dt, 0, k, D, Tk, D, nr, pk->k, par);
+  if (vo != pk->vo && pk->v)
+    att_pack(a->dt, 0, v, Dv, Tk, Dv, nr, pk->v, par);
+  if (vo != pk->vo && pk->vt)
+    att_pack(a->dt, 1, v, Dv, Dv, Tk, nr, pk->vt, par);
+  pk->ko = ko;
+  pk->vo = vo;
+}
+
+/* C [M, N] = alpha op(A) B + beta C: A of dtype adt ([M, K] with row stride
+ * lda, or ta: stored [K, M]), B the first K rows and N columns of an operand
+ * [K0, N0] packed by att_pack, C f32. gemm_blocked's blocks and micro-kernel:
+ * an element's sum depends on K only. `ap` is GEMM_MC x GEMM_KC scratch;
+ * `par` lets the threads share the work. */
+static void att_gemm(const Ukernel *uk, int adt, int ta, const void *A, int64_t lda, const float *B, int64_t K0,
+                     int64_t N0, int64_t M, int64_t N, int64_t K, float alpha, float beta, float *C, int64_t ldc,
+                     float *ap, int par) {
+  if (M <= 0 || N <= 0)
+    return;
+  if (K <= 0) { /* no terms: C = beta C */
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++)
+        C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  const int mr = uk->mr, nr = uk->nr;
+  const int64_t ncb = GEMM_NC / nr * nr, mcb = min64((M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+  int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= 65536.0;
+  (void)usepar;
+  OMP(parallel if (usepar))
+  {
+    for (int64_t jc = 0; jc < N; jc += ncb) {
+      int64_t npan = (min64(ncb, N - jc) + nr - 1) / nr, ncr = (min64(ncb, N0 - jc) + nr - 1) / nr * nr;
+      for (int64_t pc = 0; pc < K; pc += GEMM_KC) {
+        int64_t kc = min64(GEMM_KC, K - pc), kf = min64(GEMM_KC, K0 - pc);
+        const float *bp = B + K0 * jc + pc * ncr;
+        const float bt = pc == 0 ? beta : 1.0f;
+        for (int64_t ic = 0; ic < M; ic += mcb) {
+          int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
+          OMP(for schedule(static))
+          for (int64_t ip = 0; ip < mpan; ip++)
+            pack_a_dt(adt, ta, A, lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr, ap + ip * kc * mr);
+          OMP(for schedule(static))
+          for (int64_t t = 0; t < npan * mpan; t++) {
+            int64_t jp = t / mpan, ip = t % mpan;
+            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+            float tile[MAX_MR * MAX_NR];
+            uk->fn(kc, ap + ip * kc * mr, bp + jp * kf * nr, tile);
+            tile_store(C + i0 * ldc + j0, ldc, tile, nr, mv, nv, alpha, bt);
+          }
+        }
+      }
+    }
+  }
+}
+/*@end attention attention_backward@*/
+
+/*@uses attention@*/
 /* The NaN-propagating max of n contiguous floats (-inf for none): with gcc
  * and OpenMP an OpenMP max reduction plus a NaN flag (vectorised at every -O
  * level), else 16 independent lanes (what clang vectorises). */
@@ -1191,9 +1366,10 @@ HOT float run_max(const float *restrict x, int64_t n) {
 #endif
 }
 
-/* Softmax of the first n of the Tk scores in r, in place; the rest (masked)
- * become 0. */
-CLONES static void att_softmax_row(float *restrict r, int64_t n, int64_t Tk) {
+/* Softmax of the first n scores of row r in place, the rest of its w columns
+ * (masked) set to 0; returns the row's log-sum-exp, max + log(sum exp(s -
+ * max)) (the sum in double; NaN when every score is -inf, as y then is). */
+CLONES static float att_softmax_row(float *restrict r, int64_t n, int64_t w) {
   float m = run_max(r, n);
   double sum = 0;
   SIMD_SUM(sum) for (int64_t j = 0; j < n; j++) {
@@ -1203,28 +1379,19 @@ CLONES static void att_softmax_row(float *restrict r, int64_t n, int64_t Tk) {
   }
   float inv = (float)(1.0 / sum);
   SIMD for (int64_t j = 0; j < n; j++) r[j] *= inv;
-  for (int64_t j = n; j < Tk; j++)
+  for (int64_t j = n; j < w; j++)
     r[j] = 0;
+  return (float)((double)m + log(sum));
 }
 
-/* One (batch, head): S = scale q k^T [Tq, Tk] (causal: j > i masked), row
- * softmax, y = P v. `s` is Tq x Tk scratch; `par` lets the GEMMs and the
- * softmax use the threads (when the batch loop does not). */
-static void attention_one(const float *q, const float *k, const float *v, float *y, float *s, int64_t Tq, int64_t Tk,
-                          int64_t D, int64_t Dv, int causal, float scale, int par) {
-  sgemm(0, 1, Tq, Tk, D, scale, q, D, k, D, 0.0f, s, Tk, par);
-  OMP(parallel for schedule(static) if (par && Tq * Tk >= PAR_MIN))
-  for (int64_t i = 0; i < Tq; i++)
-    att_softmax_row(s + i * Tk, causal ? min64(i + 1, Tk) : Tk, Tk);
-  sgemm(0, 0, Tq, Dv, Tk, 1.0f, s, Tk, v, Dv, 0.0f, y, Dv, par);
-}
-
-/* Without scratch: per row, the max and the sum of exp, then y accumulated in
- * chunks of 64 columns on the stack (scores recomputed). */
-static void attention_noscratch(int dt, const void *q, const void *k, const void *v, void *y, int64_t Tq, int64_t Tk,
-                                int64_t D, int64_t Dv, int causal, float scale) {
-  for (int64_t i = 0; i < Tq; i++) {
-    int64_t n = causal ? min64(i + 1, Tk) : Tk;
+/* Without scratch: query rows [i0, i0 + nr) of one (batch, head) on the
+ * operands as stored (q, y and lse point at row i0; y or lse NULL: not
+ * wanted): per row the max and the sum of exp, then y accumulated in chunks
+ * of 64 columns on the stack (scores recomputed). */
+static void attention_noscratch(int dt, const void *q, const void *k, const void *v, void *y, float *lse, int64_t i0,
+                                int64_t nr, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  for (int64_t i = 0; i < nr; i++) {
+    int64_t n = causal ? min64(i0 + i + 1, Tk) : Tk;
     float m = -INFINITY;
     double sum = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -1237,7 +1404,9 @@ static void attention_noscratch(int dt, const void *q, const void *k, const void
         else
           m = tgm_max(m, scale * d);
       }
-    for (int64_t e0 = 0; e0 < Dv; e0 += 64) {
+    if (lse)
+      lse[i] = (float)((double)m + log(sum));
+    for (int64_t e0 = 0; y && e0 < Dv; e0 += 64) {
       float acc[64] = {0};
       int64_t w = min64(64, Dv - e0);
       for (int64_t j = 0; j < n; j++) {
@@ -1254,76 +1423,304 @@ static void attention_noscratch(int dt, const void *q, const void *k, const void
   }
 }
 
+/* The scratch of one thread of the forward (floats, from att_alloc): the
+ * scores, ATT_QB x att_ld(Tk); att_gemm's; and y's block in f32 when y is
+ * wanted in bf16/f16. */
+static int64_t att_fwd_ws(const Att *a, int y) {
+  return ATT_QB * att_ld(a->Tk) + GEMM_MC * GEMM_KC + (y && a->dt != TGM_F32 ? ATT_QB * a->Dv : 0);
+}
+
+/* Query rows [i0, i0 + ATT_QB) of batch index b: S = scale q k^T over the
+ * keys any of them sees (causal: the first min(i0 + bq, Tk)), each row's
+ * softmax in place and its lse, then y = P v (y, lse NULL: not wanted). pk
+ * holds b's k^T and v, ws is att_fwd_ws's scratch (either NULL: the
+ * no-scratch rows); `par` lets the GEMMs and the rows use the threads, with
+ * the same results. */
+static void att_fwd_block(const Att *a, int64_t b, int64_t i0, const AttPk *pk, float *ws, void *y, float *lse,
+                          int par) {
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), es = (int64_t)esize(a->dt);
+  const int64_t bq = min64(ATT_QB, Tq - i0), yo = (b * Tq + i0) * Dv;
+  const char *q = (const char *)a->q + (dims_off(a->nb, a->sy, a->qst, b) + i0 * D) * es;
+  float *l = lse ? lse + b * Tq + i0 : NULL;
+  if (!pk || !ws) {
+    attention_noscratch(a->dt, q, (const char *)a->k + dims_off(a->nb, a->sy, a->kst, b) * es,
+                        (const char *)a->v + dims_off(a->nb, a->sy, a->vst, b) * es, y ? (char *)y + yo * es : NULL,
+                        l, i0, bq, Tk, D, Dv, a->causal, a->scale);
+    return;
+  }
+  const int64_t n = a->causal ? min64(i0 + bq, Tk) : Tk;
+  float *s = ws, *ap = s + ATT_QB * ld, *fy = ap + GEMM_MC * GEMM_KC;
+  att_gemm(&a->uk, a->dt, 0, q, D, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, s, ld, ap, par);
+  OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
+  for (int64_t r = 0; r < bq; r++) {
+    float lr = att_softmax_row(s + r * ld, att_keys(a, i0 + r), n);
+    if (l)
+      l[r] = lr;
+  }
+  if (!y)
+    return;
+  if (a->dt == TGM_F32)
+    fy = (float *)y + yo;
+  att_gemm(&a->uk, TGM_F32, 0, s, ld, pk->v, Tk, Dv, bq, Dv, n, 1.0f, 0.0f, fy, Dv, ap, par);
+  if (a->dt != TGM_F32)
+    from_f32(a->dt, fy, (char *)y + yo * es, bq * Dv);
+}
+
 void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
-                       double scale) {
-  int64_t Tq = sq[rq - 2], D = sq[rq - 1], Tk = sk[rk - 2], Dv = sv[rv - 1];
-  int nb = ry - 2;
-  int64_t qst[TGM_MAXRANK], kst[TGM_MAXRANK], vst[TGM_MAXRANK], nbatch = 1;
-  batch_strides(rq - 2, sq, Tq * D, nb, qst);
-  batch_strides(rk - 2, sk, Tk * D, nb, kst);
-  batch_strides(rv - 2, sv, Tk * Dv, nb, vst);
-  for (int d = 0; d < nb; d++)
-    nbatch *= sy[d];
-  if (nbatch <= 0 || Tq <= 0 || Dv <= 0)
+                       double scale, float *lse) {
+  Att a = att_init(dt, q, rq, sq, k, rk, sk, v, rv, sv, ry, sy, causal, scale);
+  const int64_t Tq = a.Tq, Tk = a.Tk, nqb = (Tq + ATT_QB - 1) / ATT_QB, nws = att_fwd_ws(&a, y != NULL);
+  if (a.nbatch <= 0 || Tq <= 0 || (!y && !lse))
     return;
-  int64_t ny = nbatch * Tq * Dv;
-  if (Tk <= 0) { /* softmax over nothing: y = 0 (all-zero bits in every floating dtype) */
-    memset(y, 0, esize(dt) * (size_t)ny);
+  if (Tk <= 0) { /* softmax over nothing: y = 0 (all-zero bits in every floating dtype), lse = -inf */
+    if (y)
+      memset(y, 0, esize(dt) * (size_t)(a.nbatch * Tq * a.Dv));
+    for (int64_t i = 0; lse && i < a.nbatch * Tq; i++)
+      lse[i] = -INFINITY;
     return;
   }
-  const float *fq = q, *fk = k, *fv = v;
-  float *fy = y, *tq = NULL, *tk = NULL, *tv = NULL;
-  int ok = 1;
-  if (dt != TGM_F32) {
-    fq = tq = f32_copy(dt, q, numel(rq, sq));
-    fk = tk = tq ? f32_copy(dt, k, numel(rk, sk)) : NULL;
-    fv = tv = tk ? f32_copy(dt, v, numel(rv, sv)) : NULL;
-    fy = tv ? malloc(sizeof(float) * (size_t)ny) : NULL;
-    ok = fy != NULL;
-  }
-  int outer = nbatch >= nthreads() && nthreads() > 1;
-  if (ok && outer) {
+  const int nt = nthreads();
+  if (nt > 1 && a.nbatch >= nt) { /* batch indices over the threads, each with its own packing */
     OMP(parallel)
     {
-      float *s = malloc(sizeof(float) * (size_t)(Tq * Tk));
+      AttPk pk = att_pk_alloc(&a, 1, 0, y != NULL, 0);
+      float *ws = att_alloc(nws);
       OMP(for schedule(static))
-      for (int64_t t = 0; t < nbatch; t++) {
-        const float *qb = fq + dims_off(nb, sy, qst, t), *kb = fk + dims_off(nb, sy, kst, t);
-        const float *vb = fv + dims_off(nb, sy, vst, t);
-        if (s)
-          attention_one(qb, kb, vb, fy + t * Tq * Dv, s, Tq, Tk, D, Dv, causal, (float)scale, 0);
-        else
-          attention_noscratch(TGM_F32, qb, kb, vb, fy + t * Tq * Dv, Tq, Tk, D, Dv, causal, (float)scale);
+      for (int64_t b = 0; b < a.nbatch; b++) {
+        if (pk.mem)
+          att_pk_for(&a, &pk, b, 0);
+        for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
+          att_fwd_block(&a, b, i0, pk.mem ? &pk : NULL, ws, y, lse, 0);
       }
-      free(s);
+      free(pk.mem);
+      free(ws);
     }
-  } else if (ok) {
-    float *s = malloc(sizeof(float) * (size_t)(Tq * Tk));
-    for (int64_t t = 0; t < nbatch; t++) {
-      const float *qb = fq + dims_off(nb, sy, qst, t), *kb = fk + dims_off(nb, sy, kst, t);
-      const float *vb = fv + dims_off(nb, sy, vst, t);
-      if (s)
-        attention_one(qb, kb, vb, fy + t * Tq * Dv, s, Tq, Tk, D, Dv, causal, (float)scale, 1);
-      else
-        attention_noscratch(TGM_F32, qb, kb, vb, fy + t * Tq * Dv, Tq, Tk, D, Dv, causal, (float)scale);
-    }
-    free(s);
-  } else { /* half dtypes without scratch */
-    size_t es = esize(dt);
-    OMP(parallel for schedule(static))
-    for (int64_t t = 0; t < nbatch; t++)
-      attention_noscratch(dt, (const char *)q + dims_off(nb, sy, qst, t) * (int64_t)es,
-                          (const char *)k + dims_off(nb, sy, kst, t) * (int64_t)es,
-                          (const char *)v + dims_off(nb, sy, vst, t) * (int64_t)es,
-                          (char *)y + t * Tq * Dv * (int64_t)es, Tq, Tk, D, Dv, causal, (float)scale);
+    return;
   }
-  if (dt != TGM_F32 && ok)
-    from_f32_par(dt, fy, y, ny);
-  free(tq);
-  free(tk);
-  free(tv);
-  if (fy != y)
-    free(fy);
+  /* few batch indices: one at a time, packed once, its query blocks over the
+   * threads (or one after the other on threaded GEMMs) */
+  AttPk pk = att_pk_alloc(&a, 1, 0, y != NULL, 0);
+  for (int64_t b = 0; b < a.nbatch; b++) {
+    if (pk.mem)
+      att_pk_for(&a, &pk, b, 1);
+    const AttPk *p = pk.mem ? &pk : NULL;
+    if (nt > 1 && nqb >= nt) {
+      OMP(parallel)
+      {
+        float *ws = att_alloc(nws);
+        OMP(for schedule(dynamic, 1))
+        for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
+          att_fwd_block(&a, b, i0, p, ws, y, lse, 0);
+        free(ws);
+      }
+    } else {
+      float *ws = att_alloc(nws);
+      for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
+        att_fwd_block(&a, b, i0, p, ws, y, lse, 1);
+      free(ws);
+    }
+  }
+  free(pk.mem);
 }
 /*@end attention@*/
+
+/*@uses attention_backward@*/
+/* P = exp(S - lse) over the first n scores of row r in place, 0 over the rest
+ * of its w columns (masked). */
+CLONES static void att_p_row(float *restrict r, int64_t n, int64_t w, float lse) {
+  SIMD for (int64_t j = 0; j < n; j++) r[j] = tgm_exp(r[j] - lse);
+  for (int64_t j = n; j < w; j++)
+    r[j] = 0;
+}
+
+/* dS = P (dP - delta) over the first n columns of row d (dP, in place; p is
+ * the row's P), 0 over the rest of its w (masked). */
+CLONES static void att_ds_row(float *restrict d, const float *restrict p, int64_t n, int64_t w, float delta) {
+  SIMD for (int64_t j = 0; j < n; j++) d[j] = p[j] * (d[j] - delta);
+  for (int64_t j = n; j < w; j++)
+    d[j] = 0;
+}
+
+/* P[i, j] and (ds not NULL) dS[i, j] of one (batch, head) from the operands
+ * as stored, for the no-scratch path: s = scale q_i . k_j, P = exp(s -
+ * lse_i), dS = P (dy_i . v_j - delta_i). */
+static float att_pair(const Att *a, const void *q, const void *k, const void *v, const void *dy, float lse,
+                      float delta, int64_t i, int64_t j, float *ds) {
+  float d = 0, dp = 0;
+  for (int64_t e = 0; e < a->D; e++)
+    d += ldf(a->dt, q, i * a->D + e) * ldf(a->dt, k, j * a->D + e);
+  float p = tgm_exp(a->scale * d - lse);
+  for (int64_t e = 0; ds && e < a->Dv; e++)
+    dp += ldf(a->dt, dy, i * a->Dv + e) * ldf(a->dt, v, j * a->Dv + e);
+  if (ds)
+    *ds = p * (dp - delta);
+  return p;
+}
+
+/* Without scratch: batch index t of the backward on the operands as stored,
+ * every output element a sum over the pairs (i, j) it needs, P and dS
+ * recomputed per 64 output columns (on the stack). Slow: for when memory
+ * cannot be had. */
+static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, const float *delta, void *dq, void *dk,
+                              void *dv, int64_t t) {
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, es = (int64_t)esize(a->dt);
+  const char *q = (const char *)a->q + dims_off(a->nb, a->sy, a->qst, t) * es;
+  const char *k = (const char *)a->k + dims_off(a->nb, a->sy, a->kst, t) * es;
+  const char *v = (const char *)a->v + dims_off(a->nb, a->sy, a->vst, t) * es;
+  dy = (const char *)dy + t * Tq * Dv * es;
+  lse += t * Tq;
+  delta += t * Tq;
+  for (int64_t i = 0; dq && i < Tq; i++) /* dq[i] = scale sum_j dS[i, j] k[j] */
+    for (int64_t e0 = 0; e0 < D; e0 += 64) {
+      float acc[64] = {0}, ds;
+      int64_t w = min64(64, D - e0);
+      for (int64_t j = 0; j < att_keys(a, i); j++) {
+        att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
+        for (int64_t e = 0; e < w; e++)
+          acc[e] += ds * ldf(a->dt, k, j * D + e0 + e);
+      }
+      for (int64_t e = 0; e < w; e++)
+        stval(a->dt, dq, (t * Tq + i) * D + e0 + e, a->scale * acc[e]);
+    }
+  for (int64_t j = 0; j < Tk; j++) { /* dk[j] = scale sum_i dS[i, j] q[i], dv[j] = sum_i P[i, j] dy[i] */
+    int64_t ilo = a->causal ? j : 0;
+    for (int64_t e0 = 0; dk && e0 < D; e0 += 64) {
+      float acc[64] = {0}, ds;
+      int64_t w = min64(64, D - e0);
+      for (int64_t i = ilo; i < Tq; i++) {
+        att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
+        for (int64_t e = 0; e < w; e++)
+          acc[e] += ds * ldf(a->dt, q, i * D + e0 + e);
+      }
+      for (int64_t e = 0; e < w; e++)
+        stval(a->dt, dk, (t * Tk + j) * D + e0 + e, a->scale * acc[e]);
+    }
+    for (int64_t e0 = 0; dv && e0 < Dv; e0 += 64) {
+      float acc[64] = {0};
+      int64_t w = min64(64, Dv - e0);
+      for (int64_t i = ilo; i < Tq; i++) {
+        float p = att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, NULL);
+        for (int64_t e = 0; e < w; e++)
+          acc[e] += p * ldf(a->dt, dy, i * Dv + e0 + e);
+      }
+      for (int64_t e = 0; e < w; e++)
+        stval(a->dt, dv, (t * Tk + j) * Dv + e0 + e, acc[e]);
+    }
+  }
+}
+
+/* The scratch of one thread of the backward (floats, from att_alloc): the P
+ * and dS blocks (ATT_QB x att_ld(Tk) each); att_gemm's; the block's q and dy
+ * packed (the B of dk's and dv's GEMMs); and for bf16/f16 the f32 dq block
+ * and dk, dv sums. Only what the wanted outputs need. */
+static int64_t att_bwd_ws(const Att *a, int dq, int dk, int dv) {
+  int64_t n = 2 * ATT_QB * att_ld(a->Tk) + GEMM_MC * GEMM_KC;
+  n += (dk ? att_pksize(ATT_QB, a->D, a->uk.nr) : 0) + (dv ? att_pksize(ATT_QB, a->Dv, a->uk.nr) : 0);
+  if (a->dt != TGM_F32)
+    n += (dq ? ATT_QB * a->D : 0) + (dk ? a->Tk * a->D : 0) + (dv ? a->Tk * a->Dv : 0);
+  return n;
+}
+
+/* Batch index t of the backward (FlashAttention-2's, on the CPU): for each
+ * block of query rows in order, S = scale q k^T, P = exp(S - lse), dv += P^T
+ * dy, dP = dy v^T, dS = P (dP - delta), dq = scale dS k, dk += scale dS^T q,
+ * over the keys the block sees; dk and dv summed in f32 (in the outputs
+ * themselves for f32) and rounded once. pk holds t's packed k and v, ws is
+ * att_bwd_ws's scratch (either NULL: the no-scratch path); `par` lets the
+ * GEMMs and the rows use the threads, with the same results. */
+static void att_bwd_one(const Att *a, const AttPk *pk, const void *dy, const float *lse, const float *delta, void *dq,
+                        void *dk, void *dv, float *ws, int64_t t, int par) {
+  if (!pk || !ws) {
+    att_bwd_noscratch(a, dy, lse, delta, dq, dk, dv, t);
+    return;
+  }
+  const Ukernel *uk = &a->uk;
+  const int dt = a->dt, half = dt != TGM_F32, nr = uk->nr;
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), es = (int64_t)esize(dt);
+  const char *q = (const char *)a->q + dims_off(a->nb, a->sy, a->qst, t) * es;
+  float *p = ws, *ds = p + ATT_QB * ld, *ap = ds + ATT_QB * ld, *qpk = ap + GEMM_MC * GEMM_KC;
+  float *dypk = qpk + (dk ? att_pksize(ATT_QB, D, nr) : 0), *hq = dypk + (dv ? att_pksize(ATT_QB, Dv, nr) : 0);
+  float *hk = hq + (half && dq ? ATT_QB * D : 0), *hv = hk + (half && dk ? Tk * D : 0);
+  float *fk = !dk ? NULL : half ? hk : (float *)dk + t * Tk * D;
+  float *fv = !dv ? NULL : half ? hv : (float *)dv + t * Tk * Dv;
+  dy = (const char *)dy + t * Tq * Dv * es;
+  lse += t * Tq;
+  delta += t * Tq;
+  if (fk)
+    memset(fk, 0, sizeof(float) * (size_t)(Tk * D));
+  if (fv)
+    memset(fv, 0, sizeof(float) * (size_t)(Tk * Dv));
+  for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB) {
+    const int64_t bq = min64(ATT_QB, Tq - i0), n = a->causal ? min64(i0 + bq, Tk) : Tk;
+    const char *qb = q + i0 * D * es, *dyb = (const char *)dy + i0 * Dv * es;
+    att_gemm(uk, dt, 0, qb, D, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, p, ld, ap, par);
+    OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
+    for (int64_t r = 0; r < bq; r++)
+      att_p_row(p + r * ld, att_keys(a, i0 + r), n, lse[i0 + r]);
+    if (fv) {
+      att_pack(dt, 0, dyb, Dv, bq, Dv, nr, dypk, par);
+      att_gemm(uk, TGM_F32, 1, p, ld, dypk, bq, Dv, n, Dv, bq, 1.0f, 1.0f, fv, Dv, ap, par);
+    }
+    if (!dq && !dk)
+      continue;
+    att_gemm(uk, dt, 0, dyb, Dv, pk->vt, Dv, Tk, bq, n, Dv, 1.0f, 0.0f, ds, ld, ap, par);
+    OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
+    for (int64_t r = 0; r < bq; r++)
+      att_ds_row(ds + r * ld, p + r * ld, att_keys(a, i0 + r), n, delta[i0 + r]);
+    if (dq) {
+      float *fq = half ? hq : (float *)dq + (t * Tq + i0) * D;
+      att_gemm(uk, TGM_F32, 0, ds, ld, pk->k, Tk, D, bq, D, n, a->scale, 0.0f, fq, D, ap, par);
+      if (half)
+        from_f32(dt, fq, (char *)dq + (t * Tq + i0) * D * es, bq * D);
+    }
+    if (fk) {
+      att_pack(dt, 0, qb, D, bq, D, nr, qpk, par);
+      att_gemm(uk, TGM_F32, 1, ds, ld, qpk, bq, D, n, D, bq, a->scale, 1.0f, fk, D, ap, par);
+    }
+  }
+  if (half && fk)
+    from_f32(dt, fk, (char *)dk + t * Tk * D * es, Tk * D);
+  if (half && fv)
+    from_f32(dt, fv, (char *)dv + t * Tk * Dv * es, Tk * Dv);
+}
+
+void tgm_cpu_attention_backward(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                                const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy, int ry,
+                                const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk, void *dv,
+                                int causal, double scale) {
+  Att a = att_init(dt, q, rq, sq, k, rk, sk, v, rv, sv, ry, sy, causal, scale);
+  const int64_t Tq = a.Tq, D = a.D, Tk = a.Tk, Dv = a.Dv;
+  const size_t es = esize(dt);
+  if (a.nbatch <= 0 || (!dq && !dk && !dv))
+    return;
+  if (Tq <= 0 || Tk <= 0) { /* no scores: y is 0 (Tk = 0) or empty (Tq = 0), every gradient 0 */
+    if (dq)
+      memset(dq, 0, es * (size_t)(a.nbatch * Tq * D));
+    if (dk)
+      memset(dk, 0, es * (size_t)(a.nbatch * Tk * D));
+    if (dv)
+      memset(dv, 0, es * (size_t)(a.nbatch * Tk * Dv));
+    return;
+  }
+  /* batch indices over the threads when there are enough of them, else one
+   * after the other on threaded GEMMs; each thread packs k^T (S's B), and
+   * for dq and dk k (dq's) and v^T (dP's), once per batch index */
+  const int wds = dq || dk;
+  const int64_t nws = att_bwd_ws(&a, dq != NULL, dk != NULL, dv != NULL);
+  const int outer = nthreads() > 1 && a.nbatch >= nthreads();
+  OMP(parallel if (outer))
+  {
+    AttPk pk = att_pk_alloc(&a, 1, wds, 0, wds);
+    float *ws = att_alloc(nws);
+    OMP(for schedule(static))
+    for (int64_t t = 0; t < a.nbatch; t++) {
+      if (pk.mem)
+        att_pk_for(&a, &pk, t, !outer);
+      att_bwd_one(&a, pk.mem ? &pk : NULL, dy, lse, delta, dq, dk, dv, ws, t, !outer);
+    }
+    free(pk.mem);
+    free(ws);
+  }
+}
+/*@end attention_backward@*/

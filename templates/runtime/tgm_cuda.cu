@@ -43,9 +43,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-/*@uses attention@*/
-#include <mma.h>
-/*@end attention@*/
 
 #include <limits.h>
 #include <math.h>
@@ -481,10 +478,11 @@ __device__ __forceinline__ void row_map(const TI *xr, TO *yr, int64_t n, int lan
 
 /* The attention softmax along rows of n. With causal_t > 0, row r masks
  * columns j > r % causal_t to -inf. x and y may be the same buffer (row_map
- * rewrites only what each thread read). */
+ * rewrites only what each thread read). lse (NULL: not wanted) gets each
+ * row's log-sum-exp. */
 template <class TI, class TO, bool BLOCK>
 __global__ void __launch_bounds__(1024)
-    k_softmax_rows(const TI *x, TO *y, int64_t rows, int64_t n, int64_t causal_t, int vec) {
+    k_softmax_rows(const TI *x, TO *y, int64_t rows, int64_t n, int64_t causal_t, int vec, float *lse) {
   __shared__ Lse::S sh[32];
   const Lse r;
   Rows<BLOCK> g;
@@ -495,6 +493,8 @@ __global__ void __launch_bounds__(1024)
     row_read(xr, n, g.lane, g.nthr, vec, [&](int64_t j, float v) { Lse::push(s, j <= lim ? v : -INFINITY); });
     s = group_merge<Lse, BLOCK>(r, s, sh);
     float m = s.a, sum = is_inf(m) ? NAN : s.b; /* an infinite max: NaN, as torch */
+    if (lse && g.lane == 0)
+      lse[row] = is_inf(m) ? m : m + logf(s.b);
     row_map(xr, y + row * n, n, g.lane, g.nthr, vec,
             [&](int64_t j, float v) { return expf((j <= lim ? v : -INFINITY) - m) / sum; });
   }
@@ -1483,148 +1483,204 @@ template <int NOP> struct BatchWalk {
 /* ---------------------------------------------------------------- host: attention */
 
 template <class TO, bool BLOCK>
-int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, int64_t n, int64_t causal_t) {
+int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, int64_t n, int64_t causal_t, float *lse) {
   int64_t cap = (int64_t)cx->sms * 32;
   int vec = n % 4 == 0 && aligned(x, 16) && aligned(y, alignof(Vec<TO, 4>));
   if (BLOCK) {
     int threads = n >= 8192 ? 1024 : 256;
     k_softmax_rows<float, TO, true>
-        <<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec);
+        <<<(unsigned)(rows < cap ? rows : cap), threads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec, lse);
   } else {
     int64_t nb = (rows + 7) / 8;
     k_softmax_rows<float, TO, false>
-        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec);
+        <<<(unsigned)(nb < cap ? nb : cap), kThreads, 0, cx->stream>>>(x, y, rows, n, causal_t, vec, lse);
   }
   TGM_CUDA_LAUNCHED("k_softmax_rows");
   return 0;
 }
 
 
-/* Flash attention's forward (FlashAttention-2's loop order) for bf16/f16
- * with head dim D (64 or 128): a block of 4 warps takes 64 query rows of one
- * batch element, each warp 16 of them. For each tile of 64 keys: S = scale
- * q k^T on the tensor cores (f32), the online softmax of the warp's rows in
- * shared memory (the running max m and sum l; the tile's P rounded to T as
- * the materialised path rounds it), and O = alpha O + P v on the tensor
- * cores, O's f32 accumulators kept in shared memory (a fragment's layout is
- * opaque, the per-row rescale is not; two lanes a row, 32 columns each).
- * Causal (column j > row i masked, as
- * k_softmax_rows) skips the key tiles past the block's last row. No T x T
- * buffer. Rows, keys and batches beyond the sizes read zeros and write
- * nothing; an all-masked row gives NaN (0/0), as torch. */
+/* Flash attention (FlashAttention-2's loop order and register layout) for
+ * bf16/f16 with head dim D (64 or 128), on the tensor cores through
+ * mma.sync m16n8k16 (f32 accumulators) and ldmatrix: a block of 4 warps
+ * takes 64 query rows of one batch element, each warp 16. A warp's q
+ * fragments, its scores S = scale q k^T for a tile of 64 keys and its
+ * output O stay in registers: thread (g = lane / 4, t = lane % 4) holds
+ * rows g and g + 8, columns 2t and 2t + 1 of each 8-column tile, so a row's
+ * max and sum take two shuffles within a quad, and the tile's P is the A
+ * operand of P v without a trip through shared memory (rounded to T there;
+ * the row sums take the f32 values, as FlashAttention-2's). The online softmax works in base 2 (scores
+ * times scale log2 e). Causal (column j > row i masked) skips the key
+ * tiles past the block's last row. No T x T buffer. Rows, keys and batches
+ * beyond the sizes read zeros and write nothing; an all-masked row gives
+ * NaN (0/0), as torch. lse (NULL: not wanted; batch stride Tq) gets each
+ * row's natural log-sum-exp for the backward; y may be NULL. */
 namespace fa {
-constexpr int BQ = 64, BK = 64, WARPS = 4;
-template <int D> struct Smem { /* shared memory layout (elements; wmma wants 32-byte aligned tiles) */
-  static constexpr int LD = D + 8, LDS = BK + 4, LDP = BK + 8, LDO = D + 4;
-  static constexpr size_t q = 0, k = q + (size_t)BQ * LD * 2, v = k + (size_t)BK * LD * 2,
-                          s = v + (size_t)BK * LD * 2, p = s + (size_t)WARPS * 16 * LDS * 4,
-                          o = p + (size_t)WARPS * 16 * LDP * 2, stat = o + (size_t)WARPS * 16 * LDO * 4,
-                          bytes = stat + (size_t)3 * BQ * 4;
-};
-/* rows r0.. of a [rows, D] tile (row stride ld elements of global memory) into shared memory, zeros past n */
-template <class T, int D>
-__device__ __forceinline__ void load_tile(T *dst, int lds, const T *src, int64_t ld, int r0, int n) {
-  constexpr int V = 8; /* 16 bytes */
-  for (int e = threadIdx.x; e < 64 * D / V; e += WARPS * 32) {
+constexpr float kLog2e = 1.4426950408889634f;
+/* rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row stride D + 8:
+ * ldmatrix's 8 rows fall in different banks), zeros past n */
+template <class T, int D> __device__ __forceinline__ void load_tile(T *dst, const T *src, int64_t ld, int r0, int n) {
+  constexpr int V = 8, LD = D + 8; /* 16 bytes */
+  for (int e = threadIdx.x; e < 64 * D / V; e += 128) {
     int r = e / (D / V), c = (e % (D / V)) * V;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (r0 + r < n)
       val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
-    *reinterpret_cast<uint4 *>(dst + r * lds + c) = val;
+    *reinterpret_cast<uint4 *>(dst + r * LD + c) = val;
   }
 }
+__device__ __forceinline__ void ldsm(uint32_t *r, const void *p) { /* four 8 x 8 matrices */
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_t(uint32_t *r, const void *p) { /* transposed */
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+/* c [16 x 8] += a [16 x 16] b [16 x 8] */
+__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1, bf16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1, f16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <class T> __device__ __forceinline__ uint32_t pack(float x, float y) {
+  T h[2] = {from_f<T>(x), from_f<T>(y)};
+  uint32_t r;
+  memcpy(&r, h, 4);
+  return r;
+}
+/* The A fragment of rows r0..r0 + 15, columns c0..c0 + 15 of a tile (row stride LD). */
+template <int LD, class T> __device__ __forceinline__ void frag_a(uint32_t *a, const T *tile, int r0, int c0) {
+  int lane = threadIdx.x % 32;
+  ldsm(a, tile + (r0 + lane % 16) * LD + c0 + lane / 16 * 8);
+}
+/* B fragments (b[0..1]: columns n0..n0 + 7, b[2..3]: n0 + 8..) of k = c0..c0 + 15 from a tile whose rows are
+ * the n index (b[k][n] = tile[n][k]: keys in S = q k^T) */
+template <int LD, class T> __device__ __forceinline__ void frag_bn(uint32_t *b, const T *tile, int n0, int c0) {
+  int lane = threadIdx.x % 32;
+  ldsm(b, tile + (n0 + lane % 8 + lane / 16 * 8) * LD + c0 + lane / 8 % 2 * 8);
+}
+/* B fragments of k = k0..k0 + 15 from a tile whose rows are the k index (b[k][n] = tile[k][n]: v in P v) */
+template <int LD, class T> __device__ __forceinline__ void frag_bk(uint32_t *b, const T *tile, int k0, int n0) {
+  int lane = threadIdx.x % 32;
+  ldsm_t(b, tile + (k0 + lane % 8 + lane / 8 % 2 * 8) * LD + n0 + lane / 16 * 8);
+}
+/* The A fragment of columns 16 kc.. of a [16 x 64] accumulator tile s[8][4] (rounded to T). */
+template <class T> __device__ __forceinline__ void acc_to_a(uint32_t *a, const float (*s)[4], int kc) {
+  a[0] = pack<T>(s[2 * kc][0], s[2 * kc][1]);
+  a[1] = pack<T>(s[2 * kc][2], s[2 * kc][3]);
+  a[2] = pack<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+  a[3] = pack<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+/* out [16 x 64] (8 tiles of 8 columns) += a-rows [16 x D] (fragments) times the 64 rows of tile^T */
+template <class T, int D> __device__ __forceinline__ void scores(float (*out)[4], const uint32_t (*a)[4], const T *tile) {
+  for (int d = 0; d < D / 16; d++)
+    for (int j = 0; j < 4; j++) {
+      uint32_t b[4];
+      frag_bn<D + 8>(b, tile, j * 16, d * 16);
+      mma(out[2 * j], a[d], b[0], b[1], T());
+      mma(out[2 * j + 1], a[d], b[2], b[3], T());
+    }
+}
+/* acc [16 x D] += the [16 x 64] accumulators s (as T) times tile [64 x D] */
+template <class T, int D> __device__ __forceinline__ void times_tile(float (*acc)[4], const float (*s)[4], const T *tile) {
+  for (int kc = 0; kc < 4; kc++) {
+    uint32_t a[4];
+    acc_to_a<T>(a, s, kc);
+    for (int n = 0; n < D / 16; n++) {
+      uint32_t b[4];
+      frag_bk<D + 8>(b, tile, kc * 16, n * 16);
+      mma(acc[2 * n], a, b[0], b[1], T());
+      mma(acc[2 * n + 1], a, b[2], b[3], T());
+    }
+  }
+}
+/* Rows r0 + g and r0 + g + 8 (below n) of a warp's [16 x D] accumulators times mul[0], mul[1] into y (row stride D). */
+template <class T, int D>
+__device__ __forceinline__ void store_acc(T *y, const float (*acc)[4], int r0, int n, const float *mul) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int h = 0; h < 2; h++) {
+    int r = r0 + g + h * 8;
+    if (r >= n)
+      continue;
+    for (int c = 0; c < D / 8; c++)
+      *reinterpret_cast<uint32_t *>(y + (int64_t)r * D + c * 8 + 2 * t) =
+          pack<T>(acc[c][2 * h] * mul[h], acc[c][2 * h + 1] * mul[h]);
+  }
+}
+template <int D> constexpr size_t smem_bytes(int tiles) { return (size_t)tiles * 64 * (D + 8) * 2 + 2 * 64 * 4; }
 } // namespace fa
 
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y, int Tq,
-                int Tk, int64_t bq, int64_t bk, int64_t bv, int64_t by, int causal, float scale) {
-  using namespace nvcuda;
-  using L = fa::Smem<D>;
+                int Tk, int64_t bq, int64_t bk, int64_t bv, int64_t by, int causal, float scale, float *__restrict__ lse) {
+  constexpr int LD = D + 8;
   extern __shared__ __align__(128) unsigned char smem[];
-  T *sQ = (T *)(smem + L::q), *sK = (T *)(smem + L::k), *sV = (T *)(smem + L::v), *sP = (T *)(smem + L::p);
-  float *sS = (float *)(smem + L::s), *sO = (float *)(smem + L::o), *sM = (float *)(smem + L::stat);
-  float *sL = sM + fa::BQ, *sA = sL + fa::BQ;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, q0 = blockIdx.x * fa::BQ;
-  q += blockIdx.y * bq, k += blockIdx.y * bk, v += blockIdx.y * bv, y += blockIdx.y * by;
-  fa::load_tile<T, D>(sQ, L::LD, q, D, q0, Tq);
-  for (int e = threadIdx.x; e < fa::WARPS * 16 * L::LDO; e += fa::WARPS * 32)
-    sO[e] = 0.0f;
-  for (int e = threadIdx.x; e < fa::BQ; e += fa::WARPS * 32)
-    sM[e] = -INFINITY, sL[e] = 0.0f;
-  float *S = sS + w * 16 * L::LDS, *O = sO + w * 16 * L::LDO;
-  T *P = sP + w * 16 * L::LDP;
-  const int kend = causal && q0 + fa::BQ < Tk ? q0 + fa::BQ : Tk;
+  T *sQ = (T *)smem, *sK = sQ + 64 * LD, *sV = sK + 64 * LD;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
+  const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
+  q += blockIdx.y * bq, k += blockIdx.y * bk, v += blockIdx.y * bv;
+  fa::load_tile<T, D>(sQ, q, D, q0, Tq);
   __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa[D / 16]; /* the warp's q rows, for every key tile */
+  uint32_t qa[D / 16][4]; /* the warp's q rows, for every key tile */
   for (int d = 0; d < D / 16; d++)
-    wmma::load_matrix_sync(qa[d], sQ + w * 16 * L::LD + d * 16, L::LD);
-  for (int k0 = 0; k0 < kend; k0 += fa::BK) {
+    fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
+  float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = scale * fa::kLog2e;
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
+  for (int k0 = 0; k0 < kend; k0 += 64) {
     __syncthreads(); /* the last tile's reads of sK, sV are done */
-    fa::load_tile<T, D>(sK, L::LD, k, D, k0, Tk);
-    fa::load_tile<T, D>(sV, L::LD, v, D, k0, Tk);
+    fa::load_tile<T, D>(sK, k, D, k0, Tk);
+    fa::load_tile<T, D>(sV, v, D, k0, Tk);
     __syncthreads();
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    for (int j = 0; j < fa::BK / 16; j++) { /* S = q k^T, 16 keys at a time */
-      wmma::fill_fragment(acc, 0.0f);
-      for (int d = 0; d < D / 16; d++) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-        wmma::load_matrix_sync(b, sK + j * 16 * L::LD + d * 16, L::LD);
-        wmma::mma_sync(acc, qa[d], b, acc);
+    float s[8][4] = {};
+    fa::scores<T, D>(s, qa, sK);
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++) {
+        int c = k0 + j * 8 + 2 * t + (e & 1), h = e >> 1;
+        s[j][e] = c < Tk && !(causal && c > row[h]) ? s[j][e] * sl2 : -INFINITY;
+        mx[h] = fmaxf(mx[h], s[j][e]);
       }
-      wmma::store_matrix_sync(S + j * 16, acc, L::LDS, wmma::mem_row_major);
+    float alpha[2];
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      float mn = fmaxf(m[h], mx[h]);
+      alpha[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+      m[h] = mn;
+      l[h] *= alpha[h];
     }
-    __syncwarp();
-    { /* the online softmax: lanes 2r and 2r + 1 take row r, 32 columns each (from column lane % 2 * 32 + c,
-         c rotated by the row so that the 16 rows' reads fall in different banks) */
-      const int r = lane / 2, h = lane % 2, i = q0 + w * 16 + r;
-      const float *Sr = S + r * L::LDS + h * 32;
-      T *Pr = P + r * L::LDP + h * 32;
-      float x[32], mx = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < 32; c++) {
-        int cc = (c + r) & 31, j = k0 + h * 32 + cc; /* x[c] is column cc (c is static: x stays in registers) */
-        x[c] = j < Tk && !(causal && j > i) ? Sr[cc] * scale : -INFINITY;
-        mx = fmaxf(mx, x[c]);
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++) {
+        int h = e >> 1;
+        float p = m[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - m[h]);
+        s[j][e] = p; /* rounded to T as the A operand of P v; the row sum takes the f32 value */
+        l[h] += p;
       }
-      float mold = sM[w * 16 + r], mnew = fmaxf(mold, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
-      float sum = 0.0f;
-#pragma unroll
-      for (int c = 0; c < 32; c++) {
-        T hp = from_f<T>(mnew == -INFINITY ? 0.0f : expf(x[c] - mnew));
-        Pr[(c + r) & 31] = hp;
-        sum += to_f(hp);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      __syncwarp();
-      if (h == 0) {
-        float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-        sM[w * 16 + r] = mnew;
-        sL[w * 16 + r] = sL[w * 16 + r] * alpha + sum;
-        sA[w * 16 + r] = alpha;
-      }
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * D; e += 32) /* O = alpha O */
-      O[(e / D) * L::LDO + e % D] *= sA[w * 16 + e / D];
-    __syncwarp();
-    for (int n = 0; n < D / 16; n++) { /* O += P v */
-      wmma::load_matrix_sync(acc, O + n * 16, L::LDO, wmma::mem_row_major);
-      for (int kk = 0; kk < fa::BK / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-        wmma::load_matrix_sync(a, P + kk * 16, L::LDP);
-        wmma::load_matrix_sync(b, sV + kk * 16 * L::LD + n * 16, L::LD);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(O + n * 16, acc, L::LDO, wmma::mem_row_major);
-    }
+    for (int n = 0; n < D / 8; n++)
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    fa::times_tile<T, D>(o, s, sV);
   }
-  __syncwarp();
-  for (int e = lane; e < 16 * D; e += 32) {
-    int r = e / D, c = e % D, i = q0 + w * 16 + r;
-    if (i < Tq)
-      y[(int64_t)i * D + c] = from_f<T>(O[r * L::LDO + c] / sL[w * 16 + r]);
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lse && t == 0 && row[h] < Tq) /* natural units: (m + log2 l) ln 2 */
+      lse[blockIdx.y * (int64_t)Tq + row[h]] = m[h] == -INFINITY ? m[h] : (m[h] + log2f(l[h])) * 0.6931471805599453f;
+  }
+  if (y) {
+    const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+    fa::store_acc<T, D>(y + blockIdx.y * by, o, q0 + w * 16, Tq, inv);
   }
 }
 
@@ -1635,61 +1691,76 @@ __global__ void __launch_bounds__(128)
  * not a whole number of 16-byte rows. */
 template <class T, int D>
 int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw, int64_t Tq,
-                 int64_t Tk, int causal, float scale) {
-  using L = fa::Smem<D>;
+                 int64_t Tk, int causal, float scale, float *lse) {
+  constexpr size_t bytes = fa::smem_bytes<D>(3);
   static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
   if (!set || !*set) {
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (set)
       *set = true;
   }
-  unsigned tiles = (unsigned)((Tq + fa::BQ - 1) / fa::BQ);
+  unsigned tiles = (unsigned)((Tq + 63) / 64);
   for (int64_t t = 0; t < bw.outer; t++) {
     int64_t off[4];
     bw.offsets(t, off);
     for (int64_t b0 = 0; b0 < bw.inner; b0 += 65535) {
       unsigned nb = (unsigned)(bw.inner - b0 < 65535 ? bw.inner - b0 : 65535);
-      k_flash_fwd<T, D><<<dim3(tiles, nb), fa::WARPS * 32, L::bytes, cx->stream>>>(
+      k_flash_fwd<T, D><<<dim3(tiles, nb), 128, bytes, cx->stream>>>(
           q + off[0] + b0 * bw.stride(0), k + off[1] + b0 * bw.stride(1), v + off[2] + b0 * bw.stride(2),
-          y + off[3] + b0 * bw.stride(3), (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2), bw.stride(3),
-          causal, scale);
+          y ? y + off[3] + b0 * bw.stride(3) : NULL, (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2),
+          bw.stride(3), causal, scale, lse ? lse + (t * bw.inner + b0) * Tq : NULL);
       TGM_CUDA_LAUNCHED("k_flash_fwd");
     }
   }
   return 0;
 }
 
+/* Whether the flash kernels take these operands: D == Dv, 64 or 128, sizes
+ * within int, every pointer (NULL: absent) 16-byte aligned, and every batch
+ * step and host-iteration offset a whole number of 16-byte rows. */
+template <int NOP>
+bool flash_fits(const BatchWalk<NOP> &bw, int64_t D, int64_t Dv, int64_t Tq, int64_t Tk, const void *p0,
+                const void *p1, const void *p2, const void *p3, const void *p4 = NULL, const void *p5 = NULL,
+                const void *p6 = NULL) {
+  if (D != Dv || (D != 64 && D != 128) || Tq > INT_MAX - 64 || Tk > INT_MAX - 64)
+    return false;
+  const void *ps[7] = {p0, p1, p2, p3, p4, p5, p6};
+  for (int p = 0; p < 7; p++)
+    if (ps[p] && !aligned(ps[p], 16))
+      return false;
+  for (int p = 0; p < NOP; p++)
+    if (bw.stride(p) % 8)
+      return false;
+  for (int64_t t = 0; t < bw.outer; t++) { /* the host iterations' offsets too */
+    int64_t off[NOP];
+    bw.offsets(t, off);
+    for (int p = 0; p < NOP; p++)
+      if (off[p] % 8)
+        return false;
+  }
+  return true;
+}
+
 int flash_attention(tgm_cuda_ctx *, int, const float *, const float *, const float *, float *, const BatchWalk<4> &,
-                    int64_t, int64_t, int64_t, int64_t, int, float) {
+                    int64_t, int64_t, int64_t, int64_t, int, float, float *) {
   return -1; /* f32: no tensor-core path (TF32 would round beyond f32) */
 }
 
 template <class T>
 int flash_attention(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
-                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
-  if (dt == TGM_F32 || D != Dv || (D != 64 && D != 128) || Tq > INT_MAX || Tk > INT_MAX || !aligned(q, 16) ||
-      !aligned(k, 16) || !aligned(v, 16) || !aligned(y, 16))
+                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale, float *lse) {
+  if (dt == TGM_F32 || !flash_fits(bw, D, Dv, Tq, Tk, q, k, v, y))
     return -1;
-  for (int p = 0; p < 4; p++)
-    if (bw.stride(p) % 8)
-      return -1;
-  for (int64_t t = 0; t < bw.outer; t++) { /* the host iterations' offsets too */
-    int64_t off[4];
-    bw.offsets(t, off);
-    for (int p = 0; p < 4; p++)
-      if (off[p] % 8)
-        return -1;
-  }
-  return D == 64 ? flash_launch<T, 64>(cx, q, k, v, y, bw, Tq, Tk, causal, scale)
-                 : flash_launch<T, 128>(cx, q, k, v, y, bw, Tq, Tk, causal, scale);
+  return D == 64 ? flash_launch<T, 64>(cx, q, k, v, y, bw, Tq, Tk, causal, scale, lse)
+                 : flash_launch<T, 128>(cx, q, k, v, y, bw, Tq, Tk, causal, scale, lse);
 }
 
 template <class T>
 int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
-                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale, float *lse) {
   if (dt != TGM_F32) { /* flash attention where it applies */
-    int rc = flash_attention(cx, dt, q, k, v, y, bw, Tq, Tk, D, Dv, causal, scale);
+    int rc = flash_attention(cx, dt, q, k, v, y, bw, Tq, Tk, D, Dv, causal, scale, lse);
     if (rc >= 0)
       return rc;
   }
@@ -1711,16 +1782,19 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
       int64_t nb = bw.inner - b0 < chunk ? bw.inner - b0 : chunk;
       const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
       const T *vb = v + off[2] + b0 * bw.stride(2);
-      T *yb = y + off[3] + b0 * bw.stride(3);
+      T *yb = y ? y + off[3] + b0 * bw.stride(3) : NULL;
+      float *lb = lse ? lse + (t * bw.inner + b0) * Tq : NULL;
       /* S^T [Tk, Tq] (column-major) = K [Tk, D] Q^T: row-major S = scale q k^T */
       rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, D, bw.stride(1), qb, ty, D, bw.stride(0), 0.0f,
                 S, CUDA_R_32F, Tk, Tq * Tk, nb);
       if (rc)
         return rc;
-      rc = Tk <= 1024 ? launch_softmax_rows<T, false>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0)
-                      : launch_softmax_rows<T, true>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0);
+      rc = Tk <= 1024 ? launch_softmax_rows<T, false>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0, lb)
+                      : launch_softmax_rows<T, true>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0, lb);
       if (rc)
         return rc;
+      if (!yb) /* only the lse wanted */
+        continue;
       /* O^T [Dv, Tq] = V^T P^T: row-major O = P v */
       rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, Dv, Tq, Tk, 1.0f, vb, ty, Dv, bw.stride(2), P, ty, Tk, Tq * Tk, 0.0f, yb,
                 ty, Dv, bw.stride(3), nb);
@@ -1731,6 +1805,271 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
   return 0;
 }
 /*@end attention@*/
+
+/*@uses attention_backward@*/
+/* ---------------------------------------------------------------- attention backward */
+
+/* FlashAttention-2's backward for bf16/f16 with head dim D (64 or 128), in
+ * two kernels so that every gradient element is summed by one warp in a
+ * fixed order (deterministic; FlashAttention adds dq with atomics instead, at
+ * the price of 2 of these 7 tile products), with the forward's mma.sync
+ * building blocks (fa::):
+ *   k_flash_bwd_kv: a block of 4 warps takes 64 keys of one batch element,
+ *     each warp 16 of them, and walks the query tiles (causal: from its own
+ *     first key on): S^T = k q^T and dP^T = v dy^T in registers, P^T =
+ *     exp(scale S^T - lse) and dS^T = P^T (dP^T - delta) in f32, then dv +=
+ *     P^T dy and dk += dS^T q, the two as A operands straight from the
+ *     accumulators (rounded to T there); dk *= scale at the end.
+ *   k_flash_bwd_q: a block takes 64 queries, each warp 16, and walks the key
+ *     tiles (causal: up to its last query): S and dP, dS as above, dq += dS k.
+ * lse and delta (f32, batch stride Tq) come from the forward and the
+ * generated rowsum(dy * y); dy, dq, dk, dv are contiguous over the batch
+ * (dy and dq [Tq, D], dk and dv [Tk, D] per element); q, k, v have the batch
+ * strides bq, bk, bv (0: broadcast). Rows past Tq or Tk read zeros and
+ * write nothing. */
+template <class T, int D>
+__global__ void __launch_bounds__(128)
+    k_flash_bwd_kv(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                   const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
+                   T *__restrict__ dk, T *__restrict__ dv, int Tq, int Tk, int64_t bq, int64_t bk, int64_t bv,
+                   int causal, float scale) {
+  constexpr int LD = D + 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T *sK = (T *)smem, *sV = sK + 64 * LD, *sQ = sV + 64 * LD, *sO = sQ + 64 * LD;
+  float *sL = (float *)(sO + 64 * LD), *sD = sL + 64;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, k0 = blockIdx.x * 64;
+  const int key[2] = {k0 + w * 16 + g, k0 + w * 16 + g + 8};
+  const int64_t b = blockIdx.y;
+  q += b * bq, k += b * bk, v += b * bv, dy += b * Tq * D, lse += b * Tq, delta += b * Tq;
+  fa::load_tile<T, D>(sK, k, D, k0, Tk);
+  fa::load_tile<T, D>(sV, v, D, k0, Tk);
+  float gk[D / 8][4] = {}, gv[D / 8][4] = {};
+  const float sl2 = scale * fa::kLog2e;
+  for (int q0 = causal ? k0 : 0; q0 < Tq; q0 += 64) { /* causal: queries before k0 see none of these keys */
+    __syncthreads(); /* the last tile's reads are done */
+    fa::load_tile<T, D>(sQ, q, D, q0, Tq);
+    fa::load_tile<T, D>(sO, dy, D, q0, Tq);
+    for (int e = threadIdx.x; e < 64; e += 128)
+      sL[e] = q0 + e < Tq ? lse[q0 + e] * fa::kLog2e : 0.0f, sD[e] = q0 + e < Tq ? delta[q0 + e] : 0.0f;
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};
+    for (int d = 0; d < D / 16; d++) {
+      uint32_t ka[1][4], va[1][4];
+      fa::frag_a<LD>(ka[0], sK, w * 16, d * 16);
+      fa::frag_a<LD>(va[0], sV, w * 16, d * 16);
+      for (int j = 0; j < 4; j++) {
+        uint32_t bq4[4], bo4[4];
+        fa::frag_bn<LD>(bq4, sQ, j * 16, d * 16);
+        fa::frag_bn<LD>(bo4, sO, j * 16, d * 16);
+        fa::mma(s[2 * j], ka[0], bq4[0], bq4[1], T());
+        fa::mma(s[2 * j + 1], ka[0], bq4[2], bq4[3], T());
+        fa::mma(dp[2 * j], va[0], bo4[0], bo4[1], T());
+        fa::mma(dp[2 * j + 1], va[0], bo4[2], bo4[3], T());
+      }
+    }
+    for (int j = 0; j < 8; j++) /* s becomes P^T, dp dS^T */
+      for (int e = 0; e < 4; e++) {
+        int c = j * 8 + 2 * t + (e & 1), i = q0 + c, kj = key[e >> 1];
+        float p = 0.0f;
+        if (kj < Tk && i < Tq && !(causal && kj > i))
+          p = exp2f(s[j][e] * sl2 - sL[c]);
+        s[j][e] = p;
+        dp[j][e] = p * (dp[j][e] - sD[c]);
+      }
+    fa::times_tile<T, D>(gv, s, sO);  /* dv += P^T dy */
+    fa::times_tile<T, D>(gk, dp, sQ); /* dk += dS^T q */
+  }
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
+  if (dv)
+    fa::store_acc<T, D>(dv + b * Tk * D, gv, k0 + w * 16, Tk, one);
+  if (dk)
+    fa::store_acc<T, D>(dk + b * Tk * D, gk, k0 + w * 16, Tk, sc);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(128)
+    k_flash_bwd_q(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                  const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
+                  T *__restrict__ dq, int Tq, int Tk, int64_t bq, int64_t bk, int64_t bv, int causal, float scale) {
+  constexpr int LD = D + 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T *sQ = (T *)smem, *sO = sQ + 64 * LD, *sK = sO + 64 * LD, *sV = sK + 64 * LD;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
+  const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
+  const int64_t b = blockIdx.y;
+  q += b * bq, k += b * bk, v += b * bv, dy += b * Tq * D, lse += b * Tq, delta += b * Tq;
+  fa::load_tile<T, D>(sQ, q, D, q0, Tq);
+  fa::load_tile<T, D>(sO, dy, D, q0, Tq);
+  float rl[2], rd[2];
+  for (int h = 0; h < 2; h++)
+    rl[h] = row[h] < Tq ? lse[row[h]] * fa::kLog2e : 0.0f, rd[h] = row[h] < Tq ? delta[row[h]] : 0.0f;
+  __syncthreads();
+  uint32_t qa[D / 16][4], oa[D / 16][4];
+  for (int d = 0; d < D / 16; d++) {
+    fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
+    fa::frag_a<LD>(oa[d], sO, w * 16, d * 16);
+  }
+  float gq[D / 8][4] = {};
+  const float sl2 = scale * fa::kLog2e;
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
+  for (int k0 = 0; k0 < kend; k0 += 64) {
+    __syncthreads();
+    fa::load_tile<T, D>(sK, k, D, k0, Tk);
+    fa::load_tile<T, D>(sV, v, D, k0, Tk);
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};
+    fa::scores<T, D>(s, qa, sK);  /* S = q k^T */
+    fa::scores<T, D>(dp, oa, sV); /* dP = dy v^T */
+    for (int j = 0; j < 8; j++)   /* dp becomes dS */
+      for (int e = 0; e < 4; e++) {
+        int c = k0 + j * 8 + 2 * t + (e & 1), h = e >> 1;
+        float p = 0.0f;
+        if (c < Tk && row[h] < Tq && !(causal && c > row[h]))
+          p = exp2f(s[j][e] * sl2 - rl[h]);
+        dp[j][e] = p * (dp[j][e] - rd[h]);
+      }
+    fa::times_tile<T, D>(gq, dp, sK); /* dq += dS k */
+  }
+  const float sc[2] = {scale, scale};
+  fa::store_acc<T, D>(dq + b * Tq * D, gq, q0 + w * 16, Tq, sc);
+}
+
+/* The materialised backward's elementwise steps over rows of Tk (row r is
+ * query r % Tq): P = exp(S - lse) (S already scaled; causal: 0 where
+ * j > i), and dS = P (dP - delta). */
+template <class T>
+__global__ void k_att_p(const float *__restrict__ S, const float *__restrict__ lse, T *__restrict__ P, int64_t n,
+                        int64_t Tq, int64_t Tk, int causal) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = t; e < n; e += step) {
+    int64_t r = e / Tk, j = e % Tk;
+    P[e] = from_f<T>(causal && j > r % Tq ? 0.0f : expf(S[e] - lse[r]));
+  }
+}
+
+template <class T>
+__global__ void k_att_ds(const float *dP, const T *P, const float *__restrict__ delta, T *dS, int64_t n, int64_t Tk) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = t; e < n; e += step)
+    dS[e] = from_f<T>(to_f(P[e]) * (dP[e] - delta[e / Tk]));
+}
+
+template <class T, int D>
+int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                     const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw, int64_t Tq, int64_t Tk,
+                     int causal, float scale) {
+  constexpr size_t bytes = fa::smem_bytes<D>(4);
+  static bool attr[64]; /* per device, as flash_launch */
+  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
+  if (!set || !*set) {
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd_kv<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd_q<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (set)
+      *set = true;
+  }
+  for (int64_t t = 0; t < bw.outer; t++) {
+    int64_t off[4];
+    bw.offsets(t, off);
+    for (int64_t b0 = 0; b0 < bw.inner; b0 += 65535) {
+      unsigned nb = (unsigned)(bw.inner - b0 < 65535 ? bw.inner - b0 : 65535);
+      int64_t e = t * bw.inner + b0; /* the first batch element's index (dy, lse, delta and the results) */
+      const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
+      const T *vb = v + off[2] + b0 * bw.stride(2);
+      if (dk || dv) {
+        k_flash_bwd_kv<T, D><<<dim3((unsigned)((Tk + 63) / 64), nb), 128, bytes, cx->stream>>>(
+            qb, kb, vb, dy + e * Tq * D, lse + e * Tq, delta + e * Tq, dk ? dk + e * Tk * D : NULL,
+            dv ? dv + e * Tk * D : NULL, (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2), causal, scale);
+        TGM_CUDA_LAUNCHED("k_flash_bwd_kv");
+      }
+      if (dq) {
+        k_flash_bwd_q<T, D><<<dim3((unsigned)((Tq + 63) / 64), nb), 128, bytes, cx->stream>>>(
+            qb, kb, vb, dy + e * Tq * D, lse + e * Tq, delta + e * Tq, dq + e * Tq * D, (int)Tq, (int)Tk,
+            bw.stride(0), bw.stride(1), bw.stride(2), causal, scale);
+        TGM_CUDA_LAUNCHED("k_flash_bwd_q");
+      }
+    }
+  }
+  return 0;
+}
+
+int flash_backward(tgm_cuda_ctx *, const float *, const float *, const float *, const float *, const float *,
+                   const float *, float *, float *, float *, const BatchWalk<4> &, int64_t, int64_t, int64_t, int64_t,
+                   int, float) {
+  return -1; /* f32: the materialised path (TF32 would round beyond f32) */
+}
+
+template <class T>
+int flash_backward(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
+                   const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw, int64_t Tq, int64_t Tk, int64_t D,
+                   int64_t Dv, int causal, float scale) {
+  if (!flash_fits(bw, D, Dv, Tq, Tk, q, k, v, dy, dq, dk, dv))
+    return -1;
+  return D == 64 ? flash_bwd_launch<T, 64>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, causal, scale)
+                 : flash_bwd_launch<T, 128>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, causal, scale);
+}
+
+/* The backward of attention_typed: flash where it applies, else per chunk
+ * of batch elements S = scale q k^T, P = exp(S - lse), dv = P^T dy, dP =
+ * dy v^T, dS = P (dP - delta), dq = scale dS k, dk = scale dS^T q on
+ * cuBLAS with f32 S and dP (P and dS rounded to T for the GEMMs, as the
+ * forward's P). */
+template <class T>
+int attention_backward_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, const T *dy,
+                             const float *lse, const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw,
+                             int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  if (dt != TGM_F32) {
+    int rc = flash_backward(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, D, Dv, causal, scale);
+    if (rc >= 0)
+      return rc;
+  }
+  const bool f32 = dt == TGM_F32;
+  const size_t per = (size_t)(Tq * Tk) * (sizeof(float) + sizeof(T) + (f32 ? 0 : sizeof(T)));
+  int64_t chunk = per ? (int64_t)(TGM_CUDA_ATTN_BUDGET / per) : bw.inner;
+  chunk = chunk < 1 ? 1 : chunk > bw.inner ? bw.inner : chunk;
+  void *p;
+  int rc = scratch(cx, per * (size_t)chunk, &p);
+  if (rc)
+    return rc;
+  float *A = (float *)p; /* S, then dP (f32: then dS) */
+  T *P = (T *)(A + (size_t)(chunk * Tq * Tk)), *dS = f32 ? (T *)A : P + (size_t)(chunk * Tq * Tk);
+  cudaDataType_t ty = blas_type(dt);
+  for (int64_t t = 0; t < bw.outer; t++) {
+    int64_t off[4];
+    bw.offsets(t, off);
+    for (int64_t b0 = 0; b0 < bw.inner; b0 += chunk) {
+      int64_t nb = bw.inner - b0 < chunk ? bw.inner - b0 : chunk, e = t * bw.inner + b0, n = nb * Tq * Tk;
+      const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
+      const T *vb = v + off[2] + b0 * bw.stride(2), *dyb = dy + e * Tq * Dv;
+      /* S^T [Tk, Tq] (column-major) = K Q^T: row-major S = scale q k^T */
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, D, bw.stride(1), qb, ty, D, bw.stride(0), 0.0f,
+                A, CUDA_R_32F, Tk, Tq * Tk, nb);
+      if (rc)
+        return rc;
+      k_att_p<T><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(A, lse + e * Tq, P, n, Tq, Tk, causal);
+      TGM_CUDA_LAUNCHED("k_att_p");
+      if (dv && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, Dv, Tk, Tq, 1.0f, dyb, ty, Dv, Tq * Dv, P, ty, Tk, Tq * Tk,
+                           0.0f, dv + e * Tk * Dv, ty, Dv, Tk * Dv, nb))) /* dv^T [Dv, Tk] = dy^T P */
+        return rc;
+      if (!dq && !dk)
+        continue;
+      /* dP^T [Tk, Tq] = V dy^T: row-major dP = dy v^T */
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, Dv, 1.0f, vb, ty, Dv, bw.stride(2), dyb, ty, Dv, Tq * Dv, 0.0f, A,
+                CUDA_R_32F, Tk, Tq * Tk, nb);
+      if (rc)
+        return rc;
+      k_att_ds<T><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(A, P, delta + e * Tq, dS, n, Tk);
+      TGM_CUDA_LAUNCHED("k_att_ds");
+      if (dq && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, D, Tq, Tk, scale, kb, ty, D, bw.stride(1), dS, ty, Tk, Tq * Tk,
+                           0.0f, dq + e * Tq * D, ty, D, Tq * D, nb))) /* dq^T [D, Tq] = k^T dS^T */
+        return rc;
+      if (dk && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, D, Tk, Tq, scale, qb, ty, D, bw.stride(0), dS, ty, Tk, Tq * Tk,
+                           0.0f, dk + e * Tk * D, ty, D, Tk * D, nb))) /* dk^T [D, Tk] = q^T dS */
+        return rc;
+    }
+  }
+  return 0;
+}
+/*@end attention_backward@*/
 
 } // namespace
 
@@ -2258,35 +2597,56 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
 }
 /*@end dropout@*/
 
-/*@uses attention@*/
-int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
-                       int causal, double scale) {
-  cx->op = "tgm_cuda_attention";
+/*@uses attention attention_backward@*/
+/* The checks both attention calls make: a floating dtype, valid shapes of
+ * rank >= 2 that match (q [.., Tq, D], k [.., Tk, D], v [.., Tk, Dv], the
+ * result `yname` [batch.., Tq, Dv]), and batch dims that broadcast to the
+ * result's: st[0..2] their strides over it, st[3] the result's own. */
+static int attention_shapes(tgm_cuda_ctx *cx, int dt, int rq, const int64_t *sq, int rk, const int64_t *sk, int rv,
+                            const int64_t *sv, int ry, const int64_t *sy, const char *yname, int64_t *Tq, int64_t *D,
+                            int64_t *Tk, int64_t *Dv, int64_t st[4][TGM_MAXRANK]) {
   int rc;
   if (!is_float_dt(dt))
     return TGM_CUDA_BAD("dtype %s is not floating", dt_name(dt));
   if ((rc = check_shape(cx, "q", rq, sq)) || (rc = check_shape(cx, "k", rk, sk)) ||
-      (rc = check_shape(cx, "v", rv, sv)) || (rc = check_shape(cx, "y", ry, sy)))
+      (rc = check_shape(cx, "v", rv, sv)) || (rc = check_shape(cx, yname, ry, sy)))
     return rc;
   if (rq < 2 || rk < 2 || rv < 2 || ry < 2)
     return TGM_CUDA_BAD("operand of rank < 2");
-  int64_t Tq = sq[rq - 2], D = sq[rq - 1], Tk = sk[rk - 2], Dv = sv[rv - 1];
-  if (sk[rk - 1] != D || sv[rv - 2] != Tk || sy[ry - 2] != Tq || sy[ry - 1] != Dv)
+  *Tq = sq[rq - 2], *D = sq[rq - 1], *Tk = sk[rk - 2], *Dv = sv[rv - 1];
+  if (sk[rk - 1] != *D || sv[rv - 2] != *Tk || sy[ry - 2] != *Tq || sy[ry - 1] != *Dv)
     return TGM_CUDA_BAD("operand shapes do not match");
   int br = ry - 2;
-  int64_t st[4][TGM_MAXRANK];
-  if (!bcast_strides(rq - 2, sq, br, sy, Tq * D, st[0]) || !bcast_strides(rk - 2, sk, br, sy, Tk * D, st[1]) ||
-      !bcast_strides(rv - 2, sv, br, sy, Tk * Dv, st[2]))
-    return TGM_CUDA_BAD("batch dims do not broadcast to the result's");
-  contiguous_strides(br, sy, Tq * Dv, st[3]);
+  if (!bcast_strides(rq - 2, sq, br, sy, *Tq * *D, st[0]) || !bcast_strides(rk - 2, sk, br, sy, *Tk * *D, st[1]) ||
+      !bcast_strides(rv - 2, sv, br, sy, *Tk * *Dv, st[2]))
+    return TGM_CUDA_BAD("batch dims do not broadcast to %s's", yname);
+  contiguous_strides(br, sy, *Tq * *Dv, st[3]);
+  return 0;
+}
+/*@end attention attention_backward@*/
+
+/*@uses attention@*/
+int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
+                       int causal, double scale, float *lse) {
+  cx->op = "tgm_cuda_attention";
+  int64_t Tq, D, Tk, Dv, st[4][TGM_MAXRANK];
+  int rc = attention_shapes(cx, dt, rq, sq, rk, sk, rv, sv, ry, sy, "y", &Tq, &D, &Tk, &Dv, st);
+  if (rc)
+    return rc;
+  int br = ry - 2;
   int64_t nbatch = numel_of(br, sy);
   if (nbatch * Tq * Dv == 0)
     return 0;
-  if (!q || !k || !v || !y)
+  if (!q || !k || !v || (!y && !lse))
     return TGM_CUDA_BAD("NULL pointer");
-  if (Tk == 0) { /* softmax over nothing, times nothing: zeros, as the reference */
-    TGM_CUDA_TRY(cudaMemsetAsync(y, 0, (size_t)(nbatch * Tq * Dv * dt_size(dt)), cx->stream));
+  if (Tk == 0) { /* softmax over nothing, times nothing: zeros, as the reference; lse = log 0 */
+    if (y)
+      TGM_CUDA_TRY(cudaMemsetAsync(y, 0, (size_t)(nbatch * Tq * Dv * dt_size(dt)), cx->stream));
+    if (lse) {
+      k_fill<float><<<grid_for(cx, nbatch * Tq, kThreads), kThreads, 0, cx->stream>>>(lse, nbatch * Tq, -INFINITY);
+      TGM_CUDA_LAUNCHED("k_fill");
+    }
     return 0;
   }
   BatchWalk<4> bw;
@@ -2294,16 +2654,59 @@ int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const in
   switch (dt) {
   case TGM_F32:
     return attention_typed(cx, dt, (const float *)q, (const float *)k, (const float *)v, (float *)y, bw, Tq, Tk, D, Dv,
-                           causal, (float)scale);
+                           causal, (float)scale, lse);
   case TGM_BF16:
     return attention_typed(cx, dt, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)y, bw, Tq, Tk, D, Dv,
-                           causal, (float)scale);
+                           causal, (float)scale, lse);
   default:
     return attention_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (f16 *)y, bw, Tq, Tk, D, Dv, causal,
-                           (float)scale);
+                           (float)scale, lse);
   }
 }
 /*@end attention@*/
+
+/*@uses attention_backward@*/
+int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k,
+                                int rk, const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy,
+                                int ry, const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk,
+                                void *dv, int causal, double scale) {
+  cx->op = "tgm_cuda_attention_backward";
+  int64_t Tq, D, Tk, Dv, st[4][TGM_MAXRANK];
+  int rc = attention_shapes(cx, dt, rq, sq, rk, sk, rv, sv, ry, sy, "dy", &Tq, &D, &Tk, &Dv, st);
+  if (rc)
+    return rc;
+  int br = ry - 2;
+  int64_t nbatch = numel_of(br, sy);
+  if (nbatch == 0 || (!dq && !dk && !dv))
+    return 0;
+  if (Tq == 0 || Tk == 0 || D == 0 || Dv == 0) { /* sums over nothing: zeros */
+    size_t es = (size_t)dt_size(dt);
+    if (dq)
+      TGM_CUDA_TRY(cudaMemsetAsync(dq, 0, (size_t)(nbatch * Tq * D) * es, cx->stream));
+    if (dk)
+      TGM_CUDA_TRY(cudaMemsetAsync(dk, 0, (size_t)(nbatch * Tk * D) * es, cx->stream));
+    if (dv)
+      TGM_CUDA_TRY(cudaMemsetAsync(dv, 0, (size_t)(nbatch * Tk * Dv) * es, cx->stream));
+    return 0;
+  }
+  if (!q || !k || !v || !dy || !lse || !delta)
+    return TGM_CUDA_BAD("NULL pointer");
+  BatchWalk<4> bw;
+  bw.init(br, sy, st);
+  switch (dt) {
+  case TGM_F32:
+    return attention_backward_typed(cx, dt, (const float *)q, (const float *)k, (const float *)v, (const float *)dy,
+                                    lse, delta, (float *)dq, (float *)dk, (float *)dv, bw, Tq, Tk, D, Dv, causal,
+                                    (float)scale);
+  case TGM_BF16:
+    return attention_backward_typed(cx, dt, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dy, lse,
+                                    delta, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, bw, Tq, Tk, D, Dv, causal, (float)scale);
+  default:
+    return attention_backward_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (const f16 *)dy, lse,
+                                    delta, (f16 *)dq, (f16 *)dk, (f16 *)dv, bw, Tq, Tk, D, Dv, causal, (float)scale);
+  }
+}
+/*@end attention_backward@*/
 
 /* Every element = v rounded to dt (via f32 for bf16/f16, as the host's
  * conversions; to i32 truncated; to bool v != 0). */

@@ -276,11 +276,27 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
                      uint64_t step);
 /*@end dropout@*/
 /*@uses attention@*/
-/* scaled_dot_product_attention on [..., T, D]; batch dims of q, k, v broadcast to sy's */
+/* scaled_dot_product_attention: y [batch..., Tq, Dv] = softmax(S) v with S = scale q k^T (causal: -inf where
+ * key j > query i), q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] whose batch dims broadcast to sy's. lse
+ * (NULL: not wanted) gets each row's log-sum-exp of S in f32, [batch..., Tq] (the backward's input); y may be
+ * NULL when only lse is wanted. Never holds a Tq x Tk matrix: per thread a block of score rows (128 x Tk) and
+ * one (batch, head)'s k and v packed for the GEMM. */
 void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
                        const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
-                       double scale);
+                       double scale, float *lse);
 /*@end attention@*/
+/*@uses attention_backward@*/
+/* attention's backward. sy is the forward result's shape [batch..., Tq, Dv] (dy has it); lse is the forward's
+ * [batch..., Tq] and delta[i] = sum_e dy[i, e] y[i, e] (both f32). With P = exp(S - lse):
+ *   dv = P^T dy,  dS = P (dy v^T - delta),  dq = scale dS k,  dk = scale dS^T q,
+ * each over sy's batch dims (dq [batch..., Tq, D], dk [batch..., Tk, D], dv [batch..., Tk, Dv], contiguous, in
+ * dt; the caller sums the dims an operand broadcast over); NULL: not wanted. Sums in f32, each result rounded
+ * once; deterministic (the same bits for any thread count); memory per thread as tgm_cpu_attention's. */
+void tgm_cpu_attention_backward(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
+                                const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy, int ry,
+                                const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk, void *dv,
+                                int causal, double scale);
+/*@end attention_backward@*/
 
 /* The optimizer step (tgm_optim_cpu.c), PyTorch 2.x semantics (torch.optim
  * AdamW / SGD, single-tensor path, maximize and amsgrad off, dampening 0, no
@@ -368,8 +384,14 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
 /*@uses attention@*/
 int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
                        const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
-                       int causal, double scale);
+                       int causal, double scale, float *lse);
 /*@end attention@*/
+/*@uses attention_backward@*/
+int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k,
+                                int rk, const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy,
+                                int ry, const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk,
+                                void *dv, int causal, double scale);
+/*@end attention_backward@*/
 
 /* The optimizer step on device pointers (tgm_optim_cuda.cu): the same
  * semantics and arguments as tgm_cpu_adamw / tgm_cpu_sgd, enqueued on the

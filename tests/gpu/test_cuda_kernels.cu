@@ -596,6 +596,22 @@ static void test_timing(void) {
   }
 }
 
+/* The largest |a - b| / max(1, |b|) over n bf16 values on the device. */
+static double bf16_worst(const void *da, const void *db, int64_t n) {
+  std::vector<uint16_t> a((size_t)n), b((size_t)n);
+  cudaMemcpy(a.data(), da, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), db, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t ua = (uint32_t)a[(size_t)i] << 16, ub = (uint32_t)b[(size_t)i] << 16;
+    float fa, fb;
+    memcpy(&fa, &ua, 4);
+    memcpy(&fb, &ub, 4);
+    worst = std::max(worst, (double)fabsf(fa - fb) / std::max(1.0, (double)fabsf(fb)));
+  }
+  return worst;
+}
+
 /* GPT-2's attention (B=16, 12 heads, T=1024, D=64, causal, bf16): flash
  * attention, and the materialised path it replaces (forced by operands one
  * element off 16-byte alignment), both timed; the two must agree. */
@@ -622,22 +638,56 @@ static void test_attention_timing(void) {
     const char *qp = (const char *)(m ? q2.d : q.d) + o, *kp = (const char *)(m ? k2.d : k.d) + o;
     const char *vp = (const char *)(m ? v2.d : v.d) + o;
     char *yp = (char *)(m ? y2.d : y1.d) + o;
-    ms[m] = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4, sh.data(), yp, 4, sh.data(), 1, 0.125); }, 10);
+    ms[m] = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4, sh.data(), yp, 4, sh.data(), 1, 0.125, NULL); }, 10);
     if (ran(lab[m], rc))
       printf("%-64s %.3f ms (%.0f TFLOP/s causal)\n", lab[m], ms[m], 2.0 * B * H * T * T * D / ms[m] * 1e-9);
   }
-  std::vector<uint16_t> a((size_t)n), b((size_t)n);
-  cudaMemcpy(a.data(), y1.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
-  cudaMemcpy(b.data(), (const char *)y2.d + 2, (size_t)n * 2, cudaMemcpyDeviceToHost);
-  double worst = 0;
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t ua = (uint32_t)a[(size_t)i] << 16, ub = (uint32_t)b[(size_t)i] << 16;
-    float fa, fb;
-    memcpy(&fa, &ua, 4);
-    memcpy(&fb, &ub, 4);
-    worst = std::max(worst, (double)fabsf(fa - fb) / std::max(1.0, (double)fabsf(fb)));
-  }
+  double worst = bf16_worst(y1.d, (const char *)y2.d + 2, n);
   expect("attention timing: flash and the materialised path agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
+         "max error " + std::to_string(worst));
+  /* the backward, both ways, from the flash forward's lse and delta = rowsum(dy * y) */
+  Tensor lse, delta, dy, dy2, g1, g2;
+  rand_tensor(dy, TGM_BF16, {n + 8}, -1, 1);
+  out_tensor(dy2, TGM_BF16, {n + 8});
+  cudaMemcpy((char *)dy2.d + 2, dy.d, (size_t)n * 2, cudaMemcpyDeviceToDevice);
+  out_tensor(lse, TGM_F32, {B * H * T});
+  rc |= tgm_cuda_attention(CX, TGM_BF16, q.d, 4, sh.data(), k.d, 4, sh.data(), v.d, 4, sh.data(), y1.d, 4, sh.data(), 1,
+                           0.125, (float *)lse.d);
+  {
+    std::vector<uint16_t> yh((size_t)n), gh((size_t)n);
+    cudaMemcpy(yh.data(), y1.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gh.data(), dy.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
+    delta.alloc(TGM_F32, {B * H * T});
+    delta.v.assign((size_t)(B * H * T), 0.0);
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t ua = (uint32_t)yh[(size_t)i] << 16, ub = (uint32_t)gh[(size_t)i] << 16;
+      float fa, fb;
+      memcpy(&fa, &ua, 4);
+      memcpy(&fb, &ub, 4);
+      delta.v[(size_t)(i / D)] += (double)fa * fb;
+    }
+    delta.upload();
+  }
+  out_tensor(g1, TGM_BF16, {3 * (n + 8)});
+  out_tensor(g2, TGM_BF16, {3 * (n + 8)});
+  const char *blab[2] = {"TIME attention backward bf16 [16, 12, 1024, 64] causal, flash",
+                         "TIME attention backward bf16 [16, 12, 1024, 64] causal, materialised"};
+  for (int m = 0; m < 2; m++) {
+    size_t o = (size_t)m * 2;
+    const char *qp = (const char *)(m ? q2.d : q.d) + o, *kp = (const char *)(m ? k2.d : k.d) + o;
+    const char *vp = (const char *)(m ? v2.d : v.d) + o, *gp = (const char *)(m ? dy2.d : dy.d) + o;
+    char *base = (char *)(m ? g2.d : g1.d) + o, *dq = base, *dk = base + (n + 8) * 2, *dv = base + 2 * (n + 8) * 2;
+    double t = time_ms([&] { rc |= tgm_cuda_attention_backward(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4,
+                                                               sh.data(), gp, 4, sh.data(), (const float *)lse.d,
+                                                               (const float *)delta.d, dq, dk, dv, 1, 0.125); }, 5);
+    if (ran(blab[m], rc))
+      printf("%-64s %.3f ms (%.0f TFLOP/s causal, 5 of 7 products)\n", blab[m], t, 5.0 * B * H * T * T * D / t * 1e-9);
+  }
+  worst = 0;
+  for (int g = 0; g < 3; g++)
+    worst = std::max(worst, bf16_worst((const char *)g1.d + (size_t)g * (n + 8) * 2,
+                                       (const char *)g2.d + (size_t)g * (n + 8) * 2 + 2, n));
+  expect("attention backward timing: flash and the materialised path agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
          "max error " + std::to_string(worst));
 }
 
@@ -791,24 +841,31 @@ static void test_attention(void) {
         Shape batch = bshape(bshape(bq, bk), bv), ys = batch;
         ys.push_back(Tq);
         ys.push_back(Dv);
-        Tensor q, k, v, y;
+        Tensor q, k, v, y, lse, dy, lse_in, delta, dq, dk, dv;
         rand_tensor(q, dt, c.q, -1, 1);
         rand_tensor(k, dt, c.k, -1, 1);
         rand_tensor(v, dt, c.v, -1, 1);
+        rand_tensor(dy, dt, ys, -1, 1);
         out_tensor(y, dt, ys);
+        Shape rows = batch;
+        rows.push_back(Tq);
+        out_tensor(lse, TGM_F32, rows);
         double scale = 1.0 / sqrt((double)D);
         std::string label = std::string("attention ") + DTN[dt] + (causal ? " causal " : " ") + shape_str(c.q) +
                             shape_str(c.k) + shape_str(c.v);
         if (!ran(label, tgm_cuda_attention(CX, dt, q.d, rq, c.q.data(), k.d, rk, c.k.data(), v.d, rv, c.v.data(), y.d,
-                                           (int)ys.size(), ys.data(), causal, scale)))
+                                           (int)ys.size(), ys.data(), causal, scale, (float *)lse.d)))
           continue;
+        /* the reference forward (y, lse) and backward (dq, dk, dv over the result's batch dims, from dy and
+         * delta = rowsum(dy * y), the f32 delta the call gets) */
         int64_t nb = numel(batch);
-        Vals ref(nb * Tq * Dv), s(Tk);
+        Vals ref(nb * Tq * Dv), rlse(nb * Tq), rdelta(nb * Tq), rdq(nb * Tq * D, 0.0), rdk(nb * Tk * D, 0.0);
+        Vals rdv(nb * Tk * Dv, 0.0), s(Tk), P(Tq * Tk);
         for (int64_t t = 0; t < nb; t++) {
           const double *Q = &q.v[bidx(batch, t, bq) * Tq * D], *K = &k.v[bidx(batch, t, bk) * Tk * D];
-          const double *V = &v.v[bidx(batch, t, bv) * Tk * Dv];
+          const double *V = &v.v[bidx(batch, t, bv) * Tk * Dv], *DY = &dy.v[t * Tq * Dv];
           for (int64_t i = 0; i < Tq; i++) {
-            double m = -INFINITY, sum = 0;
+            double m = -INFINITY, sum = 0, dl = 0;
             for (int64_t j = 0; j < Tk; j++) {
               double dot = 0;
               for (int64_t d = 0; d < D; d++)
@@ -818,15 +875,64 @@ static void test_attention(void) {
             }
             for (int64_t j = 0; j < Tk; j++)
               sum += (s[j] = exp(s[j] - m));
+            rlse[t * Tq + i] = m + log(sum);
+            for (int64_t j = 0; j < Tk; j++)
+              P[i * Tk + j] = s[j] / sum;
             for (int64_t e = 0; e < Dv; e++) {
               double acc = 0;
               for (int64_t j = 0; j < Tk; j++)
-                acc += s[j] / sum * V[j * Dv + e];
+                acc += P[i * Tk + j] * V[j * Dv + e];
               ref[(t * Tq + i) * Dv + e] = acc;
+              dl += DY[i * Dv + e] * acc;
             }
+            rdelta[t * Tq + i] = (double)(float)dl;
           }
+          for (int64_t i = 0; i < Tq; i++)
+            for (int64_t j = 0; j < Tk; j++) {
+              double p = P[i * Tk + j], dp = 0;
+              for (int64_t e = 0; e < Dv; e++) {
+                dp += DY[i * Dv + e] * V[j * Dv + e];
+                rdv[(t * Tk + j) * Dv + e] += p * DY[i * Dv + e];
+              }
+              double ds = p * (dp - rdelta[t * Tq + i]);
+              for (int64_t d = 0; d < D; d++) {
+                rdq[(t * Tq + i) * D + d] += scale * ds * K[j * D + d];
+                rdk[(t * Tk + j) * D + d] += scale * ds * Q[i * D + d];
+              }
+            }
         }
         compare(label, y.download(), ref, tol_for(dt, true));
+        compare(label + " lse", lse.download(), rlse, 1e-4);
+        /* the backward from the reference lse and delta (each output alone too, for the flash kernels' split) */
+        lse_in.alloc(TGM_F32, rows);
+        lse_in.v = rlse;
+        lse_in.upload();
+        delta.alloc(TGM_F32, rows);
+        delta.v = rdelta;
+        delta.upload();
+        Shape qs = batch, ks = batch, vs = batch;
+        qs.insert(qs.end(), {Tq, D});
+        ks.insert(ks.end(), {Tk, D});
+        vs.insert(vs.end(), {Tk, Dv});
+        out_tensor(dq, dt, qs);
+        out_tensor(dk, dt, ks);
+        out_tensor(dv, dt, vs);
+        double gt = dt == TGM_F32 ? 1e-4 : tol_for(dt, true);
+        for (int only = -1; only < 3; only += (causal ? 4 : 1)) { /* all three, then each alone (not causal) */
+          std::string bl = label + " backward" + (only < 0 ? "" : only == 0 ? " dq only" : only == 1 ? " dk only" : " dv only");
+          void *pq = only < 0 || only == 0 ? dq.d : NULL, *pk = only < 0 || only == 1 ? dk.d : NULL;
+          void *pv = only < 0 || only == 2 ? dv.d : NULL;
+          if (!ran(bl, tgm_cuda_attention_backward(CX, dt, q.d, rq, c.q.data(), k.d, rk, c.k.data(), v.d, rv,
+                                                   c.v.data(), dy.d, (int)ys.size(), ys.data(), (const float *)lse_in.d,
+                                                   (const float *)delta.d, pq, pk, pv, causal, scale)))
+            continue;
+          if (pq)
+            compare(bl + " dq", dq.download(), rdq, gt);
+          if (pk)
+            compare(bl + " dk", dk.download(), rdk, gt);
+          if (pv)
+            compare(bl + " dv", dv.download(), rdv, gt);
+        }
       }
 }
 

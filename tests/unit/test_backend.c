@@ -11,7 +11,8 @@
  *   - schedule and plan, fused and unfused: every pass renders (render_file)
  *     and no two arena buffers that are live together share a byte
  *     (plan_check); each kernel's values are stored once; the unfused pass
- *     has one kernel per computed node.
+ *     has one kernel per computed node (one library call computes attention
+ *     and its lse, and the gradients of its operands).
  * Then the expected kernel groups, derived from the graphs' structure (and
  * a concat never fused with the kernel that stores its operand):
  *   tinyops' forward is one kernel; softmax and layer_norm one kernel each
@@ -222,6 +223,9 @@ static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
       if (p->realized[i] && !alias)
         want++;
     }
+    for (int c = 0; c < p->nk; c++) /* a library call's siblings (attention and its lse, its gradients) */
+      if (p->k[c]->kind == K_EXTERN)
+        want -= p->k[c]->nouts - 1;
     snprintf(what, sizeof what, "%s %s unfused: one kernel per computed node", name, pass_names[p->kind]);
     snprintf(err, sizeof err, "%d kernels, %d computed nodes", p->nk, want);
     check(p->nk == want, what, err);
@@ -382,8 +386,7 @@ static void kernel_groups(void) {
 /* The fused training pass of the model at path, partitioned at each dynamic
  * dim's max (as tgen does; at_max) or at zero sizes; NULL after a failed
  * check when it cannot be built. */
-static BPass *train_pass(Arena *a, const char *path, int at_max, Plan *pl) {
-  char *src = slurp(a, path);
+static BPass *train_pass_of(Arena *a, const char *path, const char *src, int at_max, Plan *pl) {
   Graph *g = src ? load(a, path, src) : NULL;
   int64_t maxsym[MAXSYM] = {0};
   char err[512];
@@ -396,6 +399,58 @@ static BPass *train_pass(Arena *a, const char *path, int at_max, Plan *pl) {
   BPass *ps[NPASS] = {0};
   build_passes(g, pl, 1, 2, ps);
   return ps[PASS_TRAIN];
+}
+
+static BPass *train_pass(Arena *a, const char *path, int at_max, Plan *pl) {
+  return train_pass_of(a, path, slurp(a, path), at_max, pl);
+}
+
+/* Attention differentiated as one op: in the training pass of a model whose
+ * q, k and v all need gradients, each attention's call also stores its lse
+ * (one kernel), one attention_backward call computes the three gradients,
+ * and no value has the [T, T] scores' shape (T = 12, head dim 8). */
+static void attention_kernels(void) {
+  Arena a = {.fail_after = -1};
+  Plan pl = {0};
+  char detail[200];
+  const char *src = "name: att\ndims:\n  B: 2\n  T: 12\ninputs:\n  x: [B, T, 16]\nparams:\n"
+                    "  wq: {shape: [16, 16]}\n  wk: {shape: [16, 16]}\n  wv: {shape: [16, 16]}\ngraph:\n"
+                    "  - q: transpose(reshape(linear(x, wq), [B, T, 2, 8]), 1, 2)\n"
+                    "  - k: transpose(reshape(linear(x, wk), [B, T, 2, 8]), 1, 2)\n"
+                    "  - v: transpose(reshape(linear(x, wv), [B, T, 2, 8]), 1, 2)\n"
+                    "  - y: attention(q, k, v, causal=true)\n  - loss: mean(y * y)\n"
+                    "outputs: [y]\ntrain:\n  loss: loss\n  optimizer: {sgd: {lr: 0.1}}\n";
+  BPass *p = train_pass_of(&a, "attention_kernels", src, 0, &pl);
+  if (!p) {
+    arena_free(&a);
+    return;
+  }
+  int fwd = 0, bwd = 0, fwd_ok = 1, bwd_ok = 1, tt = 0;
+  for (int c = 0; c < p->nk; c++) {
+    const Kernel *k = p->k[c];
+    if (k->kind != K_EXTERN)
+      continue;
+    if (k->anchor->op == OP_ATTENTION || k->anchor->op == OP_ATTENTION_LSE) {
+      fwd++;
+      fwd_ok &= k->nouts == 2 && k->outs[0]->op != k->outs[1]->op;
+    } else if (k->anchor->op == OP_ATTENTION_BACKWARD) {
+      bwd++;
+      int seen = 0;
+      for (int i = 0; i < k->nouts; i++)
+        seen |= 1 << k->outs[i]->axis;
+      bwd_ok &= k->nouts == 3 && seen == 7;
+    }
+  }
+  for (int i = 0; i < p->n; i++) {
+    const Shape *s = &p->nodes[i]->shape;
+    int64_t d0, d1;
+    tt += s->rank >= 2 && dim_is_const(&s->d[s->rank - 2], &d0) && dim_is_const(&s->d[s->rank - 1], &d1) && d0 == 12 &&
+          d1 == 12;
+  }
+  snprintf(detail, sizeof detail, "%d attention call(s), %d backward call(s), %d [T, T] value(s)", fwd, bwd, tt);
+  check(fwd == 1 && fwd_ok && bwd == 1 && bwd_ok && tt == 0,
+        "attention: the forward call stores its lse, one backward call the three gradients, no T x T value", detail);
+  arena_free(&a);
 }
 
 /* The training pass of d sum(tinyops(x)) / d x (train.wrt). Nothing is
@@ -625,6 +680,7 @@ int main(int argc, char **argv) {
     loss_kernels("spec/examples/mlp.yaml", OP_CROSS_ENTROPY);
     loss_kernels("tests/data/gpt2_tiny.yaml", OP_CROSS_ENTROPY);
     loss_kernels("spec/examples/mlp_blocks.yaml", OP_MSE_LOSS);
+    attention_kernels();
     cuda_mapping();
   }
   printf("%d passed, %d failed\n", npass, nfail);

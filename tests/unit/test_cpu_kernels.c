@@ -1,11 +1,12 @@
 /* test_cpu_kernels.c: every tgm_cpu_* call of templates/runtime/tgm_cpu.c
- * (cast, embedding and its backward, dropout, matmul, linear, attention,
- * gemm) against a naive double-precision reference written here (obvious
- * loops; the semantics are gen/interp.c's, i.e. PyTorch's), for f32, bf16 and
- * f16 (and i32 and bool where the call takes them), on random data with odd
- * sizes, broadcasting batch shapes and sizes large enough to take the
- * parallel paths. (The pointwise, reduction, view and loss kernels are
- * generated per model and tested through test_backend and the e2e tests.)
+ * (cast, embedding and its backward, dropout, matmul, linear, attention and
+ * its backward, gemm) against a naive double-precision reference written
+ * here (obvious loops; the semantics are gen/interp.c's, i.e. PyTorch's), for
+ * f32, bf16 and f16 (and i32 and bool where the call takes them), on random
+ * data with odd sizes, broadcasting batch shapes and sizes large enough to
+ * take the parallel paths. (The pointwise, reduction, view and loss kernels
+ * are generated per model and tested through test_backend and the e2e
+ * tests.)
  *
  * The template sources are included directly, so the static helpers (the
  * micro-kernels, the no-scratch fallbacks, the inline conversions) are tested
@@ -22,8 +23,14 @@
  * reference loops written here (the in-order sums; the Philox mask and the
  * f32 product), for the same bits at 1 and 2 threads, and dropout's mask
  * against gen/interp.c itself (tgen_load + interp_run in training mode).
- * Prints a line per failure and "N passed, M failed"; exits nonzero on any
- * failure. */
+ * Attention's lse (f32 from the stored inputs) is held to the f32 tolerance;
+ * its backward's gradients to the GEMM ones, with atol from the mean size of
+ * a gradient's terms rather than of its values (they cancel: dS sums to 0
+ * over a row), against the kernel's contract (delta from y rounded to dt)
+ * and in f32 also against the exact gradient; outputs not wanted (NULL)
+ * leave the others' bits alone, and the forward and backward give the same
+ * bits at 1, 2 and 3 threads. Prints a line per failure and "N passed, M
+ * failed"; exits nonzero on any failure. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -745,9 +752,10 @@ static void test_linear(void) {
       }
 }
 
-/* scaled_dot_product_attention in double (gen/interp.c's eval_attention). */
+/* scaled_dot_product_attention in double (gen/interp.c's eval_attention),
+ * and each row's log-sum-exp of the scores when lse is not NULL. */
 static void ref_attention(const T *q, const T *k, const T *v, int ry, const int64_t *sy, int causal, double scale,
-                          double *out) {
+                          double *out, double *lse) {
   int64_t Tq = q->s[q->r - 2], D = q->s[q->r - 1], Tk = k->s[k->r - 2], Dv = v->s[v->r - 1];
   int nb = ry - 2;
   int64_t nbatch = numel_of(nb, sy), idx[TGM_MAXRANK];
@@ -768,6 +776,8 @@ static void ref_attention(const T *q, const T *k, const T *v, int ry, const int6
       }
       for (int64_t j = 0; j < Tk; j++)
         sum += (s[j] = exp(s[j] - m));
+      if (lse)
+        lse[t * Tq + i] = m + log(sum);
       for (int64_t e = 0; e < Dv; e++) {
         double acc = 0;
         for (int64_t j = 0; j < Tk; j++)
@@ -779,60 +789,336 @@ static void ref_attention(const T *q, const T *k, const T *v, int ry, const int6
   free(s);
 }
 
+/* The attention cases (forward and backward): q, k, v shapes. Odd sizes,
+ * sizes that are not a multiple of the query block (ATT_QB) or cross it,
+ * Tq != Tk both ways, broadcast batch dims (k, v of batch 1 against q's 2; a
+ * rank-2 v), head dims 8 to 64, no keys or no queries, and batch counts
+ * that take both parallel paths (over the batch, over the query blocks). */
+static const struct {
+  int rq;
+  int64_t sq[4];
+  int rk;
+  int64_t sk[4];
+  int rv;
+  int64_t sv[4];
+} att_cases[] = {
+    {2, {1, 1}, 2, {1, 1}, 2, {1, 1}},
+    {4, {2, 3, 17, 16}, 4, {2, 3, 17, 16}, 4, {2, 3, 17, 16}},
+    {3, {2, 5, 8}, 3, {2, 9, 8}, 3, {2, 9, 12}},
+    {3, {2, 9, 8}, 3, {2, 5, 8}, 3, {2, 5, 4}},
+    {4, {2, 3, 7, 8}, 4, {1, 3, 7, 8}, 2, {7, 5}},
+    {3, {2, 130, 16}, 3, {1, 130, 16}, 3, {1, 130, 16}},
+    {3, {1, 65, 64}, 3, {1, 300, 64}, 3, {1, 300, 64}},
+    {3, {1, 300, 8}, 3, {1, 130, 8}, 3, {1, 130, 8}},
+    {4, {2, 4, 64, 16}, 4, {2, 4, 64, 16}, 4, {2, 4, 64, 16}},
+    {2, {300, 8}, 2, {300, 8}, 2, {300, 8}},
+    {3, {1, 260, 32}, 3, {1, 260, 32}, 3, {1, 260, 32}},
+    {3, {2, 5, 8}, 3, {2, 0, 8}, 3, {2, 0, 4}},
+    {3, {2, 0, 8}, 3, {2, 5, 8}, 3, {2, 5, 4}},
+};
+enum { NATT_CASES = sizeof att_cases / sizeof *att_cases };
+
+/* The result shape sy of attention case c (returns its rank). */
+static int att_shape(size_t c, int64_t *sy) {
+  int64_t bkv[TGM_MAXRANK], bb[TGM_MAXRANK];
+  int nb1 = bcast_shape(att_cases[c].rk - 2, att_cases[c].sk, att_cases[c].rv - 2, att_cases[c].sv, bkv);
+  int nb = bcast_shape(att_cases[c].rq - 2, att_cases[c].sq, nb1, bkv, bb);
+  int ry = 0;
+  for (int i = 0; i < nb; i++)
+    sy[ry++] = bb[i];
+  sy[ry++] = att_cases[c].sq[att_cases[c].rq - 2];
+  sy[ry++] = att_cases[c].sv[att_cases[c].rv - 1];
+  return ry;
+}
+
 static void test_attention(void) {
-  static const struct {
-    int rq;
-    int64_t sq[4];
-    int rk;
-    int64_t sk[4];
-    int rv;
-    int64_t sv[4];
-  } cs[] = {
-      {2, {1, 1}, 2, {1, 1}, 2, {1, 1}},
-      {4, {2, 3, 17, 16}, 4, {2, 3, 17, 16}, 4, {2, 3, 17, 16}},
-      {3, {2, 5, 8}, 3, {2, 9, 8}, 3, {2, 9, 12}},
-      {3, {2, 9, 8}, 3, {2, 5, 8}, 3, {2, 5, 4}},
-      {4, {2, 3, 7, 8}, 4, {1, 3, 7, 8}, 2, {7, 5}},
-      {3, {1, 130, 32}, 3, {1, 130, 32}, 3, {1, 130, 32}},
-      {4, {2, 4, 64, 16}, 4, {2, 4, 64, 16}, 4, {2, 4, 64, 16}},
-      {2, {300, 8}, 2, {300, 8}, 2, {300, 8}},
-  };
   static const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
   for (int d = 0; d < 3; d++)
-    for (size_t k = 0; k < sizeof cs / sizeof *cs; k++)
+    for (size_t k = 0; k < NATT_CASES; k++)
       for (int causal = 0; causal < 2; causal++)
         for (int sc = 0; sc < 2; sc++) {
           int dt = dts[d];
-          int64_t sy[TGM_MAXRANK], bkv[TGM_MAXRANK], bb[TGM_MAXRANK];
-          int nb1 = bcast_shape(cs[k].rk - 2, cs[k].sk, cs[k].rv - 2, cs[k].sv, bkv);
-          int nb = bcast_shape(cs[k].rq - 2, cs[k].sq, nb1, bkv, bb);
-          int ry = 0;
-          for (int i = 0; i < nb; i++)
-            sy[ry++] = bb[i];
-          sy[ry++] = cs[k].sq[cs[k].rq - 2];
-          sy[ry++] = cs[k].sv[cs[k].rv - 1];
-          T q = rnd(dt, cs[k].rq, cs[k].sq, -1, 1), kk = rnd(dt, cs[k].rk, cs[k].sk, -1, 1);
-          T v = rnd(dt, cs[k].rv, cs[k].sv, -1, 1), y = mk(dt, ry, sy);
-          double scale = sc ? 0.3 : 1.0 / sqrt((double)cs[k].sq[cs[k].rq - 1]);
-          double *ref = malloc(sizeof(double) * (size_t)y.n);
-          ref_attention(&q, &kk, &v, ry, sy, causal, scale, ref);
-          tgm_cpu_attention(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, y.p, ry, sy, causal, scale);
-          expect(fmt("attention %s q%s k%s v%s causal=%d scale=%g", dtn[dt], shstr(q.r, q.s), shstr(kk.r, kk.s),
-                     shstr(v.r, v.s), causal, scale),
-                 dt, y.p, ref, y.n, gtol_of(dt));
-          if (ry == 3 && sy[0] <= 2) { /* the no-scratch path, one batch */
-            int64_t Tq = q.s[q.r - 2], D = q.s[q.r - 1], Tk = kk.s[kk.r - 2], Dv = v.s[v.r - 1];
+          int64_t sy[TGM_MAXRANK];
+          int ry = att_shape(k, sy);
+          T q = rnd(dt, att_cases[k].rq, att_cases[k].sq, -1, 1), kk = rnd(dt, att_cases[k].rk, att_cases[k].sk, -1, 1);
+          T v = rnd(dt, att_cases[k].rv, att_cases[k].sv, -1, 1), y = mk(dt, ry, sy);
+          int64_t nl = numel_of(ry - 1, sy);
+          double scale = sc ? 0.3 : 1.0 / sqrt((double)att_cases[k].sq[att_cases[k].rq - 1]);
+          double *ref = malloc(sizeof(double) * (size_t)(y.n + 1)), *rlse = malloc(sizeof(double) * (size_t)(nl + 1));
+          float *lse = malloc(sizeof(float) * (size_t)(nl + 1)), *lse2 = malloc(sizeof(float) * (size_t)(nl + 1));
+          ref_attention(&q, &kk, &v, ry, sy, causal, scale, ref, rlse);
+          char what[160];
+          snprintf(what, sizeof what, "attention %s q%s k%s v%s causal=%d scale=%g", dtn[dt], shstr(q.r, q.s),
+                   shstr(kk.r, kk.s), shstr(v.r, v.s), causal, scale);
+          memset(y.p, 0x5a, esize(dt) * (size_t)y.n);
+          memset(lse, 0x5a, sizeof(float) * (size_t)nl);
+          tgm_cpu_attention(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, y.p, ry, sy, causal, scale, lse);
+          expect(what, dt, y.p, ref, y.n, gtol_of(dt));
+          expect(fmt("%s: lse", what), TGM_F32, lse, rlse, nl, tol_of(TGM_F32));
+          /* lse alone (y NULL): the same bits */
+          memset(lse2, 0x5a, sizeof(float) * (size_t)nl);
+          tgm_cpu_attention(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, NULL, ry, sy, causal, scale, lse2);
+          check(!memcmp(lse, lse2, sizeof(float) * (size_t)nl), fmt("%s: lse alone (y NULL), the same bits", what));
+          int64_t Tq = q.s[q.r - 2], D = q.s[q.r - 1], Tk = kk.s[kk.r - 2], Dv = v.s[v.r - 1];
+          if (ry == 3 && sy[0] <= 2 && Tq * Tk <= 20000) { /* the no-scratch rows, one batch */
             memset(y.p, 0, esize(dt) * (size_t)y.n);
-            attention_noscratch(dt, q.p, kk.p, v.p, y.p, Tq, Tk, D, Dv, causal, (float)scale);
+            attention_noscratch(dt, q.p, kk.p, v.p, y.p, lse, 0, Tq, Tk, D, Dv, causal, (float)scale);
             expect(fmt("attention_noscratch %s q%s causal=%d", dtn[dt], shstr(q.r, q.s), causal), dt, y.p, ref,
                    Tq * Dv, gtol_of(dt));
+            expect(fmt("attention_noscratch %s q%s causal=%d: lse", dtn[dt], shstr(q.r, q.s), causal), TGM_F32, lse,
+                   rlse, Tq, tol_of(TGM_F32));
           }
           free(ref);
+          free(rlse);
+          free(lse);
+          free(lse2);
           tfree(&q);
           tfree(&kk);
           tfree(&v);
           tfree(&y);
         }
+  /* NaN propagates as in torch: a NaN query row, and a row whose scores are
+   * all -inf, give NaN in y and lse; the other rows are untouched */
+  int64_t s3[3] = {1, 3, 4};
+  T q = rnd(TGM_F32, 3, s3, -1, 1), kk = rnd(TGM_F32, 3, s3, 0.5, 1), v = rnd(TGM_F32, 3, s3, -1, 1);
+  T y = mk(TGM_F32, 3, s3);
+  float lse[3];
+  for (int e = 0; e < 4; e++) {
+    setv(&q, 4 + e, NAN);
+    setv(&q, 8 + e, -INFINITY);
+  }
+  tgm_cpu_attention(TGM_F32, q.p, 3, s3, kk.p, 3, s3, v.p, 3, s3, y.p, 3, s3, 0, 0.5, lse);
+  const float *fy = y.p;
+  int ok = isfinite(lse[0]) && isnan(lse[1]) && isnan(lse[2]);
+  for (int e = 0; e < 4; e++)
+    ok &= isfinite(fy[e]) && isnan(fy[4 + e]) && isnan(fy[8 + e]);
+  check(ok, "attention: a NaN row and an all -inf row give NaN (y and lse), the others finite");
+  tfree(&q);
+  tfree(&kk);
+  tfree(&v);
+  tfree(&y);
+}
+
+/* attention's backward in double, from the reference forward's P: dv = P^T
+ * dy, dP = dy v^T, dS = P (dP - rowsum(dP P)), dq = scale dS k, dk = scale
+ * dS^T q, for every batch index of sy (dk and dv too where k and v
+ * broadcast). Also the inputs the kernel takes, in f32: lse, and delta =
+ * rowsum(dy y) with y the reference forward rounded to dt (as the caller
+ * computes it from the forward's stored result). exact 0: dS = P (dP -
+ * delta) with that delta, the kernel's contract; it differs from the exact
+ * gradient by y's rounding, for bf16 and f16 by more than their tolerance on
+ * the gradients near 0 (in f32 the two agree to rounding). mag[3] gets each
+ * gradient's mean size of its terms (sum over j of scale |dS| |k| for dq,
+ * with |dS| <= P (|dP| + |delta|) ...), the scale of its rounding errors:
+ * dq and dk sum terms that cancel (dS sums to 0 over a row), so their
+ * elements can be far smaller than the terms, exactly 0 with one key. */
+static void ref_attention_backward(const T *q, const T *k, const T *v, const T *dy, int ry, const int64_t *sy,
+                                   int causal, double scale, int exact, double *dq, double *dk, double *dv,
+                                   float *lse, float *delta, double *mag) {
+  int64_t Tq = q->s[q->r - 2], D = q->s[q->r - 1], Tk = k->s[k->r - 2], Dv = v->s[v->r - 1];
+  int nb = ry - 2;
+  int64_t nbatch = numel_of(nb, sy), idx[TGM_MAXRANK];
+  double *p = malloc(sizeof(double) * (size_t)(Tk + 1)), *dp = malloc(sizeof(double) * (size_t)(Tk + 1));
+  memset(dk, 0, sizeof(double) * (size_t)(nbatch * Tk * D));
+  memset(dv, 0, sizeof(double) * (size_t)(nbatch * Tk * Dv));
+  mag[0] = mag[1] = mag[2] = 0;
+  for (int64_t t = 0; t < nbatch; t++) {
+    unravel(t, nb, sy, idx);
+    const double *Q = q->v + bidx(q->r - 2, q->s, nb, idx) * Tq * D, *K = k->v + bidx(k->r - 2, k->s, nb, idx) * Tk * D;
+    const double *V = v->v + bidx(v->r - 2, v->s, nb, idx) * Tk * Dv, *dY = dy->v + t * Tq * Dv;
+    double *dQ = dq + t * Tq * D, *dK = dk + t * Tk * D, *dV = dv + t * Tk * Dv;
+    for (int64_t i = 0; i < Tq; i++) {
+      double m = -INFINITY, sum = 0, rs = 0, dl = 0;
+      for (int64_t j = 0; j < Tk; j++) {
+        double dot = 0;
+        for (int64_t e = 0; e < D; e++)
+          dot += Q[i * D + e] * K[j * D + e];
+        p[j] = causal && j > i ? -INFINITY : scale * dot;
+        m = p[j] > m ? p[j] : m;
+      }
+      for (int64_t j = 0; j < Tk; j++)
+        sum += (p[j] = exp(p[j] - m));
+      lse[t * Tq + i] = (float)(m + log(sum));
+      for (int64_t j = 0; j < Tk; j++) {
+        p[j] /= sum;
+        dp[j] = 0;
+        for (int64_t e = 0; e < Dv; e++)
+          dp[j] += dY[i * Dv + e] * V[j * Dv + e];
+        rs += dp[j] * p[j];
+      }
+      for (int64_t e = 0; e < Dv; e++) {
+        double y = 0;
+        for (int64_t j = 0; j < Tk; j++)
+          y += p[j] * V[j * Dv + e];
+        dl += dY[i * Dv + e] * rounded(dy->dt, y);
+      }
+      delta[t * Tq + i] = (float)dl;
+      if (!exact)
+        rs = delta[t * Tq + i];
+      for (int64_t e = 0; e < D; e++)
+        dQ[i * D + e] = 0;
+      for (int64_t j = 0; j < Tk; j++) {
+        double ds = p[j] * (dp[j] - rs), dsm = scale * p[j] * (fabs(dp[j]) + fabs(rs));
+        for (int64_t e = 0; e < D; e++) {
+          dQ[i * D + e] += scale * ds * K[j * D + e];
+          dK[j * D + e] += scale * ds * Q[i * D + e];
+          mag[0] += dsm * fabs(K[j * D + e]);
+          mag[1] += dsm * fabs(Q[i * D + e]);
+        }
+        for (int64_t e = 0; e < Dv; e++) {
+          dV[j * Dv + e] += p[j] * dY[i * Dv + e];
+          mag[2] += p[j] * fabs(dY[i * Dv + e]);
+        }
+      }
+    }
+  }
+  mag[0] /= (double)(nbatch * Tq * D > 0 ? nbatch * Tq * D : 1);
+  mag[1] /= (double)(nbatch * Tk * D > 0 ? nbatch * Tk * D : 1);
+  mag[2] /= (double)(nbatch * Tk * Dv > 0 ? nbatch * Tk * Dv : 1);
+  free(p);
+  free(dp);
+}
+
+/* A gradient against its reference: expect's tolerance with the mean size
+ * of its terms (ref_attention_backward's mag) in place of its mean. */
+static void expect_grad(const char *what, int dt, const void *p, const double *ref, int64_t n, double mag) {
+  double rtol = gtol_of(dt);
+  expect_atol(what, dt, p, ref, n, rtol, rtol * (mag < 1 ? mag : 1) + (dt == TGM_F16 ? 0x1p-25 : 0));
+}
+
+/* The backward of case c in dtype dt (all three gradients, or the ones `want`
+ * names: bit 0 dq, 1 dk, 2 dv) into out[3] (T's made here, flat). */
+static void att_bwd_run(int dt, const T *q, const T *k, const T *v, const T *dy, int ry, const int64_t *sy,
+                        const float *lse, const float *delta, int causal, double scale, int want, T *out) {
+  int64_t Tq = q->s[q->r - 2], D = q->s[q->r - 1], Tk = k->s[k->r - 2], Dv = v->s[v->r - 1];
+  int64_t nbatch = numel_of(ry - 2, sy), n[3] = {nbatch * Tq * D, nbatch * Tk * D, nbatch * Tk * Dv};
+  for (int o = 0; o < 3; o++) {
+    out[o] = mk(dt, 1, &n[o]);
+    memset(out[o].p, 0x5a, esize(dt) * (size_t)n[o]); /* every element must be written */
+  }
+  tgm_cpu_attention_backward(dt, q->p, q->r, q->s, k->p, k->r, k->s, v->p, v->r, v->s, dy->p, ry, sy, lse, delta,
+                             want & 1 ? out[0].p : NULL, want & 2 ? out[1].p : NULL, want & 4 ? out[2].p : NULL,
+                             causal, scale);
+}
+
+static void test_attention_backward(void) {
+  static const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  static const char *const gn[3] = {"dq", "dk", "dv"};
+  for (int d = 0; d < 3; d++)
+    for (size_t c = 0; c < NATT_CASES; c++)
+      for (int causal = 0; causal < 2; causal++) {
+        int dt = dts[d];
+        int64_t sy[TGM_MAXRANK];
+        int ry = att_shape(c, sy);
+        T q = rnd(dt, att_cases[c].rq, att_cases[c].sq, -1, 1), kk = rnd(dt, att_cases[c].rk, att_cases[c].sk, -1, 1);
+        T v = rnd(dt, att_cases[c].rv, att_cases[c].sv, -1, 1), dy = rnd(dt, ry, sy, -1, 1);
+        int64_t Tq = q.s[q.r - 2], D = q.s[q.r - 1], Tk = kk.s[kk.r - 2], Dv = v.s[v.r - 1];
+        int64_t nbatch = numel_of(ry - 2, sy), nl = nbatch * Tq;
+        int64_t n[3] = {nbatch * Tq * D, nbatch * Tk * D, nbatch * Tk * Dv};
+        double scale = causal ? 0.3 : 1.0 / sqrt((double)D), *ref[3], mag[3];
+        for (int o = 0; o < 3; o++)
+          ref[o] = malloc(sizeof(double) * (size_t)(n[o] + 1));
+        float *lse = malloc(sizeof(float) * (size_t)(nl + 1)), *delta = malloc(sizeof(float) * (size_t)(nl + 1));
+        char what[160];
+        snprintf(what, sizeof what, "attention_backward %s q%s k%s v%s causal=%d", dtn[dt], shstr(q.r, q.s),
+                 shstr(kk.r, kk.s), shstr(v.r, v.s), causal);
+        T g[3], h[3];
+        if (dt == TGM_F32) { /* the exact gradient */
+          ref_attention_backward(&q, &kk, &v, &dy, ry, sy, causal, scale, 1, ref[0], ref[1], ref[2], lse, delta, mag);
+          att_bwd_run(dt, &q, &kk, &v, &dy, ry, sy, lse, delta, causal, scale, 7, g);
+          for (int o = 0; o < 3; o++) {
+            expect_grad(fmt("%s: %s, the exact gradient", what, gn[o]), dt, g[o].p, ref[o], n[o], mag[o]);
+            tfree(&g[o]);
+          }
+        }
+        ref_attention_backward(&q, &kk, &v, &dy, ry, sy, causal, scale, 0, ref[0], ref[1], ref[2], lse, delta, mag);
+        att_bwd_run(dt, &q, &kk, &v, &dy, ry, sy, lse, delta, causal, scale, 7, g);
+        for (int o = 0; o < 3; o++)
+          expect_grad(fmt("%s: %s", what, gn[o]), dt, g[o].p, ref[o], n[o], mag[o]);
+        /* some not wanted (NULL): the others' bits unchanged */
+        static const int wants[] = {1, 2, 4, 3, 6};
+        for (size_t w = 0; w < sizeof wants / sizeof *wants; w++) {
+          att_bwd_run(dt, &q, &kk, &v, &dy, ry, sy, lse, delta, causal, scale, wants[w], h);
+          int same = 1;
+          for (int o = 0; o < 3; o++) {
+            if (wants[w] >> o & 1)
+              same &= !memcmp(g[o].p, h[o].p, esize(dt) * (size_t)n[o]);
+            tfree(&h[o]);
+          }
+          check(same, fmt("%s: only%s%s%s wanted, the same bits", what, wants[w] & 1 ? " dq" : "",
+                          wants[w] & 2 ? " dk" : "", wants[w] & 4 ? " dv" : ""));
+        }
+        /* the no-scratch path, on the small cases */
+        if (Tq * Tk * nbatch <= 20000) {
+          Att a = att_init(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, ry, sy, causal, scale);
+          for (int o = 0; o < 3; o++)
+            memset(g[o].p, 0x5a, esize(dt) * (size_t)n[o]);
+          for (int64_t t = 0; t < nbatch && Tq > 0 && Tk > 0; t++)
+            att_bwd_noscratch(&a, dy.p, lse, delta, g[0].p, g[1].p, g[2].p, t);
+          for (int o = 0; o < 3 && Tq > 0 && Tk > 0; o++)
+            expect_grad(fmt("%s: %s, no scratch", what, gn[o]), dt, g[o].p, ref[o], n[o], mag[o]);
+        }
+        for (int o = 0; o < 3; o++) {
+          free(ref[o]);
+          tfree(&g[o]);
+        }
+        free(lse);
+        free(delta);
+        tfree(&q);
+        tfree(&kk);
+        tfree(&v);
+        tfree(&dy);
+      }
+#ifdef _OPENMP
+  /* the same bits at 1, 2 and 3 threads, forward (y, lse) and backward: one
+   * batch index (the query blocks over the threads / threaded GEMMs), two
+   * (over the batch at 2 threads, threaded GEMMs at 3) and six */
+  static const int64_t ts[][3] = {{1, 300, 32}, {2, 200, 24}, {6, 130, 16}};
+  int saved = omp_get_max_threads();
+  for (int d = 0; d < 2; d++)
+    for (size_t c = 0; c < sizeof ts / sizeof *ts; c++)
+      for (int causal = 0; causal < 2; causal++) {
+        int dt = dts[d];
+        int64_t s[3] = {ts[c][0], ts[c][1], ts[c][2]}, nl = s[0] * s[1];
+        T q = rnd(dt, 3, s, -1, 1), kk = rnd(dt, 3, s, -1, 1), v = rnd(dt, 3, s, -1, 1), dy = rnd(dt, 3, s, -1, 1);
+        float *lse = malloc(sizeof(float) * (size_t)nl), *delta = malloc(sizeof(float) * (size_t)nl);
+        for (int64_t i = 0; i < nl; i++)
+          delta[i] = (float)runif(-0.5, 0.5);
+        T y[3], g[3][3];
+        float *l[3];
+        for (int nt = 1; nt <= 3; nt++) {
+          omp_set_num_threads(nt);
+          y[nt - 1] = mk(dt, 3, s);
+          l[nt - 1] = malloc(sizeof(float) * (size_t)nl);
+          tgm_cpu_attention(dt, q.p, 3, s, kk.p, 3, s, v.p, 3, s, y[nt - 1].p, 3, s, causal, 0.25, l[nt - 1]);
+          if (nt == 1)
+            memcpy(lse, l[0], sizeof(float) * (size_t)nl);
+          att_bwd_run(dt, &q, &kk, &v, &dy, 3, s, lse, delta, causal, 0.25, 7, g[nt - 1]);
+        }
+        omp_set_num_threads(saved);
+        int same = 1;
+        for (int nt = 2; nt <= 3; nt++) {
+          same &= !memcmp(y[0].p, y[nt - 1].p, esize(dt) * (size_t)y[0].n);
+          same &= !memcmp(l[0], l[nt - 1], sizeof(float) * (size_t)nl);
+          for (int o = 0; o < 3; o++)
+            same &= !memcmp(g[0][o].p, g[nt - 1][o].p, esize(dt) * (size_t)g[0][o].n);
+        }
+        check(same, fmt("attention and its backward %s %s causal=%d: the same bits at 1, 2 and 3 threads", dtn[dt],
+                        shstr(3, s), causal));
+        for (int nt = 0; nt < 3; nt++) {
+          tfree(&y[nt]);
+          free(l[nt]);
+          for (int o = 0; o < 3; o++)
+            tfree(&g[nt][o]);
+        }
+        free(lse);
+        free(delta);
+        tfree(&q);
+        tfree(&kk);
+        tfree(&v);
+        tfree(&dy);
+      }
+#endif
 }
 
 /* ---------------------------------------------------------------- tgm_cpu_gemm */
@@ -1126,6 +1412,7 @@ static void run_gemm(void) {
   test_matmul();
   test_linear();
   test_attention();
+  test_attention_backward();
   test_gemm();
 }
 
