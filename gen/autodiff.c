@@ -263,24 +263,6 @@ static void acc(AD *a, Node *x, Node *dx) {
  * (split, zeros, ones), backward-only ops. */
 static void grad_none(AD *a, Node *n, Node *dy) { (void)a, (void)n, (void)dy; }
 
-/* d gelu / dx: Phi(x) + x phi(x) (erf form), or for approximate='tanh' with
- * t = tanh(k (x + 0.044715 x^3)), k = sqrt(2/pi):
- * 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2). */
-static Node *gelu_deriv(AD *a, Node *x, int tanh_form) {
-  static const double k = 0.79788456080286535587989211986876, c = 0.044715;
-  if (tanh_form) {
-    Node *x2 = op1(a, OP_SQUARE, x);
-    Node *t = op1(a, OP_TANH, mulc(a, op2(a, OP_ADD, x, mulc(a, op2(a, OP_MUL, x2, x), c)), k));
-    Node *left = mulc(a, addc(a, t, 1), 0.5);
-    Node *sech2 = op2(a, OP_SUB, scalar(a, 1, x->dtype), op1(a, OP_SQUARE, t));
-    Node *inner = mulc(a, addc(a, mulc(a, x2, 3 * c), 1), k);
-    return op2(a, OP_ADD, left, op2(a, OP_MUL, mulc(a, op2(a, OP_MUL, x, sech2), 0.5), inner));
-  }
-  Node *cdf = mulc(a, addc(a, op1(a, OP_ERF, mulc(a, x, 0.70710678118654752440)), 1), 0.5);
-  Node *pdf = mulc(a, op1(a, OP_EXP, mulc(a, op1(a, OP_SQUARE, x), -0.5)), 0.39894228040143267794);
-  return op2(a, OP_ADD, cdf, op2(a, OP_MUL, x, pdf));
-}
-
 /* f'(x) of a one-operand pointwise op n = f(x) (x's shape, or a scalar),
  * written with x and the result y = n. */
 static Node *unary_deriv(AD *a, Node *n) {
@@ -306,7 +288,6 @@ static Node *unary_deriv(AD *a, Node *n) {
   case OP_ERF: return mulc(a, op1(a, OP_EXP, op1(a, OP_NEG, op1(a, OP_SQUARE, x))), 1.12837916709551257390);
   case OP_SQUARE: return mulc(a, x, 2);
   case OP_RECIPROCAL: return op1(a, OP_NEG, op1(a, OP_SQUARE, y));
-  case OP_GELU: return gelu_deriv(a, x, n->flag);
   case OP_POW: /* p x^(p-1); torch gives 0 for p = 0 */
     return n->f[0] == 0 ? scalar(a, 0, dt) : mulc(a, pow_(a, x, n->f[0] - 1), n->f[0]);
   case OP_CLAMP: { /* 1 where min <= x <= max */
@@ -321,6 +302,15 @@ static Node *unary_deriv(AD *a, Node *n) {
   }
   default: die("autodiff: %s is not a unary op", op_info[n->op].name);
   }
+}
+
+/* gelu: dx = gelu_grad(dy, x), one pointwise op (ops.def). */
+static void grad_gelu(AD *a, Node *n, Node *dy) {
+  if (!wants(a, n->in[0]))
+    return;
+  Node *d = op2(a, OP_GELU_GRAD, dy, n->in[0]);
+  d->flag = n->flag;
+  acc(a, n->in[0], d);
 }
 
 /* One-operand pointwise ops: dx = dy * f'(x). */

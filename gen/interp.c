@@ -276,6 +276,18 @@ static double f_gelu(double x, int tanh_form) {
     return 0.5 * x * (1.0 + tanh(0.79788456080286535587989211986876 * (x + 0.044715 * x * x * x)));
   return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440084436210485));
 }
+/* d gelu / dx: Phi(x) + x phi(x), or for the tanh form, with t = tanh(k (x +
+ * c x^3)), k = sqrt(2/pi), c = 0.044715: (1 + t) / 2 + x (1 - t^2) k (1 +
+ * 3 c x^2) / 2. */
+static double f_gelu_grad(double x, int tanh_form) {
+  if (tanh_form) {
+    const double k = 0.79788456080286535587989211986876, c = 0.044715;
+    double t = tanh(k * (x + c * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+  }
+  return 0.5 * (1.0 + erf(x * 0.70710678118654752440084436210485)) +
+         x * exp(-0.5 * x * x) * 0.39894228040143267793994605993438;
+}
 
 /* One element of a pointwise op (class C_PW but for leaves, creation and
  * cast, which eval_leaf and eval_pointwise handle): ops.def's expression. */

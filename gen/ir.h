@@ -262,6 +262,8 @@ typedef struct Kernel {
   Node *act, *add;   /* K_GEMM: the activation (relu, gelu) and the residual add its store applies, or NULL;
                         outs[0] is the last of anchor, act, add */
   Node *res;         /* K_GEMM: the residual add's other operand */
+  Node *aux;         /* K_GEMM: the product, stored beside the activation (outs[1]: read elsewhere); or, act
+                        being an activation's gradient (gelu_grad), the x it reads */
   /* K_LOOP's iteration space: with reductions, each output element o of
    * `outer` elements reduces `rnum` elements of `full` over the dims in
    * `axes`; without, `numel` elements */

@@ -1832,15 +1832,16 @@ static void gemm_call(File *f, BPass *p, const Kernel *k, Buf *b) {
   int abatch = n->op == OP_MATMUL && a->shape.rank > 2, bbatch = n->op == OP_MATMUL && bb->shape.rank > 2;
   static const char *const acts[] = {"NONE", "RELU", "GELU", "GELU_TANH"};
   int act = !k->act ? 0 : k->act->op == OP_RELU ? 1 : k->act->flag ? 3 : 2;
-  buf_printf(b, "  {  /* %s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
-             k->add ? ", + residual" : "");
+  int dact = k->act && k->act->op == OP_GELU_GRAD; /* the activation's gradient at aux */
+  buf_printf(b, "  {  /* %s%s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
+             k->aux ? (dact ? " of aux" : ", its input stored as aux") : "", k->add ? ", + residual" : "");
   buf_printf(b, "    const %s_gemm gemm = {%s, %d, %d, %s, %s, %s, %s,\n", f->name, dt_c(f, n->dtype), ta, tb, M, N, K, batch);
   buf_printf(b, "                       %s, %s, %s, %s, %s, %s,\n", bname(p, sa), lda,
              abatch ? arena_printf(f->a, "(%s) * (%s)", M, K) : "0", bname(p, sb), ldb,
              bbatch ? arena_printf(f->a, "(%s) * (%s)", K, N) : "0");
-  buf_printf(b, "                       %s, %s, (%s) * (%s), %s, %s_ACT_%s, NULL, %s, 0};\n", bname(p, out), N, M, N,
+  buf_printf(b, "                       %s, %s, (%s) * (%s), %s, %s_ACT_%s, %s, %s, 0, %d};\n", bname(p, out), N, M, N,
              n->op == OP_LINEAR && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL", f->NAME, acts[act],
-             k->res ? bname(p, k->res) : "NULL");
+             k->aux ? bname(p, k->aux) : "NULL", k->res ? bname(p, k->res) : "NULL", dact);
   if (cuda)
     buf_printf(b, "    CK(%s_cuda_gemm(m->cx, &gemm));\n  }\n", f->name);
   else

@@ -219,6 +219,8 @@ void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w) {
       }
     if (k->res)
       mark_alias(p, k->res, w);
+    if (k->aux && k->aux != a) /* an activation gradient's input */
+      mark_alias(p, k->aux, w);
     return;
   }
   int sp = 0;
@@ -608,10 +610,15 @@ void schedule(BPass *p, int fuse) {
   char *kept = arena_alloc(s->a, (size_t)p->n + 1); /* results and saved values */
   memcpy(kept, keep, (size_t)p->n);
   Node **user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the one consumer, if one */
+  Node **act_user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the first relu/gelu of it */
   for (int i = 0; i < p->n; i++)
     for (int k = 0; k < p->nodes[i]->nin; k++)
-      if (p->nodes[i]->in[k])
-        user[p->nodes[i]->in[k]->id] = p->nodes[i];
+      if (p->nodes[i]->in[k]) {
+        Node *c = p->nodes[i], *x = c->in[k];
+        user[x->id] = c;
+        if ((c->op == OP_RELU || c->op == OP_GELU) && !act_user[x->id])
+          act_user[x->id] = c;
+      }
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     if (is_call(n)) {
@@ -626,15 +633,27 @@ void schedule(BPass *p, int fuse) {
     }
   }
   /* a GEMM's epilogue: an activation, then a residual add, each the sole
-   * consumer of the value before it; the GEMM's store applies them */
-  Node **epi = arena_alloc(s->a, sizeof(Node *) * 3 * (size_t)(p->n + 1));
+   * consumer of the value before it; the GEMM's store applies them. The
+   * activation may instead read a product that is stored anyway (saved for
+   * the backward, or read elsewhere): the store writes that product as well
+   * (its aux). An activation's gradient (gelu_grad) with the product as its
+   * dy reads its x in the store, x computed before the GEMM. */
+  Node **epi = arena_alloc(s->a, sizeof(Node *) * 4 * (size_t)(p->n + 1)); /* act, add, residual, aux */
   for (int i = 0; fuse && i < p->n; i++) {
-    Node *n = p->nodes[i], *tail = n, **e = &epi[3 * i];
-    if (op_info[n->op].cls != C_GEMM || !gemm_strided(n))
+    Node *n = p->nodes[i], *tail = n, **e = &epi[4 * i];
+    if (op_info[n->op].cls != C_GEMM || !gemm_strided(n) || !dtype_is_float(n->dtype))
       continue;
-    Node *c = p->nuse[i] == 1 && !kept[i] ? user[i] : NULL;
-    if (c && (c->op == OP_RELU || c->op == OP_GELU) && c->dtype == n->dtype && dtype_is_float(n->dtype)) {
+    int sole = p->nuse[i] == 1 && !kept[i];
+    Node *c = sole ? user[i] : act_user[i];
+    if (c && (c->op == OP_RELU || c->op == OP_GELU) && c->dtype == n->dtype && (c->id < p->nfwd) == (i < p->nfwd)) {
       e[0] = c;
+      e[3] = sole ? NULL : n;
+      tail = c;
+      c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
+    } else if (sole && c && c->op == OP_GELU_GRAD && c->in[0] == n && c->in[1] != n && c->in[1]->id < n->id &&
+               c->dtype == n->dtype && shape_eq(&c->shape, &n->shape) && shape_eq(&c->in[1]->shape, &n->shape)) {
+      e[0] = c;
+      e[3] = c->in[1];
       tail = c;
       c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
     }
@@ -648,8 +667,12 @@ void schedule(BPass *p, int fuse) {
       }
     }
     if (tail != n) {
-      keep[i] = 0;
-      why[i] = NULL;
+      if (e[3] != n) {
+        keep[i] = 0;
+        why[i] = NULL;
+      }
+      if (e[3] && e[3] != n)
+        need(p, keep, e[3], "the input of the activation gradient a GEMM's store applies");
       need(p, keep, tail, arena_printf(s->a, "the result of %s with its epilogue", op_info[n->op].name));
       if (e[2])
         need(p, keep, e[2], arena_printf(s->a, "the residual the %s's store adds", op_info[n->op].name));
@@ -703,7 +726,7 @@ void schedule(BPass *p, int fuse) {
   p->k = arena_alloc(s->a, sizeof(Kernel *) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
-    if (!p->realized[i])
+    if (!p->realized[i] || epi[4 * i + 3] == n) /* a GEMM's aux: its epilogue's kernel stores it */
       continue;
     if (is_alias_view(n) && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
       if (!keep[n->in[0]->id] && p->why[i]) /* an alias (plan.c): its operand stays stored */
@@ -728,9 +751,9 @@ void schedule(BPass *p, int fuse) {
     p->kern[i] = s->kid_at[p->nk] = s->idx_of[p->nk] = p->nk;
     p->k[p->nk++] = new_kernel(s, kind, n);
   }
-  /* GEMM epilogues: the tail is stored by the GEMM's kernel */
+  /* GEMM epilogues: the tail (and the aux it stores) is stored by the GEMM's kernel */
   for (int i = 0; i < p->n; i++) {
-    Node **e = &epi[3 * i];
+    Node **e = &epi[4 * i];
     if (!e[0] && !e[1])
       continue;
     Node *tail = e[1] ? e[1] : e[0];
@@ -741,7 +764,16 @@ void schedule(BPass *p, int fuse) {
     k->act = e[0];
     k->add = e[1];
     k->res = e[2];
+    k->aux = e[3];
     k->nreds = 0;
+    if (e[3] == p->nodes[i]) {
+      Node **o = arena_alloc(s->a, sizeof(Node *) * 2);
+      o[0] = tail;
+      o[1] = e[3];
+      k->outs = o;
+      k->nouts = 2;
+      p->kern[i] = p->kern[tail->id];
+    }
   }
   if (fuse) {
     /* debugging aid: TGEN_FUSE_LIMIT=N allows only the train pass's first N

@@ -79,19 +79,8 @@ static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const 
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k3_relu: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k3_relu(int64_t dim_B, const float *restrict h_linear, float *restrict h_relu) {
-  const int64_t n = 128 * dim_B;
-  MLP_OMP(parallel for simd if (n > 16384) schedule(static))
-  for (int64_t i = 0; i < n; i++) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h_relu[i] = (float)v1;
-  }
-}
-
-/* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
-static void k4_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
+static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
   const int64_t n_o = 1, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -109,8 +98,8 @@ static void k4_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
   }
 }
 
-/* k5_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k5_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
+/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
+static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
   const int64_t n_o = dim_B, n_r = 10;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
@@ -154,8 +143,8 @@ static void k5_cross_entropy_mul(int64_t dim_B, const float *restrict logits, co
   }
 }
 
-/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k6_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
+static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
   const int64_t n = 128 * dim_B;
   MLP_OMP(parallel for simd if (n > 16384) schedule(static))
   for (int64_t i = 0; i < n; i++) {
@@ -170,8 +159,8 @@ static void k6_relu_mul(int64_t dim_B, const float *restrict h_linear, float *re
   }
 }
 
-/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
-static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_b2) {
+/* k6_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
+static void k6_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_b2) {
   const int64_t n_o = 10, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
@@ -196,8 +185,8 @@ static void k7_sum(int64_t dim_B, const float *restrict d_loss, float *restrict 
   }
 }
 
-/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
-static void k8_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_b1) {
+/* k7_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
+static void k7_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_b1) {
   const int64_t n_o = 128, n_r = dim_B;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
@@ -239,14 +228,14 @@ int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
@@ -274,14 +263,14 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
@@ -292,7 +281,7 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   return MLP_OK;
 }
 
-/* the train pass: 12 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 11 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -323,49 +312,48 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
 
-  {  /* linear */
+  {  /* linear, relu, its input stored as aux */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
+                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
-  k3_relu(dim_B, h_linear, h_relu);
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
-  k4_sum(dim_B, y, d_loss_sum);
-  k5_cross_entropy_mul(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
+  k3_sum(dim_B, y, d_loss_sum);
+  k4_cross_entropy_mul(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
   bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
-                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k6_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
+  k5_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
-                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k7_sum(dim_B, d_loss, d_b2);
+  k6_sum(dim_B, d_loss, d_b2);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k8_sum(dim_B, d_h, d_b1);
+  k7_sum(dim_B, d_h, d_b1);
   return MLP_OK;
 }

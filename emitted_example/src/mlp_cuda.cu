@@ -136,30 +136,8 @@ static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y
   }
 }
 
-/* k3_relu: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
-static __global__ void k3_relu(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h_relu) {
-  const int n = 128 * dim_B;
-  const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)h_relu % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
-  for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
-    const mlp_vec<float, 4> v0 = ((const mlp_vec<float, 4> *)h_linear)[iv];
-    mlp_vec<float, 4> v3;
-    #pragma unroll
-    for (int lane = 0; lane < 4; lane++) {
-      const float v1 = v0.v[lane];
-      const float v2 = v1 < 0 ? 0 : v1;
-      v3.v[lane] = (float)v2;
-    }
-    ((mlp_vec<float, 4> *)h_relu)[iv] = v3;
-  }
-  for (int i = nv * 4 + blockIdx.x * (int)blockDim.x + threadIdx.x; i < n; i += (int)gridDim.x * blockDim.x) {
-    const float v4 = h_linear[i];
-    const float v5 = v4 < 0 ? 0 : v4;
-    h_relu[i] = (float)v5;
-  }
-}
-
-/* k4_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
+/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (one block per output element) */
+static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *__restrict__ d_loss_sum) {
   const int n_o = 1, n_r = dim_B;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)y) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
@@ -189,8 +167,8 @@ static __global__ void k4_sum(int dim_B, const int32_t *__restrict__ y, float *_
   }
 }
 
-/* k5_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k5_cross_entropy_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
+/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
+static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
@@ -284,8 +262,8 @@ static __global__ void k5_cross_entropy_mul(int dim_B, const float *__restrict__
   }
 }
 
-/* k6_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
-static __global__ void k6_relu_mul(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
+/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
+static __global__ void k5_relu_mul(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
   const int n = 128 * dim_B;
   const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)d_logits_matmul % 16 | (uintptr_t)h % 16 | (uintptr_t)d_h % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
   for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
@@ -319,8 +297,8 @@ static __global__ void k6_relu_mul(int dim_B, const float *__restrict__ h_linear
   }
 }
 
-/* k7_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (32 output elements per block, 32 threads each) */
-static __global__ void k7_sum(int dim_B, const float *__restrict__ d_loss, float *__restrict__ d_b2, float *split_part, unsigned *split_count) {
+/* k6_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (32 output elements per block, 32 threads each) */
+static __global__ void k6_sum(int dim_B, const float *__restrict__ d_loss, float *__restrict__ d_b2, float *split_part, unsigned *split_count) {
   const int n_o = 10, n_r = dim_B;
   for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
@@ -344,8 +322,8 @@ static __global__ void k7_sum(int dim_B, const float *__restrict__ d_loss, float
   }
 }
 
-/* k8_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (32 output elements per block, 32 threads each) */
-static __global__ void k8_sum(int dim_B, const float *__restrict__ d_h, float *__restrict__ d_b1, float *split_part, unsigned *split_count) {
+/* k7_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (32 output elements per block, 32 threads each) */
+static __global__ void k7_sum(int dim_B, const float *__restrict__ d_h, float *__restrict__ d_b1, float *split_part, unsigned *split_count) {
   const int n_o = 128, n_r = dim_B;
   for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
     const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
@@ -386,13 +364,13 @@ int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const 
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
@@ -420,13 +398,13 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
@@ -435,7 +413,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   return MLP_OK;
 }
 
-/* the train pass: 12 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 11 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -466,43 +444,42 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
 
-  {  /* linear */
+  {  /* linear, relu, its input stored as aux */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h_linear, 128, (dim_B) * (128), b1, MLP_ACT_NONE, NULL, NULL, 0};
+                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k3_relu<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h_relu);
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k4_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
-  k5_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
+  k3_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
+  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
   k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
-                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k6_relu_mul<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
+  k5_relu_mul<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
-                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k7_sum<<<dim3(mlp_blocks(10, 32), mlp_split(dim_B, 512, ((10) + 31) / 32)), 1024, 0, st>>>(dim_B, d_loss, d_b2, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
+  k6_sum<<<dim3(mlp_blocks(10, 32), mlp_split(dim_B, 512, ((10) + 31) / 32)), 1024, 0, st>>>(dim_B, d_loss, d_b2, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k8_sum<<<dim3(mlp_blocks(128, 32), mlp_split(dim_B, 512, ((128) + 31) / 32)), 1024, 0, st>>>(dim_B, d_h, d_b1, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
+  k7_sum<<<dim3(mlp_blocks(128, 32), mlp_split(dim_B, 512, ((128) + 31) / 32)), 1024, 0, st>>>(dim_B, d_h, d_b1, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }

@@ -440,12 +440,16 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m,
     DT_CASES(g->dt, M_)
 #undef M_
   }
-  if (aux) {
+  if (g->dact) { /* an activation's backward: T times act'(aux), aux read */
+#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] *= mlp_gelu_grad(LD(aux, off + j), g->act == MLP_ACT_GELU_TANH);
+    DT_CASES(g->dt, M_)
+#undef M_
+  } else if (aux) {
 #define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) ST(aux, off + j, t[j]);
     DT_CASES(g->dt, M_)
 #undef M_
   }
-  switch (g->act) {
+  switch (g->dact ? MLP_ACT_NONE : g->act) {
   case MLP_ACT_RELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = t[j] < 0 ? 0.0f : t[j]; break; /* NaN stays NaN */
   case MLP_ACT_GELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = mlp_gelu(t[j], 0); break;
   case MLP_ACT_GELU_TANH: SIMD for (int64_t j = 0; j < nv; j++) t[j] = mlp_gelu(t[j], 1); break;
@@ -708,6 +712,8 @@ static int gemm_args_ok(const mlp_gemm *g) {
   if (g->M < 0 || g->N < 0 || g->K < 0 || g->batch < 0 || g->sa < 0 || g->sb < 0 || g->sc < 0)
     return 0;
   if (g->act < MLP_ACT_NONE || g->act > MLP_ACT_GELU_TANH)
+    return 0;
+  if (g->dact && (!g->aux || (g->act != MLP_ACT_GELU && g->act != MLP_ACT_GELU_TANH)))
     return 0;
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return 0;

@@ -149,6 +149,15 @@ MLP_FN float mlp_gelu(float x, int tanh_form) {
    * error stays below |x| 1e-7, as PyTorch's. */
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
+/* gelu's derivative (gen/interp.c's f_gelu_grad), with the forward's
+ * functions. */
+MLP_FN float mlp_gelu_grad(float x, int tanh_form) {
+  if (tanh_form) {
+    float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 0.134145f * x * x);
+  }
+  return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.3989422804f;
+}
 #else
 /* exp: x = n ln2 + r (Cody-Waite, two parts), e^r by a degree-6 polynomial,
  * 2^n in two factors so subnormal results round once; above 88.75 inf, below
@@ -205,6 +214,16 @@ MLP_FN float mlp_gelu(float x, int tanh_form) {
     return 0.5f * x * (1.0f + mlp_tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
   float e = erfcf(mlp_abs(x) * 0.70710678118654752440f);
   return 0.5f * x * mlp_pick(mlp_m(x < 0), e, 2.0f - e);
+}
+/* gelu's derivative (gen/interp.c's f_gelu_grad): the erf form's Phi(x) from
+ * erfc as the forward's, no cancellation for x < 0. */
+MLP_FN float mlp_gelu_grad(float x, int tanh_form) {
+  if (tanh_form) {
+    float t = mlp_tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.79788456080286535588f * (1.0f + 0.134145f * x * x);
+  }
+  float e = erfcf(mlp_abs(x) * 0.70710678118654752440f);
+  return 0.5f * mlp_pick(mlp_m(x < 0), e, 2.0f - e) + x * mlp_exp(-0.5f * x * x) * 0.39894228040143267794f;
 }
 #endif
 

@@ -668,7 +668,7 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
 /* tgm_cuda_gemm's epilogue where cuBLASLt's cannot express it, over batch x
  * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
  * when every access is 16-byte aligned):
- *   T = G (the product; 0 when G is NULL) + bias; aux = T; T = act(T);
+ *   T = G (the product; 0 when G is NULL) + bias; aux = T; T = act(T) (dact: T *= act'(aux));
  *   T += residual; C = (accumulate ? C : 0) + T, rounded once.
  * G has its own row and batch strides: f32 scratch, or C itself when the
  * product was written there (f32; or, for bf16/f16 outputs, the product and
@@ -676,7 +676,7 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
  * the same thread). */
 template <class T, class P, int V, class I>
 __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ bias, T *aux, const T *res, T *C, I M,
-                                I N, I ldc, I sc, I total, int act, int acc) {
+                                I N, I ldc, I sc, I total, int act, int acc, int dact) {
   const I nv = N / V;
   I t = blockIdx.x * (I)blockDim.x + threadIdx.x, step = (I)gridDim.x * blockDim.x;
   for (I i = t; i < total; i += step) {
@@ -699,14 +699,19 @@ __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ b
       for (int k = 0; k < V; k++)
         x[k] += to_f(bv.v[k]);
     }
-    if (aux) {
+    if (dact) { /* an activation's backward: times act'(aux), aux read */
+      Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] *= tgm_gelu_grad(to_f(av.v[k]), act == TGM_ACT_GELU_TANH);
+    } else if (aux) {
       Vec<T, V> av;
 #pragma unroll
       for (int k = 0; k < V; k++)
         av.v[k] = from_f<T>(x[k]);
       *reinterpret_cast<Vec<T, V> *>(aux + o) = av;
     }
-    if (act != TGM_ACT_NONE) {
+    if (act != TGM_ACT_NONE && !dact) {
 #pragma unroll
       for (int k = 0; k < V; k++) /* relu: NaN stays NaN */
         x[k] = act == TGM_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : tgm_gelu(x[k], act == TGM_ACT_GELU_TANH);
@@ -1077,14 +1082,16 @@ void tune_write(tgm_cuda_ctx *cx) {
 }
 
 /* Times plan p's candidates on the call's operands (A, B, and C when beta
- * is 1) into temporary D and aux of dbytes each, and keeps the fastest in
+ * is 1; DGELU's aux_in) into temporary D and aux of dbytes each, and keeps the fastest in
  * p and in the choices. Any failure leaves the heuristic's choice. */
 void lt_tune(tgm_cuda_ctx *cx, tgm_cuda_gemm_plan *p, const void *A, const void *B, const void *C, float beta,
-             const void *bias, size_t dbytes) {
+             const void *bias, const void *aux_in, size_t dbytes) {
   p->tuned = 1;
   if (cx->ntunes >= TGM_CUDA_TUNES)
     return;
   const bool gelu_aux = p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (p->key.epilogue == CUBLASLT_EPILOGUE_DGELU) /* read, not written: the call's own */
+    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_in, sizeof aux_in);
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulHeuristicResult_t r[TGM_CUDA_TUNE_CANDIDATES];
   int n = 0;
@@ -1157,6 +1164,11 @@ done:
   cudaFree(aux);
 }
 
+/* Epilogues with an aux matrix in D's layout: GELU_AUX writes it, DGELU reads it. */
+static bool lt_uses_aux(uint32_t epi) {
+  return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU;
+}
+
 /* Builds plan p for key k: row-major D [M, N] = op(A) op(B) is the
  * column-major D^T [N, M] = op(B)^T op(A)^T, so cuBLASLt's A is our B (its
  * transpose flag ours, its stored shape N x K or K x N column-major) and its
@@ -1187,7 +1199,7 @@ int lt_plan_build(tgm_cuda_ctx *cx, tgm_cuda_gemm_plan *p, const tgm_cuda_gemm_k
   if (k->epilogue & CUBLASLT_EPILOGUE_BIAS)
     TGM_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
            "setting BIAS_POINTER");
-  if (k->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || k->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  if (lt_uses_aux(k->epilogue)) {
     int64_t ld = k->ldd, st = k->sd;
     TGM_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
            "setting EPILOGUE_AUX_POINTER");
@@ -1257,7 +1269,7 @@ int lt_matmul(tgm_cuda_ctx *cx, const tgm_gemm *g, void *D, int d_f32, int64_t l
               float beta, uint32_t epi, bool *none) {
   const int64_t es = dt_size(g->dt), des = d_f32 ? 4 : es;
   const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : NULL;
-  const bool gelu_aux = epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu_aux = lt_uses_aux(epi);
   const float alpha = 1.0f;
   *none = false;
   for (int64_t b0 = 0; b0 < g->batch; b0 += 65535) {
@@ -1302,7 +1314,7 @@ int lt_matmul(tgm_cuda_ctx *cx, const tgm_gemm *g, void *D, int d_f32, int64_t l
       return 0;
     }
     if (cx->tune && !p->tuned && !cx->capturing)
-      lt_tune(cx, p, A, B, Cp, beta, bias,
+      lt_tune(cx, p, A, B, Cp, beta, bias, aux,
               (size_t)(((int64_t)nb - 1) * k.sd + (g->M - 1) * ldd + g->N) * (size_t)des);
     if (bias)
       TGM_CUDA_BLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -1317,7 +1329,8 @@ int lt_matmul(tgm_cuda_ctx *cx, const tgm_gemm *g, void *D, int d_f32, int64_t l
 /* The cuBLASLt epilogue (and beta, and C operand) that does all of g's
  * epilogue in the matmul, writing g->C in g's dtype: none/relu/tanh-gelu
  * with or without bias; tanh-gelu's aux (GELU_AUX, when its leading dim and
- * batch stride are multiples of 8, as cuBLASLt asks); a residual or the old
+ * batch stride are multiples of 8, as cuBLASLt asks) and its backward at aux
+ * without a bias (DGELU, the same layout rule); a residual or the old
  * C through beta = 1 (C operand = residual, or C itself) without an
  * activation. Returns false for what needs k_gemm_epilogue: erf gelu, an
  * activation followed by a residual or accumulation, aux without tanh-gelu,
@@ -1344,7 +1357,11 @@ bool lt_epilogue_for(const tgm_gemm *g, uint32_t *epi, float *beta, const void *
   case TGM_ACT_GELU_TANH:
     if (g->residual || g->accumulate)
       return false;
-    if (g->aux) {
+    if (g->dact) { /* tanh-gelu's backward at aux */
+      if (bias || g->ldc % 8 || (g->batch > 1 && g->sc % 8))
+        return false;
+      *epi = CUBLASLT_EPILOGUE_DGELU;
+    } else if (g->aux) {
       if (g->ldc % 8 || (g->batch > 1 && g->sc % 8))
         return false;
       *epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
@@ -1378,13 +1395,13 @@ int launch_gemm_epilogue(tgm_cuda_ctx *cx, const tgm_gemm *g, const P *G, int64_
   if (vec && small)
     k_gemm_epilogue<T, P, V, int><<<grid, kThreads, 0, cx->stream>>>(G, (int)gld, (int)(bstep * gs), bias, aux, res, C, (int)g->M,
                                                                     (int)g->N, (int)g->ldc, (int)(bstep * g->sc), (int)total,
-                                                                    g->act, g->accumulate);
+                                                                    g->act, g->accumulate, g->dact);
   else if (vec)
     k_gemm_epilogue<T, P, V, int64_t><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, bias, aux, res, C, g->M, g->N, g->ldc,
-                                                                        g->sc, total, g->act, g->accumulate);
+                                                                        g->sc, total, g->act, g->accumulate, g->dact);
   else
     k_gemm_epilogue<T, P, 1, int64_t><<<grid, kThreads, 0, cx->stream>>>(G, gld, gs, bias, aux, res, C, g->M, g->N, g->ldc,
-                                                                        g->sc, total, g->act, g->accumulate);
+                                                                        g->sc, total, g->act, g->accumulate, g->dact);
   TGM_CUDA_LAUNCHED("k_gemm_epilogue");
   return 0;
 }
@@ -2406,6 +2423,8 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
     return TGM_CUDA_BAD("negative size or stride");
   if (g->act < TGM_ACT_NONE || g->act > TGM_ACT_GELU_TANH)
     return TGM_CUDA_BAD("unknown activation %d", g->act);
+  if (g->dact && (!g->aux || (g->act != TGM_ACT_GELU && g->act != TGM_ACT_GELU_TANH)))
+    return TGM_CUDA_BAD("dact needs aux and a gelu activation (act %d)", g->act);
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return TGM_CUDA_BAD("leading dims lda %lld, ldb %lld, ldc %lld too small for M %lld, N %lld, K %lld",
                         (long long)g->lda, (long long)g->ldb, (long long)g->ldc, (long long)g->M, (long long)g->N,

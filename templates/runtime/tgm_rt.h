@@ -225,12 +225,14 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
  *   T += bias[n]                bias: length N, broadcast over rows and batch (NULL: none)
  *   if aux: aux_b[m, n] = T     the pre-activation values, for a backward (C's layout: ldc, sc)
  *   T = act(T)                  TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU (erf form), TGM_ACT_GELU_TANH
+ *                               (dact: instead of the two lines above, T = T * act'(aux_b[m, n]), aux an input:
+ *                               an activation's backward, gelu forms only)
  *   T += residual_b[m, n]       residual (NULL: none), C's layout; may be C itself
  *   C_b[m, n] = accumulate ? C_b[m, n] + T : T      (ldc >= N; C_b = C + b*sc)
  * Batch strides of A and B may be 0 (broadcast); sc may be 0 only when batch <= 1. All floating operands
  * have dtype dt (TGM_F32, TGM_BF16, TGM_F16); products are summed in f32 and each output rounded once, at
  * the store. K = 0 makes T = 0 (the epilogue still runs). C and aux must not overlap A, B, bias or each
- * other. One struct rather than 20 arguments: callers set the fields they use, e.g.
+ * other (aux may be read by a dact GEMM: then it must not overlap C). One struct rather than 20 arguments: callers set the fields they use, e.g.
  *   tgm_gemm g = {.dt = TGM_BF16, .tb = 1, .M = rows, .N = out, .K = in, .batch = 1, .A = x, .lda = in,
  *                 .B = w, .ldb = in, .C = y, .ldc = out, .bias = b};                  (y = x w^T + b) */
 typedef struct tgm_gemm {
@@ -247,6 +249,7 @@ typedef struct tgm_gemm {
   void *aux;            /* NULL, or the pre-activation output in C's layout (ldc, sc) */
   const void *residual; /* NULL, or added after the activation, in C's layout */
   int accumulate;       /* 1: C += T instead of C = T */
+  int dact;             /* 1: T *= act'(aux) (aux read: the activation's input) instead of aux = T, T = act(T) */
 } tgm_gemm;
 enum { TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH };
 /* Returns 0, or -1 for bad arguments (then nothing is written). Deterministic: the same bits for any
