@@ -16,8 +16,8 @@
  * an ulp. The low-precision copy is rounded to nearest even with the bit
  * logic of mlp_f32_to_bf16 / mlp_f32_to_f16 (NaN payloads included).
  *
- * The update kernels are grid-stride loops, one element per iteration, and
- * allocate nothing. sum_squares is two deterministic phases: a grid whose
+ * The update kernels are grid-stride loops (AdamW's 4 elements an iteration
+ * where the pointers allow 16-byte accesses, SGD's one), and allocate nothing. sum_squares is two deterministic phases: a grid whose
  * size depends only on n (not on the device) writes one double per block
  * (each thread strides over fixed elements, the block reduces in a fixed
  * tree), then one block reduces the partials in a fixed order. */
@@ -146,23 +146,77 @@ __host__ __device__ inline OptSgd cuopt_sgd(double lr, double momentum, double w
   return a;
 }
 
-/* st == NULL: the scalars are a; else the prepare kernel's (or nothing, when it refused the step). */
+/* Elements 4j..4j + 3 of a floating tensor of dtype DT, as f32, in one
+ * load (16 bytes of f32, 8 of bf16/f16: the caller checked alignment). */
+template <int DT> __device__ __forceinline__ void cuopt_ld4(const void *p, int64_t j, float *x) {
+  if constexpr (DT == MLP_F32) {
+    float4 t = ((const float4 *)p)[j];
+    x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+  } else {
+    uint2 t = ((const uint2 *)p)[j];
+    const uint16_t h[4] = {(uint16_t)t.x, (uint16_t)(t.x >> 16), (uint16_t)t.y, (uint16_t)(t.y >> 16)};
+    for (int k = 0; k < 4; k++)
+      x[k] = cuopt_ld<DT>(h, k);
+  }
+}
+
+/* The same four elements of the low-precision copy, in one store. */
+template <int LDT> __device__ __forceinline__ void cuopt_st4(void *p, int64_t j, const float *x) {
+  if constexpr (LDT == MLP_F32) {
+    ((float4 *)p)[j] = make_float4(x[0], x[1], x[2], x[3]);
+  } else if constexpr (LDT == MLP_BF16 || LDT == MLP_F16) {
+    uint16_t h[4];
+    for (int k = 0; k < 4; k++)
+      cuopt_st<LDT>(h, k, x[k]);
+    ((uint2 *)p)[j] = make_uint2(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16);
+  } else {
+    (void)p, (void)j, (void)x;
+  }
+}
+
+/* One AdamW element, in torch's order of operations. */
+__device__ __forceinline__ void cuopt_adamw_one(const OptAdam &a, float gi, float &wi, float &mi, float &vi) {
+  gi = gi * a.gs;
+  wi = wi * a.decay;
+  float d = gi - mi;
+  mi = a.small ? mi + a.w1 * d : gi + a.wm1 * d;
+  vi = vi * a.b2 + a.omb2 * gi * gi;
+  wi = wi + a.nstep * mi / (sqrtf(vi) / a.bc2s + a.eps);
+}
+
+/* st == NULL: the scalars are a; else the prepare kernel's (or nothing, when
+ * it refused the step). vec: every pointer allows 4 elements per access
+ * (16-byte f32 vectors, 8-byte bf16/f16): the elements go 4 a thread, the
+ * last n % 4 one a thread; the same arithmetic per element either way. */
 template <int GDT, int LDT>
 __global__ void __launch_bounds__(kOptThreads)
     k_opt_adamw(float *__restrict__ w, const void *__restrict__ g, float *__restrict__ m, float *__restrict__ v,
-                void *__restrict__ lowp, int64_t n, OptAdam a, const OptDev *st) {
+                void *__restrict__ lowp, int64_t n, OptAdam a, const OptDev *st, int vec) {
   if (st) {
     if (st->skip)
       return;
     a = st->adam;
   }
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float gi = cuopt_ld<GDT>(g, i) * a.gs;
-    float wi = w[i] * a.decay, mi = m[i], vi = v[i];
-    float d = gi - mi;
-    mi = a.small ? mi + a.w1 * d : gi + a.wm1 * d;
-    vi = vi * a.b2 + a.omb2 * gi * gi;
-    wi = wi + a.nstep * mi / (sqrtf(vi) / a.bc2s + a.eps);
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  const int64_t nv = vec ? n / 4 : 0;
+  for (int64_t j = t; j < nv; j += step) {
+    float gi[4], wi[4], lo[4];
+    float4 w4 = ((const float4 *)w)[j], m4 = ((const float4 *)m)[j], v4 = ((const float4 *)v)[j];
+    float mi[4] = {m4.x, m4.y, m4.z, m4.w}, vi[4] = {v4.x, v4.y, v4.z, v4.w};
+    wi[0] = w4.x, wi[1] = w4.y, wi[2] = w4.z, wi[3] = w4.w;
+    cuopt_ld4<GDT>(g, j, gi);
+    for (int k = 0; k < 4; k++) {
+      cuopt_adamw_one(a, gi[k], wi[k], mi[k], vi[k]);
+      lo[k] = wi[k];
+    }
+    ((float4 *)w)[j] = make_float4(wi[0], wi[1], wi[2], wi[3]);
+    ((float4 *)m)[j] = make_float4(mi[0], mi[1], mi[2], mi[3]);
+    ((float4 *)v)[j] = make_float4(vi[0], vi[1], vi[2], vi[3]);
+    cuopt_st4<LDT>(lowp, j, lo);
+  }
+  for (int64_t i = nv * 4 + t; i < n; i += step) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    cuopt_adamw_one(a, cuopt_ld<GDT>(g, i), wi, mi, vi);
     w[i] = wi;
     m[i] = mi;
     v[i] = vi;
@@ -312,9 +366,14 @@ int cuopt_launched(mlp_cuda_ctx *cx, const char *what) {
 /* The launches shared by the host-scalar entry points and the device-driven step. */
 int cuopt_adamw_launch(mlp_cuda_ctx *cx, cudaStream_t stream, float *w, const void *g, int gdt, float *m, float *v,
                        void *lowp, int lowdt, int64_t n, OptAdam a, const OptDev *st) {
+  /* 4 elements an access where every pointer is aligned for it */
+  const uintptr_t a16 = (uintptr_t)w | (uintptr_t)m | (uintptr_t)v | (gdt == MLP_F32 ? (uintptr_t)g : 0) |
+                        (lowp && lowdt == MLP_F32 ? (uintptr_t)lowp : 0);
+  const uintptr_t a8 = (gdt != MLP_F32 ? (uintptr_t)g : 0) | (lowp && lowdt != MLP_F32 ? (uintptr_t)lowp : 0);
+  const int vec = a16 % 16 == 0 && a8 % 8 == 0;
   return cuopt_dispatch(gdt, lowp ? lowdt : -1, [&](auto G, auto L) -> int {
     k_opt_adamw<decltype(G)::value, decltype(L)::value>
-        <<<cuopt_grid(n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, m, v, lowp, n, a, st);
+        <<<cuopt_grid(vec ? (n + 3) / 4 : n, kOptMaxBlocks), kOptThreads, 0, stream>>>(w, g, m, v, lowp, n, a, st, vec);
     return cuopt_launched(cx, "k_opt_adamw");
   });
 }
