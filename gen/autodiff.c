@@ -246,6 +246,70 @@ static Node *keep(AD *a, Node *t, const Node *x, uint32_t axes) {
 /* Whether operand x gets a gradient. */
 static int wants(const AD *a, const Node *x) { return x && x->id < a->g->nforward && a->needs[x->id]; }
 
+static int is_zeros(const Node *n) { return n->op == OP_FULL && n->f[0] == 0; }
+
+/* The sum of two gradients g and d of one tensor that are each a concat,
+ * along one axis of static sizes, of zero blocks and pieces, no piece of one
+ * overlapping a piece of the other: one concat of the pieces and the zeros
+ * between them. The gradients of slices that tile a tensor (q, k, v =
+ * split(qkv)) so become one concat of d_q, d_k, d_v instead of three padded
+ * copies added up. NULL when g and d are not so. */
+static Node *merge_pieces(AD *a, Node *g, Node *d) {
+  enum { MAXP = 32 };
+  if (g->op != OP_CONCAT || d->op != OP_CONCAT || g->axis != d->axis || g->nin > MAXP || d->nin > MAXP)
+    return NULL;
+  const int ax = g->axis, n[2] = {g->nin, d->nin};
+  Node *const *in[2] = {g->in, d->in};
+  int64_t at[2][MAXP + 1]; /* where each operand starts along the axis */
+  for (int s = 0; s < 2; s++) {
+    at[s][0] = 0;
+    for (int i = 0; i < n[s]; i++) {
+      int64_t sz;
+      if (!dim_is_const(&in[s][i]->shape.d[ax], &sz))
+        return NULL;
+      at[s][i + 1] = at[s][i] + sz;
+    }
+  }
+  Node *parts[4 * MAXP];
+  int np = 0, i[2] = {0, 0};
+  for (int64_t pos = 0, total = at[0][n[0]]; pos < total;) {
+    for (int s = 0; s < 2; s++)
+      while (at[s][i[s] + 1] <= pos)
+        i[s]++;
+    int z0 = is_zeros(in[0][i[0]]), z1 = is_zeros(in[1][i[1]]);
+    if (!z0 && !z1)
+      return NULL;
+    if (!z0 || !z1) { /* a piece of side s, the other side zeros all along it */
+      int s = z0 ? 1 : 0;
+      int64_t end = at[s][i[s] + 1];
+      if (at[s][i[s]] != pos)
+        return NULL;
+      for (int j = i[!s]; j < n[!s] && at[!s][j] < end; j++)
+        if (!is_zeros(in[!s][j]))
+          return NULL;
+      parts[np++] = in[s][i[s]];
+      pos = end;
+    } else { /* zeros on both sides, up to the next piece of either */
+      int64_t next = total;
+      for (int s = 0; s < 2; s++)
+        for (int j = i[s]; j < n[s]; j++)
+          if (!is_zeros(in[s][j])) {
+            next = at[s][j] < next ? at[s][j] : next;
+            break;
+          }
+      Shape sh = g->shape;
+      sh.d[ax] = dim_const(next - pos);
+      parts[np++] = full_(a, &sh, 0, g->dtype);
+      pos = next;
+    }
+  }
+  if (np == 1)
+    return parts[0];
+  Arg r[2] = {{0}};
+  r[1].d = dim_const(ax);
+  return mk(a, OP_CONCAT, np, parts, r);
+}
+
 /* Adds dx to the gradient of x (dx has x's shape and dtype). */
 static void acc(AD *a, Node *x, Node *dx) {
   if (!wants(a, x))
@@ -253,8 +317,8 @@ static void acc(AD *a, Node *x, Node *dx) {
   if (!shape_eq(&dx->shape, &x->shape) || dx->dtype != x->dtype)
     die("autodiff: gradient of %s '%s' is %s %s, expected %s %s", op_info[x->op].name, x->name ? x->name : "?",
         dtype_names[dx->dtype], shape_str(a->g, &dx->shape), dtype_names[x->dtype], shape_str(a->g, &x->shape));
-  Node **g = &a->grad[x->id];
-  *g = *g ? op2(a, OP_ADD, *g, dx) : dx;
+  Node **g = &a->grad[x->id], *m = *g ? merge_pieces(a, *g, dx) : NULL;
+  *g = m ? m : *g ? op2(a, OP_ADD, *g, dx) : dx;
 }
 
 /* ---------------------------------------------------------------- rules: pointwise */

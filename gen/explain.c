@@ -47,9 +47,7 @@ static double numel(const BPass *p, const Shape *s) {
 
 static double nbytes(const BPass *p, const Node *n) { return numel(p, &n->shape) * dtype_size(n->dtype); }
 
-static int is_view_of(const Node *n) {
-  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE;
-}
+static int is_view_of(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
 
 static int in_list(Node *const *v, int n, const Node *x) {
   for (int i = 0; i < n; i++)
@@ -105,6 +103,8 @@ void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops) 
     f = 2 * numel(p, &a->shape) * dimv(p, &x->shape.d[x->shape.rank - 1]);
     double e = numel(p, &a->shape);
     f += e * ((a->op == OP_LINEAR && a->nin > 2 && a->in[2]) + (k->act != NULL) + (k->add != NULL));
+    if (k->bgrad) /* the sum of op(A)'s K x M elements */
+      f += numel(p, &k->bgrad->in[0]->shape);
   } else if (a && is_attention(a)) {
     /* the products of T x T scores (a causal mask skips about half): the
      * forward's S = q k^T and P v; the backward recomputes S, and computes
@@ -148,8 +148,8 @@ static const char *kname(const BPass *p, const Kernel *k) {
     return k->name;
   if (!k->anchor)
     return "?";
-  return arena_printf(p->g->arena, "%s%s%s%s", op_info[k->anchor->op].name, k->act ? "+" : "",
-                      k->act ? op_info[k->act->op].name : "", k->add ? "+add" : "");
+  return arena_printf(p->g->arena, "%s%s%s%s%s", op_info[k->anchor->op].name, k->act ? "+" : "",
+                      k->act ? op_info[k->act->op].name : "", k->add ? "+add" : "", k->bgrad ? "+bias_grad" : "");
 }
 
 static double floor_us(const Kernel *k, double bytes, double flops) {

@@ -246,6 +246,7 @@ typedef struct Buffer {
   int index;         /* input, param, gradient (param), output or wrt index; HOME_ALIAS: the buffer it views */
   int64_t bytes;     /* at each dynamic dim's max */
   int64_t offset;    /* HOME_ARENA: bytes from the arena's start (plan.c) */
+  Dim off;           /* HOME_ALIAS: elements from the start of the buffer it views (a placed value) */
   int first, last;   /* the kernels that write it and read it last (nk: read at the pass's end) */
 } Buffer;
 
@@ -264,6 +265,7 @@ typedef struct Kernel {
   Node *res;         /* K_GEMM: the residual add's other operand */
   Node *aux;         /* K_GEMM: the product, stored beside the activation (outs[1]: read elsewhere); or, act
                         being an activation's gradient (gelu_grad), the x it reads */
+  Node *bgrad;       /* K_GEMM: the sum over k of op(A) (a bias's gradient, outs[1]), or NULL */
   /* K_LOOP's iteration space: with reductions, each output element o of
    * `outer` elements reduces `rnum` elements of `full` over the dims in
    * `axes`; without, `numel` elements */
@@ -273,6 +275,14 @@ typedef struct Kernel {
   const char *stop;  /* why the next kernel does not fuse into it, in words (tgen explain) */
   int leaves;        /* schedule.c: leaves_to_finals's answer, cached (0 not asked, 1 yes, 2 no) */
 } Kernel;
+
+/* Where a value's elements are (layout.c): element (i_0, ..., i_{r-1}) at
+ * element off + sum_k i_k st[k] of host's buffer. */
+typedef struct Layout {
+  const Node *host;
+  Dim off;
+  Dim st[MAXRANK];
+} Layout;
 
 typedef struct BPass {
   Graph *g;
@@ -291,6 +301,9 @@ typedef struct BPass {
   int nk;
   int *kern;         /* per node: the kernel that stores it, or -1 */
   const char **why;  /* per realized node: why it is stored, in words (tgen explain) */
+  Layout **place;    /* per node: NULL, or where in another value's buffer (its host) the result of its
+                        kernel (an attention call) is stored */
+  char *host;        /* per node: a stored value with no kernel of its own, filled by the values placed in it */
   struct LoadWalk *walk; /* for kernel_loads's callers after the schedule */
   struct RTab *rtab;  /* render.c: its kernel walkers' per-node tables */
   /* plan.c */
@@ -336,6 +349,29 @@ typedef struct LoadWalk {
 } LoadWalk;
 LoadWalk *walk_new(Arena *a, int n);
 void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w);
+/* layout.c. n's own buffer, contiguous. */
+void layout_contig(const Node *n, Layout *l);
+/* l holds the layout of view v's operand: make it v's (layout_view), or,
+ * l holding v's, its operand's (layout_unview: transposes, permutes and
+ * reshapes only). 0 when strides cannot express it. */
+int layout_view(const BPass *p, const Node *v, Layout *l);
+int layout_unview(const BPass *p, const Node *v, Layout *l);
+/* Is n's value in memory of its own (a leaf, or stored and not an alias)? */
+int layout_stored(const BPass *p, const Node *n);
+/* Where n's elements are: a stored value's own (or placed) layout, a view
+ * chain's over the stored value it views; 0 when n is neither. */
+int layout_of(const BPass *p, const Node *n, Layout *l);
+/* Is stored view n an alias: its elements contiguous (at an offset) where
+ * the value it views is? l: where (host, offset). */
+int layout_alias(const BPass *p, const Node *n, Layout *l);
+/* The stored value a chain of views from n reads (n itself when stored). */
+const Node *layout_base(const BPass *p, const Node *n);
+/* Does l give n rows as the runtime's tgm_view wants them (last stride 1, the
+ * row stride at least the row's length, for every value of the dims)? */
+int layout_rows(const BPass *p, const Node *n, const Layout *l);
+/* Is l n's contiguous layout at offset 0? */
+int layout_is_contig(const Node *n, const Layout *l);
+
 /* plan.c: buffers, their lifetimes and arena offsets at p->sym. */
 void plan(BPass *p);
 void final_home(const BPass *p, int k, Home *h, int *index);

@@ -37,7 +37,7 @@ static int64_t bytes_at(const BPass *p, const Node *n) {
 static int is_keyword(const char *s, const char *model) {
   static const char *const kw[] = {"ws", "P", "G", "m", "sym", "in", "out", "bad", "st", "i", "o", "r", "n", "n_o",
                                    "n_r", "o0", "live", "gemm", "lb", "iv", "nv", "lane", "split_part", "split_count",
-                                   "c", "nc", "rv", "nrv", "rj", NULL};
+                                   "c", "nc", "rv", "nrv", "rj", "qv", "kv", "vv", "yv", "dyv", "dqv", "dkv", "dvv", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
       return 1;
@@ -180,12 +180,7 @@ void plan(BPass *p) {
     kernel_loads(p, p->k[c], w);
     for (int q = 0; q < w->nlist; q++) {
       const Node *x = p->nodes[w->list[q]];
-      last[x->id] = c;
-      while ((x->op == OP_RESHAPE || x->op == OP_SQUEEZE || x->op == OP_UNSQUEEZE) && p->kern[x->id] < 0 &&
-             x->in[0] && (p->realized[x->in[0]->id] || x->in[0]->op == OP_INPUT || x->in[0]->op == OP_PARAM)) {
-        x = x->in[0]; /* an alias: its bytes live while it is read */
-        last[x->id] = c > last[x->id] ? c : last[x->id];
-      }
+      last[x->id] = c; /* (an alias's target is among the loads: kernel_loads) */
     }
   }
   for (int k = 0; k < p->nfinals; k++)
@@ -203,7 +198,7 @@ void plan(BPass *p) {
       Node *x = n->in[0];
       if (!(n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) || p->kern[x->id] < 0 ||
           !p->realized[x->id] || home[x->id] >= 0 || p->k[p->kern[x->id]]->kind == K_EXTERN ||
-          x->dtype != n->dtype)
+          x->dtype != n->dtype || p->place[x->id])
         continue;
       n = x;
     }
@@ -234,6 +229,9 @@ void plan(BPass *p) {
         seen[j] = n;
     }
   }
+  /* the buffers, in node order; an alias's or a placed value's target is
+   * looked up once all exist (a host follows the values placed in it) */
+  int *target = arena_alloc(a, sizeof(int) * (size_t)(p->n + p->nfinals + 1));
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     int leaf = n->op == OP_INPUT || n->op == OP_PARAM;
@@ -244,22 +242,29 @@ void plan(BPass *p) {
     Buffer *b = &p->b[p->nb];
     b->node = n;
     b->bytes = bytes_at(p, n);
-    b->first = p->kern[i] >= 0 ? p->kern[i] : 0;
-    b->last = last[i] < b->first ? b->first : last[i];
+    b->first = p->kern[i] >= 0 ? p->kern[i] : p->host[i] ? p->nk : 0; /* a host: from its first placed value's kernel */
+    b->last = last[i] < b->first && !p->host[i] ? b->first : last[i];
+    target[p->nb] = -1;
     if (n->op == OP_INPUT) {
       b->home = HOME_INPUT, b->index = n->index;
       b->name = c_name(a, &taken, g->inputs[n->index].name, g->spec->name);
     } else if (n->op == OP_PARAM) {
       b->home = HOME_PARAM, b->index = n->index;
       b->name = c_name(a, &taken, g->params[n->index].name, g->spec->name);
-    } else if (p->kern[i] < 0) {
-      b->home = HOME_ALIAS, b->index = p->buf[n->in[0]->id];
-      if (b->index < 0)
-        die("plan: an alias (%s) of an unplaced value (%s, realized %d, last %d)", op_info[n->op].name, op_info[n->in[0]->op].name, p->realized[n->in[0]->id], last[n->in[0]->id]);
+    } else if (p->kern[i] < 0 && !p->host[i]) { /* a view of stored bytes */
+      Layout l;
+      if (!layout_alias(p, n, &l))
+        die("plan: a stored %s (%%%d) with no kernel is not an alias", op_info[n->op].name, i);
+      b->home = HOME_ALIAS, target[p->nb] = l.host->id;
+      b->off = l.off;
       b->name = c_name(a, &taken, n->name, g->spec->name);
     } else {
       b->home = home[i] >= 0 ? (Home)home[i] : HOME_ARENA;
       b->index = home[i] >= 0 ? hidx[i] : -1;
+      if (p->place[i]) { /* in its host's buffer, at an offset */
+        b->home = HOME_ALIAS, target[p->nb] = p->place[i]->host->id;
+        b->off = p->place[i]->off;
+      }
       const char *base = n->name ? n->name : "t";
       if (n->scope && n->scope[0])
         base = arena_printf(a, "%s_%s", n->scope, base);
@@ -278,13 +283,24 @@ void plan(BPass *p) {
     }
     p->buf[i] = p->nb++;
   }
-  /* aliases keep their target alive */
-  for (int i = p->nb - 1; i >= 0; i--)
-    if (p->b[i].home == HOME_ALIAS) {
-      Buffer *t = &p->b[p->b[i].index];
-      if (p->b[i].last > t->last)
-        t->last = p->b[i].last;
-    }
+  for (int i = 0; i < p->nb; i++)
+    if (target[i] >= 0 && (p->b[i].index = p->buf[target[i]]) < 0)
+      die("plan: %s aliases an unplaced value (%s)", p->b[i].name, op_info[p->nodes[target[i]]->op].name);
+  /* aliases keep their target alive, and a placed value's kernel starts its
+   * host's life (chains of them: until nothing changes) */
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (int i = 0; i < p->nb; i++)
+      if (p->b[i].home == HOME_ALIAS) {
+        Buffer *x = &p->b[i], *t = &p->b[x->index];
+        int placed = p->place[x->node->id] != NULL;
+        if (x->last > t->last || (placed && x->first < t->first)) {
+          t->last = x->last > t->last ? x->last : t->last;
+          t->first = placed && x->first < t->first ? x->first : t->first;
+          changed = 1;
+        }
+      }
+  }
   p->arena = place(p->b, p->nb);
 }
 

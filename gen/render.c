@@ -205,6 +205,7 @@ struct R {
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
+  int rowblk;         /* M_BLOCK's threads a row: ROW_BLOCK, or 1024 where that keeps the row in registers */
   Ix full;            /* a reduction phase's index over the kernel's whole space (full.sh NULL: none) */
   int rcache_regs;    /* the registers those arrays take so far */
   int lanes;          /* printing a vector loop's lane body */
@@ -524,12 +525,7 @@ static void set_acc(R *r, const Node *n, const char *v) {
   r->t->acc_st[n->id] = r->stamp;
 }
 
-static int own_bytes(R *r, const Node *n) {
-  while (!is_own(r, n) && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
-         r->p->kern[n->id] < 0 && n->in[0])
-    n = n->in[0];
-  return is_own(r, n);
-}
+static int own_bytes(R *r, const Node *n) { return is_own(r, n) || is_own(r, layout_base(r->p, n)); }
 
 /* A row kernel that reads its rows in several phases (layer_norm: the mean,
  * the variance, the normalised values) keeps each thread's vectors of a
@@ -554,10 +550,26 @@ static const char *row_cache(R *r, const Node *n, const char *p) {
   return v;
 }
 
+/* The position of element ix of a value placed at strides st (layout.c). */
+static const char *ix_strided(R *r, Ix *ix, const Dim *st) {
+  Buf b;
+  buf_init(&b, r->a);
+  int any = 0;
+  for (int k = 0; k < ix->sh->rank; k++) {
+    if (is_one(&ix->sh->d[k]))
+      continue;
+    const char *dk = ix_dim(r, ix, k), *sk = c_dim(r->g, &st[k]);
+    if (strcmp(dk, "0"))
+      buf_printf(&b, "%s%s%s", any++ ? " + " : "", dk, strcmp(sk, "1") ? arena_printf(r->a, " * (%s)", sk) : "");
+  }
+  return any ? bind_ix(r, b.p) : "0";
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
-  const char *p = bufname(r, n), *i = ix_flat(r, ix);
+  const Layout *pl = r->p->place ? r->p->place[n->id] : NULL;
+  const char *p = bufname(r, n), *i = pl ? ix_strided(r, ix, pl->st) : ix_flat(r, ix);
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
@@ -1568,10 +1580,7 @@ int render_check(BPass *p, const Kernel *k) {
       w->own[k->outs[i]->id] = w->stamp;
     for (int q = 0; q < w->nlist && !fail; q++) {
       const Node *n = p->nodes[w->list[q]];
-      while (w->own[n->id] != w->stamp && (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) &&
-             p->kern[n->id] < 0 && n->in[0])
-        n = n->in[0];
-      fail = w->own[n->id] == w->stamp ? 2 : 0;
+      fail = w->own[n->id] == w->stamp || w->own[layout_base(p, n)->id] == w->stamp ? 2 : 0;
     }
   } else {
     R *r = new_r(&a, p, k, &dl_cpu);
@@ -1673,8 +1682,13 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi];
       int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
+      if (!r->split && dim_is_const(&k->rnum, &nr) && r->mode == M_BLOCK && (nr / r->rvec + per - 1) / per > RCACHE_MAX &&
+          (nr / r->rvec + 1023) / 1024 <= RCACHE_MAX)
+        per = r->rowblk = 1024; /* a long row (GPT-2's logits) fits the registers of twice the threads */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
+      if (!r->rcache)
+        r->rowblk = 0;
     }
   }
   loop_body(r);
@@ -1740,14 +1754,13 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
                : k->nreds           ? "a loop per output element"
                                     : "a loop over the elements",
-               f->d->qual,
-               ret, kn, text);
+               r->rowblk ? "static __global__ __launch_bounds__(1024)" : f->d->qual, ret, kn, text);
   }
   k->name = kn;
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
-                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
+                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, r->rowblk ? r->rowblk : ROW_BLOCK)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
     if (r->split) { /* gridDim.y: the blocks per output tile */
@@ -1833,20 +1846,55 @@ static void gemm_call(File *f, BPass *p, const Kernel *k, Buf *b) {
   static const char *const acts[] = {"NONE", "RELU", "GELU", "GELU_TANH"};
   int act = !k->act ? 0 : k->act->op == OP_RELU ? 1 : k->act->flag ? 3 : 2;
   int dact = k->act && k->act->op == OP_GELU_GRAD; /* the activation's gradient at aux */
-  buf_printf(b, "  {  /* %s%s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
-             k->aux ? (dact ? " of aux" : ", its input stored as aux") : "", k->add ? ", + residual" : "");
+  buf_printf(b, "  {  /* %s%s%s%s%s */\n", op_info[n->op].name, k->act ? arena_printf(f->a, ", %s", op_info[k->act->op].name) : "",
+             k->aux ? (dact ? " of aux" : ", its input stored as aux") : "", k->add ? ", + residual" : "",
+             k->bgrad ? ", and the sum over k of op(A) (a bias's gradient)" : "");
   buf_printf(b, "    const %s_gemm gemm = {%s, %d, %d, %s, %s, %s, %s,\n", f->name, dt_c(f, n->dtype), ta, tb, M, N, K, batch);
   buf_printf(b, "                       %s, %s, %s, %s, %s, %s,\n", bname(p, sa), lda,
              abatch ? arena_printf(f->a, "(%s) * (%s)", M, K) : "0", bname(p, sb), ldb,
              bbatch ? arena_printf(f->a, "(%s) * (%s)", K, N) : "0");
-  buf_printf(b, "                       %s, %s, (%s) * (%s), %s, %s_ACT_%s, %s, %s, 0, %d};\n", bname(p, out), N, M, N,
-             n->op == OP_LINEAR && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL", f->NAME, acts[act],
-             k->aux ? bname(p, k->aux) : "NULL", k->res ? bname(p, k->res) : "NULL", dact);
+  buf_printf(b, "                       %s, %s, (%s) * (%s), %s, %s_ACT_%s, %s, %s, 0, %d, %s};\n", bname(p, out), N, M,
+             N, n->op == OP_LINEAR && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL", f->NAME, acts[act],
+             k->aux ? bname(p, k->aux) : "NULL", k->res ? bname(p, k->res) : "NULL", dact,
+             k->bgrad ? bname(p, k->bgrad) : "NULL");
   if (cuda)
     buf_printf(b, "    CK(%s_cuda_gemm(m->cx, &gemm));\n  }\n", f->name);
   else
     buf_printf(b, "    if (%s_cpu_gemm(&gemm))\n      return %s_fail(m, %s_EINVAL, \"GEMM of %s: bad arguments\");\n  }\n", f->name,
                f->name, f->NAME, op_info[n->op].name);
+}
+
+/* The local `const NAME_view nm` of value n (NULL: absent, shaped s) where
+ * it is in memory (layout.c): its buffer, or the buffer of the value a
+ * view of it reads, at strides. */
+static void view_decl(File *f, BPass *p, Buf *b, const char *nm, const Node *n, const Shape *s) {
+  Layout l;
+  const char *at = "NULL";
+  if (n) {
+    if (!layout_of(p, n, &l))
+      die("render: %s (%%%d) is neither stored nor a view of a stored value", op_info[n->op].name, n->id);
+    if (p->place[n->id] || l.host == n) { /* its own buffer (a placed one's includes the offset) */
+      at = bname(p, n);
+      if (!p->place[n->id])
+        layout_contig(n, &l);
+    } else {
+      at = bname(p, l.host);
+      if (!(l.off.n == 0))
+        at = arena_printf(f->a, "%s + %s", at, c_dim(f->g, &l.off));
+    }
+    at = arena_printf(f->a, "(void *)(%s)", at);
+  } else {
+    Node shaped = {0};
+    shaped.shape = *s;
+    layout_contig(&shaped, &l);
+  }
+  buf_printf(b, "    const %s_view %s = {%s, %d, {", f->name, nm, at, s->rank);
+  for (int i = 0; i < s->rank; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", c_dim(f->g, &s->d[i]));
+  buf_printf(b, "}, {");
+  for (int i = 0; i < s->rank; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", c_dim(f->g, &l.st[i]));
+  buf_printf(b, "}};\n");
 }
 
 /* A library call (GEMM, attention, embedding, dropout). */
@@ -1859,9 +1907,10 @@ static void call_kernel(File *f, BPass *p, const Kernel *k, int ki, Buf *b) {
   int cuda = !strcmp(f->d->name, "cuda");
   const char *o = cuda ? "CK(" : "", *c = cuda ? ")" : "", *rt = cuda ? "cuda" : "cpu", *cx = cuda ? "m->cx, " : "";
   const char *dt = dt_c(f, n->dtype), *y = bname(p, n);
-  const char *a0 = n->nin > 0 && n->in[0] ? bname(p, n->in[0]) : "NULL";
-  const char *a1 = n->nin > 1 && n->in[1] ? bname(p, n->in[1]) : "NULL";
-  const char *a2 = n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL";
+  int views = n->op == OP_ATTENTION || n->op == OP_ATTENTION_LSE || n->op == OP_ATTENTION_BACKWARD; /* (view_decl) */
+  const char *a0 = !views && n->nin > 0 && n->in[0] ? bname(p, n->in[0]) : "NULL";
+  const char *a1 = !views && n->nin > 1 && n->in[1] ? bname(p, n->in[1]) : "NULL";
+  const char *a2 = !views && n->nin > 2 && n->in[2] ? bname(p, n->in[2]) : "NULL";
   const Node *src = p->orig[n->id];
   const char *where = arena_printf(f->a, "%s in '%s' (%s:%d)", op_info[src->op].name, src->name ? src->name : "?", f->spec, src->loc.line);
   switch (n->op) {
@@ -1900,34 +1949,40 @@ static void call_kernel(File *f, BPass *p, const Kernel *k, int ki, Buf *b) {
                cx, dt, a0, y, prod(f, &n->shape, 0, n->shape.rank), flit(f->a, n->f[0]), f->name, n->index, c);
     break;
   case OP_ATTENTION: case OP_ATTENTION_LSE: case OP_ATTENTION_BACKWARD: {
-    /* one call for the kernel's outputs: the result and its lse, or the wanted gradients */
+    /* one call for the kernel's outputs: the result and its lse, or the wanted gradients; every tensor as a
+     * view (layout.c: q, k, v read where they are, results written where their readers want them) */
     const Node *q = n->in[0], *out[3] = {NULL, NULL, NULL};
     for (int i = 0; i < k->nouts; i++)
       out[k->outs[i]->op == OP_ATTENTION_BACKWARD ? k->outs[i]->axis : k->outs[i]->op == OP_ATTENTION_LSE] = k->outs[i];
     int bwd = n->op == OP_ATTENTION_BACKWARD;
-    const Node *yn = bwd ? n->in[3] : out[0] ? out[0] : NULL;
-    const char *sq = shape_arr(f, b, q, arena_printf(f->a, "sq%d", ki));
-    const char *sk = shape_arr(f, b, n->in[1], arena_printf(f->a, "sk%d", ki));
-    const char *sv = shape_arr(f, b, n->in[2], arena_printf(f->a, "sv%d", ki));
     Shape ys = n->shape; /* the forward result's shape */
-    if (!yn) {
+    if (bwd)
+      ys = n->in[3]->shape;
+    else if (!out[0]) {
       const Shape *v = &n->in[2]->shape;
       ys.d[ys.rank++] = v->d[v->rank - 1];
-    } else
-      ys = yn->shape;
-    const char *sy = shape_arr_of(f, b, &ys, arena_printf(f->a, "sy%d", ki));
+    }
     const char *scale = n->has_f[0] ? arena_printf(f->a, "%.17g", n->f[0])
                                     : arena_printf(f->a, "1.0 / sqrt((double)(%s))", c_dim(f->g, &q->shape.d[q->shape.rank - 1]));
-    const char *args = arena_printf(f->a, "%s%s, %s, %d, %s, %s, %d, %s, %s, %d, %s", cx, dt, a0, q->shape.rank, sq, a1,
-                                    n->in[1]->shape.rank, sk, a2, n->in[2]->shape.rank, sv);
-    if (bwd)
-      buf_printf(b, "  %s%s_%s_attention_backward(%s, %s, %d, %s, %s, %s, %s, %s, %s, %d, %s)%s;\n", o, f->name, rt, args,
-                 bname(p, yn), ys.rank, sy, bname(p, n->in[4]), bname(p, n->in[5]),
-                 out[0] ? bname(p, out[0]) : "NULL", out[1] ? bname(p, out[1]) : "NULL",
-                 out[2] ? bname(p, out[2]) : "NULL", n->flag, scale, c);
-    else
-      buf_printf(b, "  %s%s_%s_attention(%s, %s, %d, %s, %d, %s, %s)%s;\n", o, f->name, rt, args,
-                 yn ? bname(p, yn) : "NULL", ys.rank, sy, n->flag, scale, out[1] ? bname(p, out[1]) : "NULL", c);
+    buf_printf(b, "  {  /* %s */\n", bwd ? "attention's backward" : out[0] ? "attention" : "attention's row log-sum-exp");
+    static const char *const in_nm[4] = {"qv", "kv", "vv", "dyv"}, *const out_nm[3] = {"dqv", "dkv", "dvv"};
+    for (int j = 0; j < 3 + bwd; j++)
+      view_decl(f, p, b, in_nm[j], n->in[j], &n->in[j]->shape);
+    if (bwd) {
+      for (int j = 0; j < 3; j++) { /* [batch of dy..., rows and columns of operand j] */
+        const Shape *os = &n->in[j]->shape;
+        Shape gs = ys;
+        gs.d[gs.rank - 2] = os->d[os->rank - 2];
+        gs.d[gs.rank - 1] = os->d[os->rank - 1];
+        view_decl(f, p, b, out_nm[j], out[j], &gs);
+      }
+      buf_printf(b, "    %s%s_%s_attention_backward(%s%s, &qv, &kv, &vv, &dyv, %s, %s, &dqv, &dkv, &dvv, %d, %s)%s;\n  }\n", o,
+                 f->name, rt, cx, dt, bname(p, n->in[4]), bname(p, n->in[5]), n->flag, scale, c);
+    } else {
+      view_decl(f, p, b, "yv", out[0], &ys);
+      buf_printf(b, "    %s%s_%s_attention(%s%s, &qv, &kv, &vv, &yv, %d, %s, %s)%s;\n  }\n", o, f->name, rt, cx, dt,
+                 n->flag, scale, out[1] ? bname(p, out[1]) : "NULL", c);
+    }
     break;
   }
   default:
@@ -1958,9 +2013,14 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     buf_printf(b, "  %s_UNUSED int64_t bad = -1;\n", f->NAME);
   if (cuda)
     buf_printf(b, "  cudaStream_t st = %s_cuda_ctx_stream(m->cx, \"%s\");\n", f->name, pass_names[p->kind]);
-  /* the buffers */
-  for (int i = 0; i < p->nb; i++) {
+  /* the buffers: each alias after the buffer it views (a placed value's host may follow it) */
+  char *done = arena_alloc(f->a, (size_t)p->nb + 1);
+  for (int left = p->nb, i = 0; left; i = (i + 1) % p->nb) {
     const Buffer *x = &p->b[i];
+    if (done[i] || (x->home == HOME_ALIAS && !done[x->index]))
+      continue;
+    done[i] = 1;
+    left--;
     const char *t = ctype(x->node->dtype), *c = x->home == HOME_INPUT || x->home == HOME_PARAM ? "const " : "";
     const char *at;
     switch (x->home) {
@@ -1969,7 +2029,10 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     case HOME_GRAD: at = arena_printf(f->a, "G + %lld", (long long)param_offset(g, x->index)); break;
     case HOME_OUTPUT: at = arena_printf(f->a, "out[%d]", x->index); break;
     case HOME_IGRAD: at = arena_printf(f->a, "out[%d]", 1 + x->index); break;
-    case HOME_ALIAS: at = p->b[x->index].name; c = p->b[x->index].home == HOME_INPUT || p->b[x->index].home == HOME_PARAM ? "const " : ""; break;
+    case HOME_ALIAS:
+      at = x->off.n ? arena_printf(f->a, "%s + %s", p->b[x->index].name, c_dim(g, &x->off)) : p->b[x->index].name;
+      c = p->b[x->index].home == HOME_INPUT || p->b[x->index].home == HOME_PARAM ? "const " : "";
+      break;
     default: at = arena_printf(f->a, "ws + %lld", (long long)x->offset); break;
     }
     const Node *o = p->orig[x->node->id];

@@ -40,6 +40,8 @@ typedef struct S {
    * a merge does not change: kid_at[index] and idx_of[id] map between them
    * (a merge then renumbers the kernels after it, not every node) */
   int *kid_at, *idx_of;
+  int *uoff;             /* each node's consumers: users[uoff[id] .. uoff[id + 1]) */
+  Node **users;
 } S;
 
 /* The current index of the kernel that stores node id, or -1. */
@@ -51,6 +53,17 @@ static int kidx(const S *s, int id) { return s->p->kern[id] < 0 ? -1 : s->idx_of
 #define MAX_KERNEL_VALUES 64
 
 static int is_leaf(const Node *n) { return n->op == OP_INPUT || n->op == OP_PARAM; }
+/* A view of one operand (index arithmetic; concat reads several from memory). */
+static int is_view1(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
+
+/* n's bytes at the dims' maxima. */
+static int64_t node_bytes(const BPass *p, const Node *n) {
+  int64_t v = n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype), d;
+  const char *err;
+  for (int k = 0; k < n->shape.rank; k++)
+    v *= dim_eval(p->g, &n->shape.d[k], p->sym, &d, &err) ? d : 1;
+  return v;
+}
 static int is_reduce(const Node *n) { return op_info[n->op].cls == C_REDUCE; }
 /* A library call: its operands and result live in memory. */
 static int is_call(const Node *n) {
@@ -68,11 +81,6 @@ static int same_call(const Node *a, const Node *b) {
     if (a->in[k] != b->in[k])
       return 0;
   return a->flag == b->flag && a->has_f[0] == b->has_f[0] && (!a->has_f[0] || a->f[0] == b->f[0]);
-}
-
-/* A view whose result is its operand's bytes (an alias when stored). */
-static int is_alias_view(const Node *n) {
-  return n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE;
 }
 
 const Node *gemm_source(const Node *x, int *trans) {
@@ -196,12 +204,15 @@ static void load(LoadWalk *w, int id) {
 }
 
 /* A value read from memory, and through a stored reshape (an alias), the
- * value whose bytes it is. */
+ * value whose bytes it is; a view a call reads as strides (layout.c), the
+ * value it views. */
 static void mark_alias(const BPass *p, const Node *n, LoadWalk *w) {
-  load(w, n->id);
-  while (is_alias_view(n) && p->kern[n->id] < 0 && n->in[0] && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
-    n = n->in[0];
+  if (is_leaf(n) || p->realized[n->id])
     load(w, n->id);
+  while (!layout_stored(p, n) && is_view1(n)) {
+    n = n->in[0];
+    if (is_leaf(n) || p->realized[n->id])
+      load(w, n->id);
   }
 }
 
@@ -572,6 +583,217 @@ static const char *merge(S *s, int i, int j, int commit) {
   return NULL;
 }
 
+/* ---------------------------------------------------------------- layouts */
+
+/* The attention calls take their operands and results as strided views
+ * (tgm_view): q, k, v (and the backward's dy) are read where they are, and
+ * a result may be written inside another value's buffer (layout.c). */
+static int strided_result(const Node *n) { return n->op == OP_ATTENTION || n->op == OP_ATTENTION_BACKWARD; }
+static int strided_slot(const Node *c, int k) {
+  return ((c->op == OP_ATTENTION || c->op == OP_ATTENTION_LSE) && k < 3) || (c->op == OP_ATTENTION_BACKWARD && k < 4);
+}
+/* A view that reads each element of its operand once (bijective). */
+static int bijective(const Node *n) {
+  return n->op == OP_TRANSPOSE || n->op == OP_PERMUTE || n->op == OP_RESHAPE || n->op == OP_SQUEEZE ||
+         n->op == OP_UNSQUEEZE;
+}
+
+/* The consumers of node id: s->users[s->uoff[id] .. s->uoff[id + 1]). */
+#define USERS(s, id) for (int u_ = (s)->uoff[id]; u_ < (s)->uoff[(id) + 1]; u_++)
+
+/* Does every consumer of r read it as a strided value: loop work, views,
+ * and the attention calls' strided operands (not GEMMs or other calls)? */
+static int strided_readers(const S *s, const Node *r) {
+  USERS(s, r->id) {
+    const Node *c = s->users[u_];
+    if (!is_call(c))
+      continue;
+    for (int k = 0; k < c->nin; k++)
+      if (c->in[k] == r && !strided_slot(c, k))
+        return 0;
+  }
+  return 1;
+}
+
+static int nusers(const S *s, const Node *n) { return s->uoff[n->id + 1] - s->uoff[n->id]; }
+
+/* Up a chain of bijective views from v, each the only consumer of the one
+ * before and not stored for another reason: the view at its end. */
+static Node *chain_end(const S *s, const char *keep, Node *v) {
+  while (nusers(s, v) == 1 && !keep[v->id]) {
+    Node *c = s->users[s->uoff[v->id]];
+    if (!is_view1(c) || !bijective(c))
+      break;
+    v = c;
+  }
+  return v;
+}
+
+/* l, the layout of view w over chain end, run back down the chain to r. */
+static int unview_to(const BPass *p, const Node *w, const Node *r, Layout *l) {
+  for (const Node *v = w; v != r; v = v->in[0])
+    if (!layout_unview(p, v, l))
+      return 0;
+  return 1;
+}
+
+/* Concat c (stored, not a pass result) as the host of its operands when
+ * each is a chain of bijective views over an attention result of its own
+ * (each view the only consumer of the one before): the results are placed
+ * at their offsets in c's buffer, and the operands are no longer stored. */
+static int place_concat(S *s, char *keep, const char *final, Node *c) {
+  BPass *p = s->p;
+  enum { MAXC = 4 * MAXRANK };
+  Layout lc, ls[MAXC];
+  Node *rs[MAXC];
+  if (c->nin > MAXC)
+    return 0;
+  layout_contig(c, &lc);
+  Dim at = dim_const(0);
+  Loc none = {0, 0};
+  for (int k = 0; k < c->nin; k++) {
+    Node *x = c->in[k], *rk = x;
+    while (is_view1(rk) && bijective(rk) && (rk == x || (nusers(s, rk) == 1 && !keep[rk->id])))
+      rk = rk->in[0]; /* down from the operand to the result its chain starts at */
+    int ok = rk != x && strided_result(rk) && keep[rk->id] && !final[rk->id] && !p->place[rk->id] &&
+             rk->dtype == c->dtype && strided_readers(s, rk) && nusers(s, x) == 1;
+    for (int j = 0; ok && j < k; j++)
+      ok = rs[j] != rk;
+    ls[k] = lc;
+    ls[k].off = dim_mul(at, lc.st[c->axis], none);
+    if (!ok || !unview_to(p, x, rk, &ls[k]) || !layout_rows(p, rk, &ls[k]))
+      return 0;
+    rs[k] = rk;
+    at = dim_add(at, x->shape.d[c->axis], none);
+  }
+  for (int k = 0; k < c->nin; k++) {
+    p->place[rs[k]->id] = arena_alloc(s->a, sizeof(Layout));
+    *p->place[rs[k]->id] = ls[k];
+    keep[c->in[k]->id] = 0; /* read from the concat's buffer */
+    p->why[c->in[k]->id] = NULL;
+  }
+  p->host[c->id] = 1;
+  return 1;
+}
+
+/* Attention results written where their readers want them (their host's
+ * buffer; layout.c): the result y of attention whose heads-first [B, NH,
+ * T, D] a chain of transposes and reshapes turns into the [B, T, C] operand
+ * of a GEMM (that operand is y's host); the gradients d_q, d_k, d_v whose
+ * chains are the operands of one concat (the gradient of the split of qkv:
+ * the concat is their host). A host has no kernel: the calls fill it. */
+static void place_results(S *s, char *keep, const char *final) {
+  BPass *p = s->p;
+  for (int i = 0; i < p->n; i++) {
+    Node *r = p->nodes[i];
+    if (!strided_result(r) || !keep[i] || final[i] || p->place[i] || !strided_readers(s, r))
+      continue;
+    USERS(s, i) {
+      Node *w0 = s->users[u_];
+      if (p->place[i] || !is_view1(w0) || !bijective(w0))
+        continue;
+      Node *w = chain_end(s, keep, w0);
+      Node *c = nusers(s, w) == 1 ? s->users[s->uoff[w->id]] : NULL;
+      if (c && c->op == OP_CONCAT && keep[c->id] && !final[c->id] && !p->host[c->id] && c->dtype == r->dtype &&
+          place_concat(s, keep, final, c))
+        continue;
+      Layout l;
+      if (keep[w->id] && !final[w->id] && !p->host[w->id] && w->dtype == r->dtype) { /* the view is the host */
+        layout_contig(w, &l);
+        if (unview_to(p, w, r, &l) && layout_rows(p, r, &l) && !layout_is_contig(r, &l)) {
+          p->place[i] = arena_alloc(s->a, sizeof(Layout));
+          *p->place[i] = l;
+          p->host[w->id] = 1;
+        }
+      }
+    }
+  }
+}
+
+/* Stored views that every reader can take as strides over the value they
+ * view (the attention calls' q, k, v and dy; loop work computes a view from
+ * its operand anyway) are not copied: that value is stored instead. A view
+ * read across the training step's forward/backward boundary keeps its
+ * value alive until the backward, so those go only where they cover their
+ * value (GPT-2's q, k, v heads are the three thirds of qkv). */
+static void view_operands(S *s, const char *final) {
+  BPass *p = s->p;
+  int64_t *cross = arena_alloc(s->a, sizeof(int64_t) * (size_t)(p->n + 1)); /* per base: bytes of views read across */
+  char *cand = arena_alloc(s->a, (size_t)p->n + 1);
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < p->n; i++) {
+      Node *v = p->nodes[i];
+      if (pass == 0) {
+        Layout l;
+        if (!p->realized[i] || !is_view1(v) || final[i] || p->host[i] || !strided_readers(s, v))
+          continue;
+        int call = 0, across = 0;
+        USERS(s, i) {
+          const Node *c = s->users[u_];
+          call |= is_call(c);
+          across |= i < p->nfwd && c->id >= p->nfwd;
+        }
+        const Node *b = layout_base(p, v);
+        if (!call || b == v || !layout_of(p, v, &l) || !layout_rows(p, v, &l))
+          continue;
+        cand[i] = 1 + across;
+        if (across)
+          cross[b->id] += node_bytes(p, v);
+      } else if (cand[i]) {
+        const Node *b = layout_base(p, v);
+        if (cand[i] == 2 && cross[b->id] < node_bytes(p, b))
+          continue;
+        p->realized[i] = 0;
+        p->why[i] = NULL;
+      }
+    }
+}
+
+/* Do a and b read the same elements of memory in the same row-major order
+ * (the same stored value, or views of it that are aliases)? */
+static int same_memory(const BPass *p, const Node *a, const Node *b) {
+  Layout la, lb;
+  if (!layout_of(p, a, &la) || !layout_of(p, b, &lb) || la.host != lb.host || !dim_eq(&la.off, &lb.off))
+    return 0;
+  Dim na = dim_const(1), nb = dim_const(1);
+  Loc none = {0, 0};
+  for (int k = 0; k < a->shape.rank; k++)
+    na = dim_mul(na, a->shape.d[k], none);
+  for (int k = 0; k < b->shape.rank; k++)
+    nb = dim_mul(nb, b->shape.d[k], none);
+  la.off = lb.off = dim_const(0);
+  return dim_eq(&na, &nb) && layout_is_contig(a, &la) && layout_is_contig(b, &lb);
+}
+
+/* A bias's gradient next to its weight's: sum(dy) over every dim but the
+ * last, where a matmul after it (no epilogue, one batch) reads dy as its
+ * transposed A, [K, M] = [rows, the last dim]: the GEMM's store computes
+ * the sum over k of op(A) (cuBLASLt's BGRADB epilogue; the CPU GEMM sums
+ * its operand), so dy is read once. bg[sum] = the GEMM. */
+static void claim_bias_grads(S *s, Node **epi, Node **bg) {
+  BPass *p = s->p;
+  for (int i = 0; i < p->n; i++) {
+    Node *r = p->nodes[i];
+    int rank = r->op == OP_SUM ? r->in[0]->shape.rank : 0;
+    if (rank < 2 || r->axes != (1u << (rank - 1)) - 1 || !p->realized[i] || r->dtype != r->in[0]->dtype ||
+        !dtype_is_float(r->dtype))
+      continue;
+    for (int j = 0; j < i && !bg[i]; j++) {
+      Node *g = p->nodes[j], **e = &epi[4 * j];
+      int ta;
+      if (g->op != OP_MATMUL || !p->realized[j] || e[0] || e[1] || g->shape.rank != 2 || !gemm_strided(g) ||
+          g->dtype != r->dtype || (j < p->nfwd) != (i < p->nfwd))
+        continue;
+      const Node *a = gemm_operand(g, 0, &ta);
+      int taken = 0;
+      for (int q = 0; q < i && !taken; q++)
+        taken = bg[q] == g;
+      if (ta && !taken && dim_eq(&a->shape.d[1], &r->in[0]->shape.d[rank - 1]) && same_memory(p, a, r->in[0]))
+        bg[i] = g;
+    }
+  }
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 void schedule(BPass *p, int fuse) {
@@ -591,8 +813,36 @@ void schedule(BPass *p, int fuse) {
   s->mj = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   s->saved = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
   char *keep = arena_alloc(s->a, (size_t)p->n + 1); /* must stay stored */
+  char *final = arena_alloc(s->a, (size_t)p->n + 1);
+  p->place = arena_alloc(s->a, sizeof(Layout *) * (size_t)(p->n + 1));
+  p->host = arena_alloc(s->a, (size_t)p->n + 1);
+  s->uoff = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 2));
   for (int i = 0; i < p->n; i++)
     p->kern[i] = -1;
+  for (int k = 0; k < p->nfinals; k++)
+    final[p->finals[k]->id] = 1;
+  /* the consumers, by node (one that reads a value twice, once) */
+  for (int pass = 0; pass < 2; pass++) {
+    int *fill = pass ? arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)) : NULL;
+    for (int i = 0; i < p->n; i++)
+      for (int k = 0; k < p->nodes[i]->nin; k++) {
+        Node *x = p->nodes[i]->in[k];
+        int seen = 0;
+        for (int j = 0; j < k && x; j++)
+          seen |= p->nodes[i]->in[j] == x;
+        if (!x || seen)
+          continue;
+        if (pass)
+          s->users[s->uoff[x->id] + fill[x->id]++] = p->nodes[i];
+        else
+          s->uoff[x->id + 1]++;
+      }
+    if (!pass) {
+      for (int i = 0; i < p->n; i++)
+        s->uoff[i + 1] += s->uoff[i];
+      s->users = arena_alloc(s->a, sizeof(Node *) * (size_t)(s->uoff[p->n] + 1));
+    }
+  }
   for (int i = 0; i < p->n; i++)
     for (int k = 0; k < p->nodes[i]->nin; k++)
       if (p->nodes[i]->in[k])
@@ -684,6 +934,8 @@ void schedule(BPass *p, int fuse) {
         }
     }
   }
+  if (fuse)
+    place_results(s, keep, final);
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
     if (is_leaf(n))
@@ -699,6 +951,8 @@ void schedule(BPass *p, int fuse) {
       why[i] = arena_printf(s->a, "read %d times; recomputing its %d ops at each read costs more than a load", p->nuse[i], cost);
     }
   }
+  if (fuse)
+    view_operands(s, final);
   /* a value computed inline is an expression over its kernel's loads; one
    * more than MAX_INLINE_DEPTH ops deep is stored, so that a long chain of
    * bindings gives kernels a compiler takes (and a renderer that recurses
@@ -722,16 +976,23 @@ void schedule(BPass *p, int fuse) {
     if (p->realized[i])
       depth[i] = 0;
   }
+  Node **bg = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1));
+  if (fuse)
+    claim_bias_grads(s, epi, bg);
   /* a kernel per realized value; stored views of stored values are aliases */
   p->k = arena_alloc(s->a, sizeof(Kernel *) * (size_t)(p->n + 1));
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
-    if (!p->realized[i] || epi[4 * i + 3] == n) /* a GEMM's aux: its epilogue's kernel stores it */
+    if (!p->realized[i] || epi[4 * i + 3] == n || p->host[i] || bg[i]) /* a GEMM's aux or bias gradient: its
+                                                                          kernel stores it; a host: the values
+                                                                          placed in it */
       continue;
-    if (is_alias_view(n) && (is_leaf(n->in[0]) || p->realized[n->in[0]->id])) {
-      if (!keep[n->in[0]->id] && p->why[i]) /* an alias (plan.c): its operand stays stored */
-        p->why[n->in[0]->id] = arena_printf(s->a, "%s, through a reshape", p->why[i]);
-      keep[n->in[0]->id] = 1;
+    Layout l;
+    if (layout_alias(p, n, &l)) { /* its bytes are the stored value's (plan.c), which stays stored */
+      const Node *b = layout_base(p, n->in[0]);
+      if (!keep[b->id] && p->why[i])
+        p->why[b->id] = arena_printf(s->a, "%s, through a view", p->why[i]);
+      keep[b->id] = 1;
       continue;
     }
     Kernel *sib = NULL; /* an earlier call this one's runtime call computes too */
@@ -775,6 +1036,17 @@ void schedule(BPass *p, int fuse) {
       p->kern[i] = p->kern[tail->id];
     }
   }
+  for (int i = 0; i < p->n; i++) /* bias gradients: stored by their GEMM's kernel */
+    if (bg[i]) {
+      Kernel *k = p->k[kidx(s, bg[i]->id)];
+      Node **o = arena_alloc(s->a, sizeof(Node *) * 2);
+      o[0] = k->outs[0];
+      o[1] = p->nodes[i];
+      k->outs = o;
+      k->nouts = 2;
+      k->bgrad = p->nodes[i];
+      p->kern[i] = p->kern[bg[i]->id];
+    }
   if (fuse) {
     /* debugging aid: TGEN_FUSE_LIMIT=N allows only the train pass's first N
      * merges, to bisect a wrong result to the merge that made it */

@@ -159,58 +159,6 @@ static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *re
   }
 }
 
-/* k6_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
-static void k6_sum(int64_t dim_B, const float *restrict d_loss, float *restrict d_b2) {
-  const int64_t n_o = 10, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
-    const int64_t nc = n_o - o0 < 16 ? n_o - o0 : 16;
-    double acc0[16];
-    for (int64_t c = 0; c < 16; c++)
-      acc0[c] = 0;
-    for (int64_t r = 0; r < n_r; r++) {
-      MLP_OMP(simd)
-      for (int64_t c = 0; c < nc; c++) {
-        const int64_t o = o0 + c;
-        const int64_t ix1 = r * (10) + o;
-        const float v2 = d_loss[ix1];
-        acc0[c] += v2;
-      }
-    }
-    for (int64_t c = 0; c < nc; c++) {
-      const int64_t o = o0 + c;
-      const float s3 = (float)acc0[c];
-      d_b2[o] = (float)s3;
-    }
-  }
-}
-
-/* k7_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (tiles of 16 output elements, a vector loop over each tile per reduced element) */
-static void k7_sum(int64_t dim_B, const float *restrict d_h, float *restrict d_b1) {
-  const int64_t n_o = 128, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o0 = 0; o0 < n_o; o0 += 16) {
-    const int64_t nc = n_o - o0 < 16 ? n_o - o0 : 16;
-    double acc0[16];
-    for (int64_t c = 0; c < 16; c++)
-      acc0[c] = 0;
-    for (int64_t r = 0; r < n_r; r++) {
-      MLP_OMP(simd)
-      for (int64_t c = 0; c < nc; c++) {
-        const int64_t o = o0 + c;
-        const int64_t ix1 = r * (128) + o;
-        const float v2 = d_h[ix1];
-        acc0[c] += v2;
-      }
-    }
-    for (int64_t c = 0; c < nc; c++) {
-      const int64_t o = o0 + c;
-      const float s3 = (float)acc0[c];
-      d_b1[o] = (float)s3;
-    }
-  }
-}
-
 /* the forward pass: 2 kernels, arena 1048576 bytes at the dims' maxima */
 int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
@@ -228,14 +176,14 @@ int mlp_forward_cpu(struct mlp_model *m, const int64_t *sym, const void *const *
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
@@ -263,14 +211,14 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
@@ -281,7 +229,7 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   return MLP_OK;
 }
 
-/* the train pass: 11 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -315,14 +263,14 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   {  /* linear, relu, its input stored as aux */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0};
+                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
@@ -334,26 +282,24 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
-                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
   k5_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
-  {  /* matmul */
+  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
-                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b2};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k6_sum(dim_B, d_loss, d_b2);
-  {  /* matmul */
+  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b1};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k7_sum(dim_B, d_h, d_b1);
   return MLP_OK;
 }

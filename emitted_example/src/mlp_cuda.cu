@@ -297,56 +297,6 @@ static __global__ void k5_relu_mul(int dim_B, const float *__restrict__ h_linear
   }
 }
 
-/* k6_sum: spec/examples/mlp.yaml:31 'd_logits'; reduces dim_B of [B, 10]  (32 output elements per block, 32 threads each) */
-static __global__ void k6_sum(int dim_B, const float *__restrict__ d_loss, float *__restrict__ d_b2, float *split_part, unsigned *split_count) {
-  const int n_o = 10, n_r = dim_B;
-  for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
-    const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
-    const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
-    float acc0 = 0;
-    #pragma unroll 4
-    for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
-      const int ix1 = r * (10) + o;
-      const float v2 = d_loss[ix1];
-      acc0 += v2;
-    }
-    acc0 = mlp_column_sum(acc0);
-    if (threadIdx.x / 32 == 0 && live) {  /* this block's partials */
-      split_part[(o * 1 + 0) * gridDim.y + blockIdx.y] = acc0;
-    }
-    if (!mlp_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */
-      continue;
-    acc0 = mlp_split_column_sum(split_part + (o * 1 + 0) * gridDim.y, live);
-    const float s3 = (float)acc0;
-    if (threadIdx.x / 32 == 0 && live) d_b2[o] = (float)s3;
-  }
-}
-
-/* k7_sum: spec/examples/mlp.yaml:30 'd_h'; reduces dim_B of [B, 128]  (32 output elements per block, 32 threads each) */
-static __global__ void k7_sum(int dim_B, const float *__restrict__ d_h, float *__restrict__ d_b1, float *split_part, unsigned *split_count) {
-  const int n_o = 128, n_r = dim_B;
-  for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
-    const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
-    const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
-    float acc0 = 0;
-    #pragma unroll 4
-    for (int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {
-      const int ix1 = r * (128) + o;
-      const float v2 = d_h[ix1];
-      acc0 += v2;
-    }
-    acc0 = mlp_column_sum(acc0);
-    if (threadIdx.x / 32 == 0 && live) {  /* this block's partials */
-      split_part[(o * 1 + 0) * gridDim.y + blockIdx.y] = acc0;
-    }
-    if (!mlp_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */
-      continue;
-    acc0 = mlp_split_column_sum(split_part + (o * 1 + 0) * gridDim.y, live);
-    const float s3 = (float)acc0;
-    if (threadIdx.x / 32 == 0 && live) d_b1[o] = (float)s3;
-  }
-}
-
 /* the forward pass: 2 kernels, arena 1048576 bytes at the dims' maxima */
 int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
@@ -364,13 +314,13 @@ int mlp_forward_cuda(struct mlp_model *m, const int64_t *sym, const void *const 
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
@@ -398,13 +348,13 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   {  /* linear, relu */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0};
+                       h, 128, (dim_B) * (128), b1, MLP_ACT_RELU, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
@@ -413,7 +363,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   return MLP_OK;
 }
 
-/* the train pass: 11 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -447,13 +397,13 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   {  /* linear, relu, its input stored as aux */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 128, 64, 1,
                        x, 64, 0, w1, 64, 0,
-                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0};
+                       h_relu, 128, (dim_B) * (128), b1, MLP_ACT_RELU, h_linear, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   {  /* linear */
     const mlp_gemm gemm = {MLP_F32, 0, 1, dim_B, 10, 128, 1,
                        h_relu, 128, 0, w2, 128, 0,
-                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k3_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
@@ -462,24 +412,22 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
-                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k5_relu_mul<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
-  {  /* matmul */
+  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
-                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b2};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k6_sum<<<dim3(mlp_blocks(10, 32), mlp_split(dim_B, 512, ((10) + 31) / 32)), 1024, 0, st>>>(dim_B, d_loss, d_b2, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
-  {  /* matmul */
+  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b1};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k7_sum<<<dim3(mlp_blocks(128, 32), mlp_split(dim_B, 512, ((128) + 31) / 32)), 1024, 0, st>>>(dim_B, d_h, d_b1, mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }

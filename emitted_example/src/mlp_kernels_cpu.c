@@ -715,6 +715,8 @@ static int gemm_args_ok(const mlp_gemm *g) {
     return 0;
   if (g->dact && (!g->aux || (g->act != MLP_ACT_GELU && g->act != MLP_ACT_GELU_TANH)))
     return 0;
+  if (g->bgrad && g->batch > 1)
+    return 0;
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return 0;
   if (g->M == 0 || g->N == 0 || g->batch == 0)
@@ -724,9 +726,33 @@ static int gemm_args_ok(const mlp_gemm *g) {
   return 1;
 }
 
+/* g->bgrad[m] = sum over k of op(A)[m, k], in double, rounded once: tiles
+ * of 64 rows of op(A) over the threads, each summed in k order by one thread
+ * (the same bits for any thread count); op(A) stored transposed ([K, M], a
+ * weight gradient's dy) is read a row of the tile at a time. */
+static void gemm_bgrad(const mlp_gemm *g) {
+  const int64_t M = g->M, K = g->K, lda = g->lda;
+  const void *A = g->A;
+  void *y = g->bgrad;
+  OMP(parallel for schedule(static) if (M * K >= PAR_MIN))
+  for (int64_t m0 = 0; m0 < M; m0 += 64) {
+    const int64_t nm = min64(64, M - m0);
+    double acc[64] = {0};
+#define M_(LD, ST)                                                                                                     \
+  for (int64_t k = 0; k < K; k++)                                                                                      \
+    SIMD for (int64_t j = 0; j < nm; j++) acc[j] += LD(A, g->ta ? k * lda + m0 + j : (m0 + j) * lda + k);               \
+  for (int64_t j = 0; j < nm; j++)                                                                                     \
+    ST(y, m0 + j, (float)acc[j]);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+}
+
 int mlp_cpu_gemm(const mlp_gemm *g) {
   if (!gemm_args_ok(g))
     return -1;
+  if (g->bgrad && g->batch == 1)
+    gemm_bgrad(g);
   if (g->M == 0 || g->N == 0 || g->batch == 0)
     return 0;
   const GemmPlan p = gemm_plan(g);

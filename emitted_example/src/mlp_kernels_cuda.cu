@@ -324,6 +324,7 @@ __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)
 
 
 
+
 /* mlp_cuda_gemm's epilogue where cuBLASLt's cannot express it, over batch x
  * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
  * when every access is 16-byte aligned):
@@ -388,6 +389,27 @@ __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ b
     for (int k = 0; k < V; k++)
       cv.v[k] = from_f<T>(acc ? to_f(cv.v[k]) + x[k] : x[k]);
     *reinterpret_cast<Vec<T, V> *>(C + o) = cv;
+  }
+}
+
+/* mlp_gemm's bgrad where cuBLASLt's BGRADB does not take the call:
+ * out[m] = sum over k of op(A)[m, k] (ta: A stored [K, M]), a block of 32
+ * rows of op(A) by 32 threads each over k, combined in a fixed order. */
+template <class T>
+__global__ void k_gemm_bgrad(const T *__restrict__ A, int64_t lda, int ta, int64_t M, int64_t K, T *__restrict__ out) {
+  __shared__ float part[32][33];
+  const int x = threadIdx.x % 32, y = threadIdx.x / 32;
+  const int64_t m = blockIdx.x * (int64_t)32 + x;
+  float s = 0.0f;
+  for (int64_t k = y; m < M && k < K; k += 32)
+    s += to_f(ta ? A[k * lda + m] : A[m * lda + k]);
+  part[y][x] = s;
+  __syncthreads();
+  if (y == 0 && m < M) {
+    float t = 0.0f;
+    for (int j = 0; j < 32; j++)
+      t += part[j][x];
+    out[m] = from_f<T>(t);
   }
 }
 
@@ -695,7 +717,7 @@ int lt_plan_build(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const mlp_cuda_gemm_k
   MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "setting TRANSB");
   MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue),
          "setting the epilogue");
-  if (k->epilogue & CUBLASLT_EPILOGUE_BIAS)
+  if ((k->epilogue & CUBLASLT_EPILOGUE_BIAS) || k->epilogue == CUBLASLT_EPILOGUE_BGRADB)
     MLP_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
            "setting BIAS_POINTER");
   if (lt_uses_aux(k->epilogue)) {
@@ -767,7 +789,7 @@ int lt_plan_get(mlp_cuda_ctx *cx, const mlp_cuda_gemm_key *k, const void *bias, 
 int lt_matmul(mlp_cuda_ctx *cx, const mlp_gemm *g, void *D, int d_f32, int64_t ldd, int64_t sd, const void *Cin,
               float beta, uint32_t epi, bool *none) {
   const int64_t es = dt_size(g->dt), des = d_f32 ? 4 : es;
-  const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : NULL;
+  const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : epi == CUBLASLT_EPILOGUE_BGRADB ? g->bgrad : NULL;
   const bool gelu_aux = lt_uses_aux(epi);
   const float alpha = 1.0f;
   *none = false;
@@ -838,6 +860,10 @@ bool lt_epilogue_for(const mlp_gemm *g, uint32_t *epi, float *beta, const void *
   const bool bias = g->bias != NULL;
   *beta = 0.0f;
   *cin = NULL;
+  if (g->bgrad) { /* the sum over k of op(A), cuBLASLt's B: BGRADB, with nothing else */
+    *epi = CUBLASLT_EPILOGUE_BGRADB;
+    return !bias && g->act == MLP_ACT_NONE && !g->aux && !g->residual && !g->accumulate;
+  }
   switch (g->act) {
   case MLP_ACT_NONE:
     if (g->aux || (g->residual && g->accumulate))
@@ -1223,6 +1249,8 @@ int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
     return MLP_CUDA_BAD("unknown activation %d", g->act);
   if (g->dact && (!g->aux || (g->act != MLP_ACT_GELU && g->act != MLP_ACT_GELU_TANH)))
     return MLP_CUDA_BAD("dact needs aux and a gelu activation (act %d)", g->act);
+  if (g->bgrad && g->batch > 1)
+    return MLP_CUDA_BAD("bgrad with batch %lld (one batch only)", (long long)g->batch);
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return MLP_CUDA_BAD("leading dims lda %lld, ldb %lld, ldc %lld too small for M %lld, N %lld, K %lld",
                         (long long)g->lda, (long long)g->ldb, (long long)g->ldc, (long long)g->M, (long long)g->N,
@@ -1233,13 +1261,31 @@ int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
     return MLP_CUDA_BAD("NULL pointer");
   if (g->batch > 1 && g->sc == 0)
     return MLP_CUDA_BAD("batch %lld with C's batch stride 0", (long long)g->batch);
-  if (g->K == 0)
-    return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   uint32_t epi;
   float beta;
   const void *cin;
   bool none = true;
   int rc;
+  if (g->bgrad) { /* in the matmul where cuBLASLt takes it, else apart */
+    if (g->K > 0 && lt_epilogue_for(g, &epi, &beta, &cin)) {
+      if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
+        return rc;
+      if (!none)
+        return 0;
+    }
+    unsigned grid = (unsigned)((g->M + 31) / 32);
+    switch (g->dt) {
+    case MLP_BF16: k_gemm_bgrad<bf16><<<grid, 1024, 0, cx->stream>>>((const bf16 *)g->A, g->lda, g->ta, g->M, g->K, (bf16 *)g->bgrad); break;
+    case MLP_F16: k_gemm_bgrad<f16><<<grid, 1024, 0, cx->stream>>>((const f16 *)g->A, g->lda, g->ta, g->M, g->K, (f16 *)g->bgrad); break;
+    default: k_gemm_bgrad<float><<<grid, 1024, 0, cx->stream>>>((const float *)g->A, g->lda, g->ta, g->M, g->K, (float *)g->bgrad); break;
+    }
+    MLP_CUDA_LAUNCHED("k_gemm_bgrad");
+    mlp_gemm p = *g;
+    p.bgrad = NULL;
+    return mlp_cuda_gemm(cx, &p);
+  }
+  if (g->K == 0)
+    return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   if (lt_epilogue_for(g, &epi, &beta, &cin)) {
     if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
       return rc;

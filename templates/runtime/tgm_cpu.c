@@ -309,8 +309,7 @@ static int64_t numel(int r, const int64_t *s) {
     n *= s[k];
   return n;
 }
-/*@end matmul@*/
-/*@uses matmul attention attention_backward@*/
+
 /* Batch strides: the batch dims of an operand (the first r of shape s, each
  * batch a matrix of `mat` elements) read at the result's nb batch dims (0
  * along broadcast ones). */
@@ -323,7 +322,7 @@ static void batch_strides(int r, const int64_t *s, int64_t mat, int nb, int64_t 
       c *= s[kk];
   }
 }
-/*@end matmul attention attention_backward@*/
+/*@end matmul@*/
 
 /*@uses embedding@*/
 /* ---------------------------------------------------------------- embedding */
@@ -1130,6 +1129,8 @@ static int gemm_args_ok(const tgm_gemm *g) {
     return 0;
   if (g->dact && (!g->aux || (g->act != TGM_ACT_GELU && g->act != TGM_ACT_GELU_TANH)))
     return 0;
+  if (g->bgrad && g->batch > 1)
+    return 0;
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return 0;
   if (g->M == 0 || g->N == 0 || g->batch == 0)
@@ -1139,9 +1140,33 @@ static int gemm_args_ok(const tgm_gemm *g) {
   return 1;
 }
 
+/* g->bgrad[m] = sum over k of op(A)[m, k], in double, rounded once: tiles
+ * of 64 rows of op(A) over the threads, each summed in k order by one thread
+ * (the same bits for any thread count); op(A) stored transposed ([K, M], a
+ * weight gradient's dy) is read a row of the tile at a time. */
+static void gemm_bgrad(const tgm_gemm *g) {
+  const int64_t M = g->M, K = g->K, lda = g->lda;
+  const void *A = g->A;
+  void *y = g->bgrad;
+  OMP(parallel for schedule(static) if (M * K >= PAR_MIN))
+  for (int64_t m0 = 0; m0 < M; m0 += 64) {
+    const int64_t nm = min64(64, M - m0);
+    double acc[64] = {0};
+#define M_(LD, ST)                                                                                                     \
+  for (int64_t k = 0; k < K; k++)                                                                                      \
+    SIMD for (int64_t j = 0; j < nm; j++) acc[j] += LD(A, g->ta ? k * lda + m0 + j : (m0 + j) * lda + k);               \
+  for (int64_t j = 0; j < nm; j++)                                                                                     \
+    ST(y, m0 + j, (float)acc[j]);
+    DT_CASES(g->dt, M_)
+#undef M_
+  }
+}
+
 int tgm_cpu_gemm(const tgm_gemm *g) {
   if (!gemm_args_ok(g))
     return -1;
+  if (g->bgrad && g->batch == 1)
+    gemm_bgrad(g);
   if (g->M == 0 || g->N == 0 || g->batch == 0)
     return 0;
   const GemmPlan p = gemm_plan(g);
@@ -1185,33 +1210,79 @@ int tgm_cpu_gemm(const tgm_gemm *g) {
  * (att_gemm) read q and dy in their dtype: no f32 copies. The block size is
  * fixed rather than a share of the threads, and a GEMM's sums do not depend
  * on its M, N or threads, so every row's results, and the order in which dk
- * and dv add the blocks, are the same for any thread count. */
+ * and dv add the blocks, are the same for any thread count. Operands and
+ * results are strided views (tgm_view): every GEMM takes their row strides
+ * and every batch index its own offset in each, so the bits do not depend on
+ * the layout either. */
 #define ATT_QB 128
 
-/* One attention call: the sizes, the batch dims (sy's; q, k, v read at batch
- * index t from dims_off(nb, sy, qst, t) ...: stride 0 along the dims they
- * broadcast over), the operands as stored and the micro-kernel. */
+/* An operand or result of an attention call as the kernels walk it: its
+ * elements, its row stride, and its strides over the call's batch dims (the
+ * result's; 0 along those it broadcasts over). p NULL: absent. */
+typedef struct AttOp {
+  char *p;
+  int64_t ld, st[TGM_MAXRANK];
+} AttOp;
+
+/* View v (NULL, or p NULL: absent) over the nb batch dims of the result,
+ * right-aligned as NumPy broadcasts (a size-1 or missing dim repeats). A
+ * single row's stride is taken as its length (the view may give any). */
+static AttOp att_op(const tgm_view *v, int nb) {
+  AttOp o = {NULL, 0, {0}};
+  if (!v || !v->p)
+    return o;
+  const int r = v->rank;
+  o.p = v->p;
+  o.ld = v->shape[r - 2] > 1 ? v->st[r - 2] : v->shape[r - 1];
+  for (int k = 0; k < nb; k++) {
+    int kk = k - (nb - (r - 2));
+    o.st[k] = kk < 0 || v->shape[kk] == 1 ? 0 : v->st[kk];
+  }
+  return o;
+}
+
+/* One attention call: the sizes, the batch dims (the result's, sy: batch
+ * index t of an operand is dims_off(nb, sy, st, t) elements past its p), the
+ * operands and results, and the micro-kernel. y is the forward's result or
+ * the backward's dy; dq, dk, dv are the backward's results. */
 typedef struct Att {
   int dt, nb, causal;
   float scale;
   const int64_t *sy;
   int64_t Tq, D, Tk, Dv, nbatch;
-  int64_t qst[TGM_MAXRANK], kst[TGM_MAXRANK], vst[TGM_MAXRANK];
-  const void *q, *k, *v;
+  AttOp q, k, v, y, dq, dk, dv;
   Ukernel uk;
 } Att;
 
-static Att att_init(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
-                    const void *v, int rv, const int64_t *sv, int ry, const int64_t *sy, int causal, double scale) {
-  Att a = {.dt = dt, .nb = ry - 2, .causal = causal, .scale = (float)scale, .sy = sy, .Tq = sq[rq - 2],
-           .D = sq[rq - 1], .Tk = sk[rk - 2], .Dv = sv[rv - 1], .nbatch = 1, .q = q, .k = k, .v = v,
-           .uk = pick_ukernel()};
-  batch_strides(rq - 2, sq, a.Tq * a.D, a.nb, a.qst);
-  batch_strides(rk - 2, sk, a.Tk * a.D, a.nb, a.kst);
-  batch_strides(rv - 2, sv, a.Tk * a.Dv, a.nb, a.vst);
-  for (int d = 0; d < a.nb; d++)
-    a.nbatch *= sy[d];
+static Att att_init(int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v, const tgm_view *y,
+                    const tgm_view *dq, const tgm_view *dk, const tgm_view *dv, int causal, double scale) {
+  const int nb = y->rank - 2;
+  Att a = {.dt = dt, .nb = nb, .causal = causal, .scale = (float)scale, .sy = y->shape, .Tq = q->shape[q->rank - 2],
+           .D = q->shape[q->rank - 1], .Tk = k->shape[k->rank - 2], .Dv = v->shape[v->rank - 1], .nbatch = 1,
+           .q = att_op(q, nb), .k = att_op(k, nb), .v = att_op(v, nb), .y = att_op(y, nb), .dq = att_op(dq, nb),
+           .dk = att_op(dk, nb), .dv = att_op(dv, nb), .uk = pick_ukernel()};
+  for (int d = 0; d < nb; d++)
+    a.nbatch *= a.sy[d];
   return a;
+}
+
+/* Row i of batch index t of operand o (present). */
+static char *att_at(const Att *a, const AttOp *o, int64_t t, int64_t i) {
+  return o->p + (dims_off(a->nb, a->sy, o->st, t) + i * o->ld) * (int64_t)esize(a->dt);
+}
+
+/* rows x cols elements of es bytes (row stride ld) set to zero bits: 0 in
+ * every floating dtype. */
+static void att_zero(void *p, int64_t ld, int64_t rows, int64_t cols, size_t es) {
+  for (int64_t r = 0; r < rows; r++)
+    memset((char *)p + (size_t)(r * ld) * es, 0, es * (size_t)cols);
+}
+
+/* rows x cols f32 sums (row stride fld) rounded to dt into the rows of dst
+ * (row stride ld): a row at a time, as dst's rows need not be adjacent. */
+static void att_round(int dt, const float *f, int64_t fld, void *dst, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    from_f32(dt, f + r * fld, (char *)dst + r * ld * (int64_t)esize(dt), cols);
 }
 
 /* The keys query row i sees: all, or (causal) the first min(i + 1, Tk). */
@@ -1277,18 +1348,18 @@ static AttPk att_pk_alloc(const Att *a, int kt, int k, int v, int vt) {
 /* Packs what pk holds for batch index t, unless it holds it already (k and v
  * broadcast over a batch dim are packed once). */
 static void att_pk_for(const Att *a, AttPk *pk, int64_t t, int par) {
-  const int64_t Tk = a->Tk, D = a->D, Dv = a->Dv, es = (int64_t)esize(a->dt);
-  const int64_t ko = dims_off(a->nb, a->sy, a->kst, t), vo = dims_off(a->nb, a->sy, a->vst, t);
+  const int64_t Tk = a->Tk, D = a->D, Dv = a->Dv;
+  const int64_t ko = dims_off(a->nb, a->sy, a->k.st, t), vo = dims_off(a->nb, a->sy, a->v.st, t);
   const int nr = a->uk.nr;
-  const char *k = (const char *)a->k + ko * es, *v = (const char *)a->v + vo * es;
+  const char *k = att_at(a, &a->k, t, 0), *v = att_at(a, &a->v, t, 0);
   if (ko != pk->ko && pk->kt)
-    att_pack(a->dt, 1, k, D, D, Tk, nr, pk->kt, par);
+    att_pack(a->dt, 1, k, a->k.ld, D, Tk, nr, pk->kt, par);
   if (ko != pk->ko && pk->k)
-    att_pack(a->dt, 0, k, D, Tk, D, nr, pk->k, par);
+    att_pack(a->dt, 0, k, a->k.ld, Tk, D, nr, pk->k, par);
   if (vo != pk->vo && pk->v)
-    att_pack(a->dt, 0, v, Dv, Tk, Dv, nr, pk->v, par);
+    att_pack(a->dt, 0, v, a->v.ld, Tk, Dv, nr, pk->v, par);
   if (vo != pk->vo && pk->vt)
-    att_pack(a->dt, 1, v, Dv, Dv, Tk, nr, pk->vt, par);
+    att_pack(a->dt, 1, v, a->v.ld, Dv, Tk, nr, pk->vt, par);
   pk->ko = ko;
   pk->vo = vo;
 }
@@ -1390,41 +1461,46 @@ CLONES static float att_softmax_row(float *restrict r, int64_t n, int64_t w) {
   return (float)((double)m + log(sum));
 }
 
-/* Without scratch: query rows [i0, i0 + nr) of one (batch, head) on the
- * operands as stored (q, y and lse point at row i0; y or lse NULL: not
- * wanted): per row the max and the sum of exp, then y accumulated in chunks
- * of 64 columns on the stack (scores recomputed). */
-static void attention_noscratch(int dt, const void *q, const void *k, const void *v, void *y, float *lse, int64_t i0,
-                                int64_t nr, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+/* Without scratch: query rows [i0, i0 + nr) of batch index b on the
+ * operands as stored (lse NULL: not wanted; y's p NULL: not wanted): per row
+ * the max and the sum of exp, then y accumulated in chunks of 64 columns on
+ * the stack (scores recomputed). */
+static void attention_noscratch(const Att *a, int64_t b, int64_t i0, int64_t nr, float *lse) {
+  const int dt = a->dt;
+  const int64_t Tk = a->Tk, D = a->D, Dv = a->Dv, lk = a->k.ld, lv = a->v.ld;
+  const float scale = a->scale;
+  const char *k = att_at(a, &a->k, b, 0), *v = att_at(a, &a->v, b, 0);
   for (int64_t i = 0; i < nr; i++) {
-    int64_t n = causal ? min64(i0 + i + 1, Tk) : Tk;
+    const char *q = att_at(a, &a->q, b, i0 + i);
+    char *y = a->y.p ? att_at(a, &a->y, b, i0 + i) : NULL;
+    int64_t n = a->causal ? min64(i0 + i + 1, Tk) : Tk;
     float m = -INFINITY;
     double sum = 0;
     for (int pass = 0; pass < 2; pass++)
       for (int64_t j = 0; j < n; j++) {
         float d = 0;
         for (int64_t e = 0; e < D; e++)
-          d += ldf(dt, q, i * D + e) * ldf(dt, k, j * D + e);
+          d += ldf(dt, q, e) * ldf(dt, k, j * lk + e);
         if (pass)
           sum += (double)tgm_exp(scale * d - m);
         else
           m = tgm_max(m, scale * d);
       }
     if (lse)
-      lse[i] = (float)((double)m + log(sum));
+      lse[b * a->Tq + i0 + i] = (float)((double)m + log(sum));
     for (int64_t e0 = 0; y && e0 < Dv; e0 += 64) {
       float acc[64] = {0};
       int64_t w = min64(64, Dv - e0);
       for (int64_t j = 0; j < n; j++) {
         float d = 0;
         for (int64_t e = 0; e < D; e++)
-          d += ldf(dt, q, i * D + e) * ldf(dt, k, j * D + e);
+          d += ldf(dt, q, e) * ldf(dt, k, j * lk + e);
         float p = (float)(tgm_exp(scale * d - m) / sum);
         for (int64_t e = 0; e < w; e++)
-          acc[e] += p * ldf(dt, v, j * Dv + e0 + e);
+          acc[e] += p * ldf(dt, v, j * lv + e0 + e);
       }
       for (int64_t e = 0; e < w; e++)
-        stval(dt, y, i * Dv + e0 + e, acc[e]);
+        stval(dt, y, e0 + e, acc[e]);
     }
   }
 }
@@ -1432,56 +1508,53 @@ static void attention_noscratch(int dt, const void *q, const void *k, const void
 /* The scratch of one thread of the forward (floats, from att_alloc): the
  * scores, ATT_QB x att_ld(Tk); att_gemm's; and y's block in f32 when y is
  * wanted in bf16/f16. */
-static int64_t att_fwd_ws(const Att *a, int y) {
-  return ATT_QB * att_ld(a->Tk) + GEMM_MC * GEMM_KC + (y && a->dt != TGM_F32 ? ATT_QB * a->Dv : 0);
+static int64_t att_fwd_ws(const Att *a) {
+  return ATT_QB * att_ld(a->Tk) + GEMM_MC * GEMM_KC + (a->y.p && a->dt != TGM_F32 ? ATT_QB * a->Dv : 0);
 }
 
 /* Query rows [i0, i0 + ATT_QB) of batch index b: S = scale q k^T over the
  * keys any of them sees (causal: the first min(i0 + bq, Tk)), each row's
- * softmax in place and its lse, then y = P v (y, lse NULL: not wanted). pk
- * holds b's k^T and v, ws is att_fwd_ws's scratch (either NULL: the
+ * softmax in place and its lse, then y = P v (lse NULL, y's p NULL: not
+ * wanted; f32 y straight into its rows, bf16/f16 through ws, rounded once).
+ * pk holds b's k^T and v, ws is att_fwd_ws's scratch (either NULL: the
  * no-scratch rows); `par` lets the GEMMs and the rows use the threads, with
  * the same results. */
-static void att_fwd_block(const Att *a, int64_t b, int64_t i0, const AttPk *pk, float *ws, void *y, float *lse,
-                          int par) {
-  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), es = (int64_t)esize(a->dt);
-  const int64_t bq = min64(ATT_QB, Tq - i0), yo = (b * Tq + i0) * Dv;
-  const char *q = (const char *)a->q + (dims_off(a->nb, a->sy, a->qst, b) + i0 * D) * es;
-  float *l = lse ? lse + b * Tq + i0 : NULL;
+static void att_fwd_block(const Att *a, int64_t b, int64_t i0, const AttPk *pk, float *ws, float *lse, int par) {
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), bq = min64(ATT_QB, Tq - i0);
   if (!pk || !ws) {
-    attention_noscratch(a->dt, q, (const char *)a->k + dims_off(a->nb, a->sy, a->kst, b) * es,
-                        (const char *)a->v + dims_off(a->nb, a->sy, a->vst, b) * es, y ? (char *)y + yo * es : NULL,
-                        l, i0, bq, Tk, D, Dv, a->causal, a->scale);
+    attention_noscratch(a, b, i0, bq, lse);
     return;
   }
   const int64_t n = a->causal ? min64(i0 + bq, Tk) : Tk;
-  float *s = ws, *ap = s + ATT_QB * ld, *fy = ap + GEMM_MC * GEMM_KC;
-  att_gemm(&a->uk, a->dt, 0, q, D, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, s, ld, ap, par);
+  float *s = ws, *ap = s + ATT_QB * ld, *l = lse ? lse + b * Tq + i0 : NULL;
+  att_gemm(&a->uk, a->dt, 0, att_at(a, &a->q, b, i0), a->q.ld, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, s, ld, ap,
+           par);
   OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
   for (int64_t r = 0; r < bq; r++) {
     float lr = att_softmax_row(s + r * ld, att_keys(a, i0 + r), n);
     if (l)
       l[r] = lr;
   }
-  if (!y)
+  if (!a->y.p)
     return;
-  if (a->dt == TGM_F32)
-    fy = (float *)y + yo;
-  att_gemm(&a->uk, TGM_F32, 0, s, ld, pk->v, Tk, Dv, bq, Dv, n, 1.0f, 0.0f, fy, Dv, ap, par);
-  if (a->dt != TGM_F32)
-    from_f32(a->dt, fy, (char *)y + yo * es, bq * Dv);
+  char *y = att_at(a, &a->y, b, i0);
+  const int f32 = a->dt == TGM_F32;
+  float *fy = f32 ? (float *)y : ap + GEMM_MC * GEMM_KC;
+  att_gemm(&a->uk, TGM_F32, 0, s, ld, pk->v, Tk, Dv, bq, Dv, n, 1.0f, 0.0f, fy, f32 ? a->y.ld : Dv, ap, par);
+  if (!f32)
+    att_round(a->dt, fy, Dv, y, a->y.ld, bq, Dv);
 }
 
-void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
-                       const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
+void tgm_cpu_attention(int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v, const tgm_view *y, int causal,
                        double scale, float *lse) {
-  Att a = att_init(dt, q, rq, sq, k, rk, sk, v, rv, sv, ry, sy, causal, scale);
-  const int64_t Tq = a.Tq, Tk = a.Tk, nqb = (Tq + ATT_QB - 1) / ATT_QB, nws = att_fwd_ws(&a, y != NULL);
-  if (a.nbatch <= 0 || Tq <= 0 || (!y && !lse))
+  Att a = att_init(dt, q, k, v, y, NULL, NULL, NULL, causal, scale);
+  const int64_t Tq = a.Tq, Tk = a.Tk, nqb = (Tq + ATT_QB - 1) / ATT_QB, nws = att_fwd_ws(&a);
+  const int wy = a.y.p != NULL;
+  if (a.nbatch <= 0 || Tq <= 0 || (!wy && !lse))
     return;
   if (Tk <= 0) { /* softmax over nothing: y = 0 (all-zero bits in every floating dtype), lse = -inf */
-    if (y)
-      memset(y, 0, esize(dt) * (size_t)(a.nbatch * Tq * a.Dv));
+    for (int64_t b = 0; wy && b < a.nbatch; b++)
+      att_zero(att_at(&a, &a.y, b, 0), a.y.ld, Tq, a.Dv, esize(dt));
     for (int64_t i = 0; lse && i < a.nbatch * Tq; i++)
       lse[i] = -INFINITY;
     return;
@@ -1490,14 +1563,14 @@ void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
   if (nt > 1 && a.nbatch >= nt) { /* batch indices over the threads, each with its own packing */
     OMP(parallel)
     {
-      AttPk pk = att_pk_alloc(&a, 1, 0, y != NULL, 0);
+      AttPk pk = att_pk_alloc(&a, 1, 0, wy, 0);
       float *ws = att_alloc(nws);
       OMP(for schedule(static))
       for (int64_t b = 0; b < a.nbatch; b++) {
         if (pk.mem)
           att_pk_for(&a, &pk, b, 0);
         for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
-          att_fwd_block(&a, b, i0, pk.mem ? &pk : NULL, ws, y, lse, 0);
+          att_fwd_block(&a, b, i0, pk.mem ? &pk : NULL, ws, lse, 0);
       }
       free(pk.mem);
       free(ws);
@@ -1506,7 +1579,7 @@ void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
   }
   /* few batch indices: one at a time, packed once, its query blocks over the
    * threads (or one after the other on threaded GEMMs) */
-  AttPk pk = att_pk_alloc(&a, 1, 0, y != NULL, 0);
+  AttPk pk = att_pk_alloc(&a, 1, 0, wy, 0);
   for (int64_t b = 0; b < a.nbatch; b++) {
     if (pk.mem)
       att_pk_for(&a, &pk, b, 1);
@@ -1517,13 +1590,13 @@ void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const v
         float *ws = att_alloc(nws);
         OMP(for schedule(dynamic, 1))
         for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
-          att_fwd_block(&a, b, i0, p, ws, y, lse, 0);
+          att_fwd_block(&a, b, i0, p, ws, lse, 0);
         free(ws);
       }
     } else {
       float *ws = att_alloc(nws);
       for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB)
-        att_fwd_block(&a, b, i0, p, ws, y, lse, 1);
+        att_fwd_block(&a, b, i0, p, ws, lse, 1);
       free(ws);
     }
   }
@@ -1549,16 +1622,16 @@ CLONES static void att_ds_row(float *restrict d, const float *restrict p, int64_
 }
 
 /* P[i, j] and (ds not NULL) dS[i, j] of one (batch, head) from the operands
- * as stored, for the no-scratch path: s = scale q_i . k_j, P = exp(s -
- * lse_i), dS = P (dy_i . v_j - delta_i). */
-static float att_pair(const Att *a, const void *q, const void *k, const void *v, const void *dy, float lse,
+ * as stored (q, k, v, dy: its batch index's start), for the no-scratch path:
+ * s = scale q_i . k_j, P = exp(s - lse_i), dS = P (dy_i . v_j - delta_i). */
+static float att_pair(const Att *a, const char *q, const char *k, const char *v, const char *dy, float lse,
                       float delta, int64_t i, int64_t j, float *ds) {
   float d = 0, dp = 0;
   for (int64_t e = 0; e < a->D; e++)
-    d += ldf(a->dt, q, i * a->D + e) * ldf(a->dt, k, j * a->D + e);
+    d += ldf(a->dt, q, i * a->q.ld + e) * ldf(a->dt, k, j * a->k.ld + e);
   float p = tgm_exp(a->scale * d - lse);
   for (int64_t e = 0; ds && e < a->Dv; e++)
-    dp += ldf(a->dt, dy, i * a->Dv + e) * ldf(a->dt, v, j * a->Dv + e);
+    dp += ldf(a->dt, dy, i * a->y.ld + e) * ldf(a->dt, v, j * a->v.ld + e);
   if (ds)
     *ds = p * (dp - delta);
   return p;
@@ -1568,13 +1641,12 @@ static float att_pair(const Att *a, const void *q, const void *k, const void *v,
  * every output element a sum over the pairs (i, j) it needs, P and dS
  * recomputed per 64 output columns (on the stack). Slow: for when memory
  * cannot be had. */
-static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, const float *delta, void *dq, void *dk,
-                              void *dv, int64_t t) {
-  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, es = (int64_t)esize(a->dt);
-  const char *q = (const char *)a->q + dims_off(a->nb, a->sy, a->qst, t) * es;
-  const char *k = (const char *)a->k + dims_off(a->nb, a->sy, a->kst, t) * es;
-  const char *v = (const char *)a->v + dims_off(a->nb, a->sy, a->vst, t) * es;
-  dy = (const char *)dy + t * Tq * Dv * es;
+static void att_bwd_noscratch(const Att *a, const float *lse, const float *delta, int64_t t) {
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv;
+  const char *q = att_at(a, &a->q, t, 0), *k = att_at(a, &a->k, t, 0), *v = att_at(a, &a->v, t, 0);
+  const char *dy = att_at(a, &a->y, t, 0);
+  char *dq = a->dq.p ? att_at(a, &a->dq, t, 0) : NULL, *dk = a->dk.p ? att_at(a, &a->dk, t, 0) : NULL;
+  char *dv = a->dv.p ? att_at(a, &a->dv, t, 0) : NULL;
   lse += t * Tq;
   delta += t * Tq;
   for (int64_t i = 0; dq && i < Tq; i++) /* dq[i] = scale sum_j dS[i, j] k[j] */
@@ -1584,10 +1656,10 @@ static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, co
       for (int64_t j = 0; j < att_keys(a, i); j++) {
         att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
         for (int64_t e = 0; e < w; e++)
-          acc[e] += ds * ldf(a->dt, k, j * D + e0 + e);
+          acc[e] += ds * ldf(a->dt, k, j * a->k.ld + e0 + e);
       }
       for (int64_t e = 0; e < w; e++)
-        stval(a->dt, dq, (t * Tq + i) * D + e0 + e, a->scale * acc[e]);
+        stval(a->dt, dq, i * a->dq.ld + e0 + e, a->scale * acc[e]);
     }
   for (int64_t j = 0; j < Tk; j++) { /* dk[j] = scale sum_i dS[i, j] q[i], dv[j] = sum_i P[i, j] dy[i] */
     int64_t ilo = a->causal ? j : 0;
@@ -1597,10 +1669,10 @@ static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, co
       for (int64_t i = ilo; i < Tq; i++) {
         att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
         for (int64_t e = 0; e < w; e++)
-          acc[e] += ds * ldf(a->dt, q, i * D + e0 + e);
+          acc[e] += ds * ldf(a->dt, q, i * a->q.ld + e0 + e);
       }
       for (int64_t e = 0; e < w; e++)
-        stval(a->dt, dk, (t * Tk + j) * D + e0 + e, a->scale * acc[e]);
+        stval(a->dt, dk, j * a->dk.ld + e0 + e, a->scale * acc[e]);
     }
     for (int64_t e0 = 0; dv && e0 < Dv; e0 += 64) {
       float acc[64] = {0};
@@ -1608,10 +1680,10 @@ static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, co
       for (int64_t i = ilo; i < Tq; i++) {
         float p = att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, NULL);
         for (int64_t e = 0; e < w; e++)
-          acc[e] += p * ldf(a->dt, dy, i * Dv + e0 + e);
+          acc[e] += p * ldf(a->dt, dy, i * a->y.ld + e0 + e);
       }
       for (int64_t e = 0; e < w; e++)
-        stval(a->dt, dv, (t * Tk + j) * Dv + e0 + e, acc[e]);
+        stval(a->dt, dv, j * a->dv.ld + e0 + e, acc[e]);
     }
   }
 }
@@ -1620,7 +1692,8 @@ static void att_bwd_noscratch(const Att *a, const void *dy, const float *lse, co
  * and dS blocks (ATT_QB x att_ld(Tk) each); att_gemm's; the block's q and dy
  * packed (the B of dk's and dv's GEMMs); and for bf16/f16 the f32 dq block
  * and dk, dv sums. Only what the wanted outputs need. */
-static int64_t att_bwd_ws(const Att *a, int dq, int dk, int dv) {
+static int64_t att_bwd_ws(const Att *a) {
+  const int dq = a->dq.p != NULL, dk = a->dk.p != NULL, dv = a->dv.p != NULL;
   int64_t n = 2 * ATT_QB * att_ld(a->Tk) + GEMM_MC * GEMM_KC;
   n += (dk ? att_pksize(ATT_QB, a->D, a->uk.nr) : 0) + (dv ? att_pksize(ATT_QB, a->Dv, a->uk.nr) : 0);
   if (a->dt != TGM_F32)
@@ -1631,89 +1704,95 @@ static int64_t att_bwd_ws(const Att *a, int dq, int dk, int dv) {
 /* Batch index t of the backward (FlashAttention-2's, on the CPU): for each
  * block of query rows in order, S = scale q k^T, P = exp(S - lse), dv += P^T
  * dy, dP = dy v^T, dS = P (dP - delta), dq = scale dS k, dk += scale dS^T q,
- * over the keys the block sees; dk and dv summed in f32 (in the outputs
- * themselves for f32) and rounded once. pk holds t's packed k and v, ws is
- * att_bwd_ws's scratch (either NULL: the no-scratch path); `par` lets the
- * GEMMs and the rows use the threads, with the same results. */
-static void att_bwd_one(const Att *a, const AttPk *pk, const void *dy, const float *lse, const float *delta, void *dq,
-                        void *dk, void *dv, float *ws, int64_t t, int par) {
+ * over the keys the block sees; dk and dv summed in f32 (for f32 in the
+ * results themselves, at their row strides) and rounded once, a row at a
+ * time. pk holds t's packed k and v, ws is att_bwd_ws's scratch (either
+ * NULL: the no-scratch path); `par` lets the GEMMs and the rows use the
+ * threads, with the same results. */
+static void att_bwd_one(const Att *a, const AttPk *pk, const float *lse, const float *delta, float *ws, int64_t t,
+                        int par) {
   if (!pk || !ws) {
-    att_bwd_noscratch(a, dy, lse, delta, dq, dk, dv, t);
+    att_bwd_noscratch(a, lse, delta, t);
     return;
   }
   const Ukernel *uk = &a->uk;
   const int dt = a->dt, half = dt != TGM_F32, nr = uk->nr;
+  const int wq = a->dq.p != NULL, wk = a->dk.p != NULL, wv = a->dv.p != NULL;
   const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), es = (int64_t)esize(dt);
-  const char *q = (const char *)a->q + dims_off(a->nb, a->sy, a->qst, t) * es;
+  const char *q = att_at(a, &a->q, t, 0), *dy = att_at(a, &a->y, t, 0);
+  char *dq = wq ? att_at(a, &a->dq, t, 0) : NULL, *dk = wk ? att_at(a, &a->dk, t, 0) : NULL;
+  char *dv = wv ? att_at(a, &a->dv, t, 0) : NULL;
   float *p = ws, *ds = p + ATT_QB * ld, *ap = ds + ATT_QB * ld, *qpk = ap + GEMM_MC * GEMM_KC;
-  float *dypk = qpk + (dk ? att_pksize(ATT_QB, D, nr) : 0), *hq = dypk + (dv ? att_pksize(ATT_QB, Dv, nr) : 0);
-  float *hk = hq + (half && dq ? ATT_QB * D : 0), *hv = hk + (half && dk ? Tk * D : 0);
-  float *fk = !dk ? NULL : half ? hk : (float *)dk + t * Tk * D;
-  float *fv = !dv ? NULL : half ? hv : (float *)dv + t * Tk * Dv;
-  dy = (const char *)dy + t * Tq * Dv * es;
+  float *dypk = qpk + (wk ? att_pksize(ATT_QB, D, nr) : 0), *hq = dypk + (wv ? att_pksize(ATT_QB, Dv, nr) : 0);
+  float *hk = hq + (half && wq ? ATT_QB * D : 0), *hv = hk + (half && wk ? Tk * D : 0);
+  float *fk = !wk ? NULL : half ? hk : (float *)dk, *fv = !wv ? NULL : half ? hv : (float *)dv;
+  const int64_t lfk = half ? D : a->dk.ld, lfv = half ? Dv : a->dv.ld; /* the sums' row strides */
   lse += t * Tq;
   delta += t * Tq;
   if (fk)
-    memset(fk, 0, sizeof(float) * (size_t)(Tk * D));
+    att_zero(fk, lfk, Tk, D, sizeof(float));
   if (fv)
-    memset(fv, 0, sizeof(float) * (size_t)(Tk * Dv));
+    att_zero(fv, lfv, Tk, Dv, sizeof(float));
   for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB) {
     const int64_t bq = min64(ATT_QB, Tq - i0), n = a->causal ? min64(i0 + bq, Tk) : Tk;
-    const char *qb = q + i0 * D * es, *dyb = (const char *)dy + i0 * Dv * es;
-    att_gemm(uk, dt, 0, qb, D, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, p, ld, ap, par);
+    const char *qb = q + i0 * a->q.ld * es, *dyb = dy + i0 * a->y.ld * es;
+    att_gemm(uk, dt, 0, qb, a->q.ld, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, p, ld, ap, par);
     OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
     for (int64_t r = 0; r < bq; r++)
       att_p_row(p + r * ld, att_keys(a, i0 + r), n, lse[i0 + r]);
     if (fv) {
-      att_pack(dt, 0, dyb, Dv, bq, Dv, nr, dypk, par);
-      att_gemm(uk, TGM_F32, 1, p, ld, dypk, bq, Dv, n, Dv, bq, 1.0f, 1.0f, fv, Dv, ap, par);
+      att_pack(dt, 0, dyb, a->y.ld, bq, Dv, nr, dypk, par);
+      att_gemm(uk, TGM_F32, 1, p, ld, dypk, bq, Dv, n, Dv, bq, 1.0f, 1.0f, fv, lfv, ap, par);
     }
-    if (!dq && !dk)
+    if (!wq && !wk)
       continue;
-    att_gemm(uk, dt, 0, dyb, Dv, pk->vt, Dv, Tk, bq, n, Dv, 1.0f, 0.0f, ds, ld, ap, par);
+    att_gemm(uk, dt, 0, dyb, a->y.ld, pk->vt, Dv, Tk, bq, n, Dv, 1.0f, 0.0f, ds, ld, ap, par);
     OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
     for (int64_t r = 0; r < bq; r++)
       att_ds_row(ds + r * ld, p + r * ld, att_keys(a, i0 + r), n, delta[i0 + r]);
-    if (dq) {
-      float *fq = half ? hq : (float *)dq + (t * Tq + i0) * D;
-      att_gemm(uk, TGM_F32, 0, ds, ld, pk->k, Tk, D, bq, D, n, a->scale, 0.0f, fq, D, ap, par);
+    if (wq) {
+      char *dqb = dq + i0 * a->dq.ld * es;
+      float *fq = half ? hq : (float *)dqb;
+      att_gemm(uk, TGM_F32, 0, ds, ld, pk->k, Tk, D, bq, D, n, a->scale, 0.0f, fq, half ? D : a->dq.ld, ap, par);
       if (half)
-        from_f32(dt, fq, (char *)dq + (t * Tq + i0) * D * es, bq * D);
+        att_round(dt, fq, D, dqb, a->dq.ld, bq, D);
     }
     if (fk) {
-      att_pack(dt, 0, qb, D, bq, D, nr, qpk, par);
-      att_gemm(uk, TGM_F32, 1, ds, ld, qpk, bq, D, n, D, bq, a->scale, 1.0f, fk, D, ap, par);
+      att_pack(dt, 0, qb, a->q.ld, bq, D, nr, qpk, par);
+      att_gemm(uk, TGM_F32, 1, ds, ld, qpk, bq, D, n, D, bq, a->scale, 1.0f, fk, lfk, ap, par);
     }
   }
   if (half && fk)
-    from_f32(dt, fk, (char *)dk + t * Tk * D * es, Tk * D);
+    att_round(dt, fk, D, dk, a->dk.ld, Tk, D);
   if (half && fv)
-    from_f32(dt, fv, (char *)dv + t * Tk * Dv * es, Tk * Dv);
+    att_round(dt, fv, Dv, dv, a->dv.ld, Tk, Dv);
 }
 
-void tgm_cpu_attention_backward(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                                const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy, int ry,
-                                const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk, void *dv,
-                                int causal, double scale) {
-  Att a = att_init(dt, q, rq, sq, k, rk, sk, v, rv, sv, ry, sy, causal, scale);
+void tgm_cpu_attention_backward(int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v, const tgm_view *dy,
+                                const float *lse, const float *delta, const tgm_view *dq, const tgm_view *dk,
+                                const tgm_view *dv, int causal, double scale) {
+  Att a = att_init(dt, q, k, v, dy, dq, dk, dv, causal, scale);
   const int64_t Tq = a.Tq, D = a.D, Tk = a.Tk, Dv = a.Dv;
+  const int wq = a.dq.p != NULL, wk = a.dk.p != NULL, wv = a.dv.p != NULL;
   const size_t es = esize(dt);
-  if (a.nbatch <= 0 || (!dq && !dk && !dv))
+  if (a.nbatch <= 0 || (!wq && !wk && !wv))
     return;
   if (Tq <= 0 || Tk <= 0) { /* no scores: y is 0 (Tk = 0) or empty (Tq = 0), every gradient 0 */
-    if (dq)
-      memset(dq, 0, es * (size_t)(a.nbatch * Tq * D));
-    if (dk)
-      memset(dk, 0, es * (size_t)(a.nbatch * Tk * D));
-    if (dv)
-      memset(dv, 0, es * (size_t)(a.nbatch * Tk * Dv));
+    for (int64_t t = 0; t < a.nbatch; t++) {
+      if (wq)
+        att_zero(att_at(&a, &a.dq, t, 0), a.dq.ld, Tq, D, es);
+      if (wk)
+        att_zero(att_at(&a, &a.dk, t, 0), a.dk.ld, Tk, D, es);
+      if (wv)
+        att_zero(att_at(&a, &a.dv, t, 0), a.dv.ld, Tk, Dv, es);
+    }
     return;
   }
   /* batch indices over the threads when there are enough of them, else one
    * after the other on threaded GEMMs; each thread packs k^T (S's B), and
    * for dq and dk k (dq's) and v^T (dP's), once per batch index */
-  const int wds = dq || dk;
-  const int64_t nws = att_bwd_ws(&a, dq != NULL, dk != NULL, dv != NULL);
+  const int wds = wq || wk;
+  const int64_t nws = att_bwd_ws(&a);
   const int outer = nthreads() > 1 && a.nbatch >= nthreads();
   OMP(parallel if (outer))
   {
@@ -1723,7 +1802,7 @@ void tgm_cpu_attention_backward(int dt, const void *q, int rq, const int64_t *sq
     for (int64_t t = 0; t < a.nbatch; t++) {
       if (pk.mem)
         att_pk_for(&a, &pk, t, !outer);
-      att_bwd_one(&a, pk.mem ? &pk : NULL, dy, lse, delta, dq, dk, dv, ws, t, !outer);
+      att_bwd_one(&a, pk.mem ? &pk : NULL, lse, delta, ws, t, !outer);
     }
     free(pk.mem);
     free(ws);

@@ -342,6 +342,23 @@ template <class E> __global__ void k_fill(E *__restrict__ y, int64_t n, E v) {
 
 __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)INT64_MAX; }
 
+/*@uses attention attention_backward@*/
+/* Zero bits (0 in every floating dtype; E has the dtype's size) into the n =
+ * batch x rows x cols elements of a strided tensor: rows of cols elements ld
+ * apart, batch element b at the offset of its index over g (operand 0). */
+template <class E> __global__ void k_zero_view(E *p, Geo<1> g, int64_t rows, int64_t cols, int64_t ld, int64_t n) {
+  int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = t; i < n; i += step) {
+    int64_t c = i % cols, r = i / cols % rows, b = i / cols / rows, off = r * ld + c;
+    for (int k = g.rank - 1; k >= 0; k--) {
+      off += b % g.shape[k] * g.st[0][k];
+      b /= g.shape[k];
+    }
+    p[off] = E();
+  }
+}
+/*@end attention attention_backward@*/
+
 /*@uses attention@*/
 /* ---------------------------------------------------------------- the attention softmax */
 
@@ -732,6 +749,27 @@ __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ b
   }
 }
 
+/* tgm_gemm's bgrad where cuBLASLt's BGRADB does not take the call:
+ * out[m] = sum over k of op(A)[m, k] (ta: A stored [K, M]), a block of 32
+ * rows of op(A) by 32 threads each over k, combined in a fixed order. */
+template <class T>
+__global__ void k_gemm_bgrad(const T *__restrict__ A, int64_t lda, int ta, int64_t M, int64_t K, T *__restrict__ out) {
+  __shared__ float part[32][33];
+  const int x = threadIdx.x % 32, y = threadIdx.x / 32;
+  const int64_t m = blockIdx.x * (int64_t)32 + x;
+  float s = 0.0f;
+  for (int64_t k = y; m < M && k < K; k += 32)
+    s += to_f(ta ? A[k * lda + m] : A[m * lda + k]);
+  part[y][x] = s;
+  __syncthreads();
+  if (y == 0 && m < M) {
+    float t = 0.0f;
+    for (int j = 0; j < 32; j++)
+      t += part[j][x];
+    out[m] = from_f<T>(t);
+  }
+}
+
 /* ---------------------------------------------------------------- host: geometry */
 
 /*@uses matmul attention@*/
@@ -753,27 +791,6 @@ int check_shape(tgm_cuda_ctx *cx, const char *what, int rank, const int64_t *sha
     if (shape[k] < 0)
       return TGM_CUDA_BAD("%s: dim %d is negative (%lld)", what, k, (long long)shape[k]);
   return 0;
-}
-
-/* Element strides that read a contiguous tensor of shape si[ri] at the
- * coordinates of shape so[ro] under NumPy broadcasting; `unit` multiplies
- * every stride (elements per index of these dims). Returns 0 if it does not
- * broadcast. */
-int bcast_strides(int ri, const int64_t *si, int ro, const int64_t *so, int64_t unit, int64_t *st) {
-  if (ri > ro)
-    return 0;
-  int64_t s = unit;
-  for (int k = 0; k < ro; k++)
-    st[k] = 0;
-  for (int k = ri - 1; k >= 0; k--) {
-    int o = ro - ri + k;
-    if (si[k] == so[o])
-      st[o] = si[k] == 1 ? 0 : s;
-    else if (si[k] != 1)
-      return 0;
-    s *= si[k];
-  }
-  return 1;
 }
 
 /* Drops size-1 dims and merges dim k into k+1 where every operand steps
@@ -808,6 +825,29 @@ template <int NOP> void collapse(Geo<NOP> *g) {
   g->rank = r;
 }
 
+/*@end matmul attention@*/
+/*@uses matmul@*/
+/* Element strides that read a contiguous tensor of shape si[ri] at the
+ * coordinates of shape so[ro] under NumPy broadcasting; `unit` multiplies
+ * every stride (elements per index of these dims). Returns 0 if it does not
+ * broadcast. */
+int bcast_strides(int ri, const int64_t *si, int ro, const int64_t *so, int64_t unit, int64_t *st) {
+  if (ri > ro)
+    return 0;
+  int64_t s = unit;
+  for (int k = 0; k < ro; k++)
+    st[k] = 0;
+  for (int k = ri - 1; k >= 0; k--) {
+    int o = ro - ri + k;
+    if (si[k] == so[o])
+      st[o] = si[k] == 1 ? 0 : s;
+    else if (si[k] != 1)
+      return 0;
+    s *= si[k];
+  }
+  return 1;
+}
+
 /* Row-major strides of a shape, times unit. */
 void contiguous_strides(int rank, const int64_t *shape, int64_t unit, int64_t *st) {
   int64_t s = unit;
@@ -816,7 +856,7 @@ void contiguous_strides(int rank, const int64_t *shape, int64_t unit, int64_t *s
     s *= shape[k];
   }
 }
-/*@end matmul attention@*/
+/*@end matmul@*/
 
 bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 
@@ -880,7 +920,8 @@ cudaDataType_t blas_type(int dt) { return dt == TGM_F32 ? CUDA_R_32F : dt == TGM
 /* Column-major C[m, n] (+ batch) = alpha op(A) op(B) + beta C through
  * cublasGemmEx / cublasGemmStridedBatchedEx, f32 compute (no TF32). A stride
  * of 0 broadcasts an operand over the batch. k == 0 writes beta * C, i.e.
- * zeros (C is contiguous in every use here). */
+ * zeros, as if C were contiguous (so it is wherever k can be 0 here: the
+ * attention calls handle no keys or queries before their GEMMs). */
 int gemm(tgm_cuda_ctx *cx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha,
          const void *A, cudaDataType_t tA, int64_t lda, int64_t sA, const void *B, cudaDataType_t tB, int64_t ldb,
          int64_t sB, float beta, void *C, cudaDataType_t tC, int64_t ldc, int64_t sC, int64_t batch) {
@@ -1196,7 +1237,7 @@ int lt_plan_build(tgm_cuda_ctx *cx, tgm_cuda_gemm_plan *p, const tgm_cuda_gemm_k
   TGM_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "setting TRANSB");
   TGM_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue),
          "setting the epilogue");
-  if (k->epilogue & CUBLASLT_EPILOGUE_BIAS)
+  if ((k->epilogue & CUBLASLT_EPILOGUE_BIAS) || k->epilogue == CUBLASLT_EPILOGUE_BGRADB)
     TGM_LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
            "setting BIAS_POINTER");
   if (lt_uses_aux(k->epilogue)) {
@@ -1268,7 +1309,7 @@ int lt_plan_get(tgm_cuda_ctx *cx, const tgm_cuda_gemm_key *k, const void *bias, 
 int lt_matmul(tgm_cuda_ctx *cx, const tgm_gemm *g, void *D, int d_f32, int64_t ldd, int64_t sd, const void *Cin,
               float beta, uint32_t epi, bool *none) {
   const int64_t es = dt_size(g->dt), des = d_f32 ? 4 : es;
-  const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : NULL;
+  const void *bias = (epi & CUBLASLT_EPILOGUE_BIAS) ? g->bias : epi == CUBLASLT_EPILOGUE_BGRADB ? g->bgrad : NULL;
   const bool gelu_aux = lt_uses_aux(epi);
   const float alpha = 1.0f;
   *none = false;
@@ -1339,6 +1380,10 @@ bool lt_epilogue_for(const tgm_gemm *g, uint32_t *epi, float *beta, const void *
   const bool bias = g->bias != NULL;
   *beta = 0.0f;
   *cin = NULL;
+  if (g->bgrad) { /* the sum over k of op(A), cuBLASLt's B: BGRADB, with nothing else */
+    *epi = CUBLASLT_EPILOGUE_BGRADB;
+    return !bias && g->act == TGM_ACT_NONE && !g->aux && !g->residual && !g->accumulate;
+  }
   switch (g->act) {
   case TGM_ACT_NONE:
     if (g->aux || (g->residual && g->accumulate))
@@ -1464,10 +1509,13 @@ int gemm_via_scratch(tgm_cuda_ctx *cx, const tgm_gemm *g) {
 /*@uses matmul attention@*/
 /* Batch dims of several operands over an output batch shape, collapsed; the
  * last collapsed dim runs inside a strided-batched call and the others in a
- * host loop (usually there are none). */
+ * host loop (usually there are none). The flash attention kernels take the
+ * last two dims inside a launch (a head and a batch dim whose strides do not
+ * merge: q in GPT-2's packed qkv), the others in a host loop of outer2. */
 template <int NOP> struct BatchWalk {
   Geo<NOP> g;
   int64_t outer, inner; /* host iterations, batch count per call */
+  int64_t outer2, mid;  /* with the last two dims inside: host iterations, the size of the dim before the last */
   void init(int rank, const int64_t *shape, int64_t st[NOP][TGM_MAXRANK]) {
     g.rank = rank;
     for (int k = 0; k < rank; k++) {
@@ -1477,22 +1525,28 @@ template <int NOP> struct BatchWalk {
     }
     collapse(&g);
     inner = g.shape[g.rank - 1];
-    outer = 1;
-    for (int k = 0; k < g.rank - 1; k++)
+    mid = g.rank >= 2 ? g.shape[g.rank - 2] : 1;
+    outer = outer2 = 1;
+    for (int k = 0; k < g.rank - 1; k++) {
       outer *= g.shape[k];
+      outer2 *= k < g.rank - 2 ? g.shape[k] : 1;
+    }
   }
-  /* Element offsets of the start of host iteration t. */
-  void offsets(int64_t t, int64_t *off) const {
+  /* Element offsets of the start of host iteration t over the first n dims. */
+  void offsets_over(int n, int64_t t, int64_t *off) const {
     for (int p = 0; p < NOP; p++)
       off[p] = 0;
-    for (int k = g.rank - 2; k >= 0; k--) {
+    for (int k = n - 1; k >= 0; k--) {
       int64_t i = t % g.shape[k];
       t /= g.shape[k];
       for (int p = 0; p < NOP; p++)
         off[p] += i * g.st[p][k];
     }
   }
+  void offsets(int64_t t, int64_t *off) const { offsets_over(g.rank - 1, t, off); }
+  void offsets2(int64_t t, int64_t *off) const { offsets_over(g.rank >= 2 ? g.rank - 2 : 0, t, off); }
   int64_t stride(int p) const { return g.st[p][g.rank - 1]; }
+  int64_t stride2(int p) const { return g.rank >= 2 ? g.st[p][g.rank - 2] : 0; }
 };
 /*@end matmul attention@*/
 
@@ -1531,18 +1585,30 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
  * tiles past the block's last row. No T x T buffer. Rows, keys and batches
  * beyond the sizes read zeros and write nothing; an all-masked row gives
  * NaN (0/0), as torch. lse (NULL: not wanted; batch stride Tq) gets each
- * row's natural log-sum-exp for the backward; y may be NULL. */
+ * row's natural log-sum-exp for the backward; y may be NULL. Every tensor
+ * has its own row stride and batch strides (fa::Layout): rows are read and
+ * written in 16-byte pieces wherever they lie. */
 namespace fa {
 constexpr float kLog2e = 1.4426950408889634f;
 /* rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row stride D + 8:
- * ldmatrix's 8 rows fall in different banks), zeros past n */
-template <class T, int D> __device__ __forceinline__ void load_tile(T *dst, const T *src, int64_t ld, int r0, int n) {
+ * ldmatrix's 8 rows fall in different banks), zeros past n (n >= 1). CLAMP: a row past n loads row n - 1 and
+ * stores zeros, so that no load is under a condition; else rows past n are not loaded. Which is faster depends
+ * on the kernel around it as nvcc compiles it (the H100 at GPT-2's sizes): the backward's conditional loads went
+ * into branches of their own that wait for each other (the backward 35% slower), the forward's unconditional
+ * ones took registers past an occupancy step (the forward 12% slower at D = 64, 44% at 128). */
+template <class T, int D, bool CLAMP = false>
+__device__ __forceinline__ void load_tile(T *dst, const T *src, int ld, int r0, int n) {
   constexpr int V = 8, LD = D + 8; /* 16 bytes */
   for (int e = threadIdx.x; e < 64 * D / V; e += 128) {
     int r = e / (D / V), c = (e % (D / V)) * V;
     uint4 val = make_uint4(0, 0, 0, 0);
-    if (r0 + r < n)
+    if constexpr (CLAMP) {
+      val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r < n ? r0 + r : n - 1) * ld + c);
+      if (r0 + r >= n)
+        val = make_uint4(0, 0, 0, 0);
+    } else if (r0 + r < n) {
       val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
+    }
     *reinterpret_cast<uint4 *>(dst + r * LD + c) = val;
   }
 }
@@ -1621,33 +1687,45 @@ template <class T, int D> __device__ __forceinline__ void times_tile(float (*acc
     }
   }
 }
-/* Rows r0 + g and r0 + g + 8 (below n) of a warp's [16 x D] accumulators times mul[0], mul[1] into y (row stride D). */
+/* Rows r0 + g and r0 + g + 8 (below n) of a warp's [16 x D] accumulators times mul[0], mul[1] into y (row stride
+ * ld elements). */
 template <class T, int D>
-__device__ __forceinline__ void store_acc(T *y, const float (*acc)[4], int r0, int n, const float *mul) {
+__device__ __forceinline__ void store_acc(T *y, int ld, const float (*acc)[4], int r0, int n, const float *mul) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int h = 0; h < 2; h++) {
     int r = r0 + g + h * 8;
     if (r >= n)
       continue;
     for (int c = 0; c < D / 8; c++)
-      *reinterpret_cast<uint32_t *>(y + (int64_t)r * D + c * 8 + 2 * t) =
+      *reinterpret_cast<uint32_t *>(y + (int64_t)r * ld + c * 8 + 2 * t) =
           pack<T>(acc[c][2 * h] * mul[h], acc[c][2 * h + 1] * mul[h]);
   }
 }
+/* Where the NOP tensors of a launch lie: tensor p's rows ld[p] elements apart, and its batch element (hi, lo) =
+ * (hi0 + the grid's z, lo0 + the grid's y) over the last two collapsed batch dims (BatchWalk's mid and inner, n0
+ * of them) at off(p, hi, lo) = hi s1[p] + lo s0[p] elements past its pointer; lse and delta at (hi n0 + lo) Tq.
+ * (The grid's z rather than one index divided by n0: with a 64-bit division in them the backward kernels measured
+ * 15% slower on the H100.) */
+template <int NOP> struct Layout {
+  int64_t s0[NOP], s1[NOP], n0, hi0, lo0;
+  int ld[NOP];
+  __host__ __device__ int64_t off(int p, int64_t hi, int64_t lo) const { return hi * s1[p] + lo * s0[p]; }
+};
 template <int D> constexpr size_t smem_bytes(int tiles) { return (size_t)tiles * 64 * (D + 8) * 2 + 2 * 64 * 4; }
 } // namespace fa
 
 template <class T, int D>
 __global__ void __launch_bounds__(128)
-    k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y, int Tq,
-                int Tk, int64_t bq, int64_t bk, int64_t bv, int64_t by, int causal, float scale, float *__restrict__ lse) {
+    k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y,
+                fa::Layout<4> L, int Tq, int Tk, int causal, float scale, float *__restrict__ lse) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T *sQ = (T *)smem, *sK = sQ + 64 * LD, *sV = sK + 64 * LD;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
   const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
-  q += blockIdx.y * bq, k += blockIdx.y * bk, v += blockIdx.y * bv;
-  fa::load_tile<T, D>(sQ, q, D, q0, Tq);
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo);
+  fa::load_tile<T, D>(sQ, q, L.ld[0], q0, Tq);
   __syncthreads();
   uint32_t qa[D / 16][4]; /* the warp's q rows, for every key tile */
   for (int d = 0; d < D / 16; d++)
@@ -1657,8 +1735,8 @@ __global__ void __launch_bounds__(128)
   const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
   for (int k0 = 0; k0 < kend; k0 += 64) {
     __syncthreads(); /* the last tile's reads of sK, sV are done */
-    fa::load_tile<T, D>(sK, k, D, k0, Tk);
-    fa::load_tile<T, D>(sV, v, D, k0, Tk);
+    fa::load_tile<T, D>(sK, k, L.ld[1], k0, Tk);
+    fa::load_tile<T, D>(sV, v, L.ld[2], k0, Tk);
     __syncthreads();
     float s[8][4] = {};
     fa::scores<T, D>(s, qa, sK);
@@ -1693,22 +1771,33 @@ __global__ void __launch_bounds__(128)
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     if (lse && t == 0 && row[h] < Tq) /* natural units: (m + log2 l) ln 2 */
-      lse[blockIdx.y * (int64_t)Tq + row[h]] = m[h] == -INFINITY ? m[h] : (m[h] + log2f(l[h])) * 0.6931471805599453f;
+      lse[b * Tq + row[h]] = m[h] == -INFINITY ? m[h] : (m[h] + log2f(l[h])) * 0.6931471805599453f;
   }
   if (y) {
     const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
-    fa::store_acc<T, D>(y + blockIdx.y * by, o, q0 + w * 16, Tq, inv);
+    fa::store_acc<T, D>(y + L.off(3, hi, lo), L.ld[3], o, q0 + w * 16, Tq, inv);
   }
 }
 
-/* k_flash_fwd over every batch element: per host iteration of bw, a grid
- * of 64-row query tiles by batch elements (65535 at a time). Returns -1
- * when it does not apply (the caller takes the materialised path): not
- * bf16/f16, D != Dv, D not 64 or 128, or a pointer or batch step that is
- * not a whole number of 16-byte rows. */
+/* The flash kernels' Layout of a walk's NOP tensors with row strides ld. */
+template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const int64_t *ld) {
+  fa::Layout<NOP> L;
+  for (int p = 0; p < NOP; p++) {
+    L.ld[p] = (int)ld[p];
+    L.s0[p] = bw.stride(p);
+    L.s1[p] = bw.stride2(p);
+  }
+  L.n0 = bw.inner;
+  L.hi0 = L.lo0 = 0;
+  return L;
+}
+
+/* k_flash_fwd over every batch element: per host iteration of bw's outer2,
+ * a grid of 64-row query tiles by the last two batch dims (inner along y,
+ * mid along z, 65535 of each at a time). The caller checked flash_fits. */
 template <class T, int D>
-int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw, int64_t Tq,
-                 int64_t Tk, int causal, float scale, float *lse) {
+int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
+                 const int64_t *ld, int64_t Tq, int64_t Tk, int causal, float scale, float *lse) {
   constexpr size_t bytes = fa::smem_bytes<D>(3);
   static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
@@ -1718,40 +1807,40 @@ int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, con
       *set = true;
   }
   unsigned tiles = (unsigned)((Tq + 63) / 64);
-  for (int64_t t = 0; t < bw.outer; t++) {
+  fa::Layout<4> L = flash_layout(bw, ld);
+  const int64_t nb = bw.mid * bw.inner; /* batch elements per host iteration */
+  for (int64_t t = 0; t < bw.outer2; t++) {
     int64_t off[4];
-    bw.offsets(t, off);
-    for (int64_t b0 = 0; b0 < bw.inner; b0 += 65535) {
-      unsigned nb = (unsigned)(bw.inner - b0 < 65535 ? bw.inner - b0 : 65535);
-      k_flash_fwd<T, D><<<dim3(tiles, nb), 128, bytes, cx->stream>>>(
-          q + off[0] + b0 * bw.stride(0), k + off[1] + b0 * bw.stride(1), v + off[2] + b0 * bw.stride(2),
-          y ? y + off[3] + b0 * bw.stride(3) : NULL, (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2),
-          bw.stride(3), causal, scale, lse ? lse + (t * bw.inner + b0) * Tq : NULL);
-      TGM_CUDA_LAUNCHED("k_flash_fwd");
-    }
+    bw.offsets2(t, off);
+    for (L.hi0 = 0; L.hi0 < bw.mid; L.hi0 += 65535)
+      for (L.lo0 = 0; L.lo0 < bw.inner; L.lo0 += 65535) {
+        int64_t ny = bw.inner - L.lo0 < 65535 ? bw.inner - L.lo0 : 65535;
+        int64_t nz = bw.mid - L.hi0 < 65535 ? bw.mid - L.hi0 : 65535;
+        k_flash_fwd<T, D><<<dim3(tiles, (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
+            q + off[0], k + off[1], v + off[2], y ? y + off[3] : NULL, L, (int)Tq, (int)Tk, causal, scale,
+            lse ? lse + t * nb * Tq : NULL);
+        TGM_CUDA_LAUNCHED("k_flash_fwd");
+      }
   }
   return 0;
 }
 
 /* Whether the flash kernels take these operands: D == Dv, 64 or 128, sizes
- * within int, every pointer (NULL: absent) 16-byte aligned, and every batch
- * step and host-iteration offset a whole number of 16-byte rows. */
+ * and row strides within int, and rows of whole 16-byte pieces: every
+ * pointer ps[p] (NULL: absent) 16-byte aligned, and every row stride, batch
+ * stride (both levels in a launch) and host-iteration offset a multiple of 8
+ * elements. */
 template <int NOP>
-bool flash_fits(const BatchWalk<NOP> &bw, int64_t D, int64_t Dv, int64_t Tq, int64_t Tk, const void *p0,
-                const void *p1, const void *p2, const void *p3, const void *p4 = NULL, const void *p5 = NULL,
-                const void *p6 = NULL) {
+bool flash_fits(const BatchWalk<NOP> &bw, const int64_t *ld, int64_t D, int64_t Dv, int64_t Tq, int64_t Tk,
+                const void *const *ps) {
   if (D != Dv || (D != 64 && D != 128) || Tq > INT_MAX - 64 || Tk > INT_MAX - 64)
     return false;
-  const void *ps[7] = {p0, p1, p2, p3, p4, p5, p6};
-  for (int p = 0; p < 7; p++)
-    if (ps[p] && !aligned(ps[p], 16))
-      return false;
   for (int p = 0; p < NOP; p++)
-    if (bw.stride(p) % 8)
+    if ((ps[p] && !aligned(ps[p], 16)) || ld[p] % 8 || ld[p] > INT_MAX || bw.stride(p) % 8 || bw.stride2(p) % 8)
       return false;
-  for (int64_t t = 0; t < bw.outer; t++) { /* the host iterations' offsets too */
+  for (int64_t t = 0; t < bw.outer2; t++) { /* the host iterations' offsets too */
     int64_t off[NOP];
-    bw.offsets(t, off);
+    bw.offsets2(t, off);
     for (int p = 0; p < NOP; p++)
       if (off[p] % 8)
         return false;
@@ -1760,24 +1849,33 @@ bool flash_fits(const BatchWalk<NOP> &bw, int64_t D, int64_t Dv, int64_t Tq, int
 }
 
 int flash_attention(tgm_cuda_ctx *, int, const float *, const float *, const float *, float *, const BatchWalk<4> &,
-                    int64_t, int64_t, int64_t, int64_t, int, float, float *) {
+                    const int64_t *, int64_t, int64_t, int64_t, int64_t, int, float, float *) {
   return -1; /* f32: no tensor-core path (TF32 would round beyond f32) */
 }
 
+/* Flash attention where it applies (flash_fits), else -1: the caller takes
+ * the materialised path. */
 template <class T>
 int flash_attention(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
-                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale, float *lse) {
-  if (dt == TGM_F32 || !flash_fits(bw, D, Dv, Tq, Tk, q, k, v, y))
+                    const int64_t *ld, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale,
+                    float *lse) {
+  const void *ps[4] = {q, k, v, y};
+  if (dt == TGM_F32 || !flash_fits(bw, ld, D, Dv, Tq, Tk, ps))
     return -1;
-  return D == 64 ? flash_launch<T, 64>(cx, q, k, v, y, bw, Tq, Tk, causal, scale, lse)
-                 : flash_launch<T, 128>(cx, q, k, v, y, bw, Tq, Tk, causal, scale, lse);
+  return D == 64 ? flash_launch<T, 64>(cx, q, k, v, y, bw, ld, Tq, Tk, causal, scale, lse)
+                 : flash_launch<T, 128>(cx, q, k, v, y, bw, ld, Tq, Tk, causal, scale, lse);
 }
 
+/* Attention over bw's batch (q, k, v, y: its operands 0..3, row strides
+ * ld): flash where it applies, else per chunk of batch elements S = scale q
+ * k^T in f32 on cuBLAS (the rows' strides as leading dims), the softmax rows
+ * (lse from them) into P (T; f32: in place) and y = P v. */
 template <class T>
 int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
-                    int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale, float *lse) {
+                    const int64_t *ld, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale,
+                    float *lse) {
   if (dt != TGM_F32) { /* flash attention where it applies */
-    int rc = flash_attention(cx, dt, q, k, v, y, bw, Tq, Tk, D, Dv, causal, scale, lse);
+    int rc = flash_attention(cx, dt, q, k, v, y, bw, ld, Tq, Tk, D, Dv, causal, scale, lse);
     if (rc >= 0)
       return rc;
   }
@@ -1802,8 +1900,8 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
       T *yb = y ? y + off[3] + b0 * bw.stride(3) : NULL;
       float *lb = lse ? lse + (t * bw.inner + b0) * Tq : NULL;
       /* S^T [Tk, Tq] (column-major) = K [Tk, D] Q^T: row-major S = scale q k^T */
-      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, D, bw.stride(1), qb, ty, D, bw.stride(0), 0.0f,
-                S, CUDA_R_32F, Tk, Tq * Tk, nb);
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, ld[1], bw.stride(1), qb, ty, ld[0],
+                bw.stride(0), 0.0f, S, CUDA_R_32F, Tk, Tq * Tk, nb);
       if (rc)
         return rc;
       rc = Tk <= 1024 ? launch_softmax_rows<T, false>(cx, S, P, nb * Tq, Tk, causal ? Tq : 0, lb)
@@ -1813,8 +1911,8 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
       if (!yb) /* only the lse wanted */
         continue;
       /* O^T [Dv, Tq] = V^T P^T: row-major O = P v */
-      rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, Dv, Tq, Tk, 1.0f, vb, ty, Dv, bw.stride(2), P, ty, Tk, Tq * Tk, 0.0f, yb,
-                ty, Dv, bw.stride(3), nb);
+      rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, Dv, Tq, Tk, 1.0f, vb, ty, ld[2], bw.stride(2), P, ty, Tk, Tq * Tk, 0.0f,
+                yb, ty, ld[3], bw.stride(3), nb);
       if (rc)
         return rc;
     }
@@ -1840,32 +1938,31 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
  *   k_flash_bwd_q: a block takes 64 queries, each warp 16, and walks the key
  *     tiles (causal: up to its last query): S and dP, dS as above, dq += dS k.
  * lse and delta (f32, batch stride Tq) come from the forward and the
- * generated rowsum(dy * y); dy, dq, dk, dv are contiguous over the batch
- * (dy and dq [Tq, D], dk and dv [Tk, D] per element); q, k, v have the batch
- * strides bq, bk, bv (0: broadcast). Rows past Tq or Tk read zeros and
- * write nothing. */
+ * generated rowsum(dy * y). q, k, v, dy, dq, dk, dv (tensors 0..6 of the
+ * Layout) have their own row and batch strides (q, k, v's batch strides 0
+ * where they broadcast). Rows past Tq or Tk read zeros and write nothing. */
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     k_flash_bwd_kv(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                    const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
-                   T *__restrict__ dk, T *__restrict__ dv, int Tq, int Tk, int64_t bq, int64_t bk, int64_t bv,
-                   int causal, float scale) {
+                   T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T *sK = (T *)smem, *sV = sK + 64 * LD, *sQ = sV + 64 * LD, *sO = sQ + 64 * LD;
   float *sL = (float *)(sO + 64 * LD), *sD = sL + 64;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, k0 = blockIdx.x * 64;
   const int key[2] = {k0 + w * 16 + g, k0 + w * 16 + g + 8};
-  const int64_t b = blockIdx.y;
-  q += b * bq, k += b * bk, v += b * bv, dy += b * Tq * D, lse += b * Tq, delta += b * Tq;
-  fa::load_tile<T, D>(sK, k, D, k0, Tk);
-  fa::load_tile<T, D>(sV, v, D, k0, Tk);
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
+  lse += b * Tq, delta += b * Tq;
+  fa::load_tile<T, D, true>(sK, k, L.ld[1], k0, Tk);
+  fa::load_tile<T, D, true>(sV, v, L.ld[2], k0, Tk);
   float gk[D / 8][4] = {}, gv[D / 8][4] = {};
   const float sl2 = scale * fa::kLog2e;
   for (int q0 = causal ? k0 : 0; q0 < Tq; q0 += 64) { /* causal: queries before k0 see none of these keys */
     __syncthreads(); /* the last tile's reads are done */
-    fa::load_tile<T, D>(sQ, q, D, q0, Tq);
-    fa::load_tile<T, D>(sO, dy, D, q0, Tq);
+    fa::load_tile<T, D, true>(sQ, q, L.ld[0], q0, Tq);
+    fa::load_tile<T, D, true>(sO, dy, L.ld[3], q0, Tq);
     for (int e = threadIdx.x; e < 64; e += 128)
       sL[e] = q0 + e < Tq ? lse[q0 + e] * fa::kLog2e : 0.0f, sD[e] = q0 + e < Tq ? delta[q0 + e] : 0.0f;
     __syncthreads();
@@ -1898,25 +1995,26 @@ __global__ void __launch_bounds__(128)
   }
   const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
   if (dv)
-    fa::store_acc<T, D>(dv + b * Tk * D, gv, k0 + w * 16, Tk, one);
+    fa::store_acc<T, D>(dv + L.off(6, hi, lo), L.ld[6], gv, k0 + w * 16, Tk, one);
   if (dk)
-    fa::store_acc<T, D>(dk + b * Tk * D, gk, k0 + w * 16, Tk, sc);
+    fa::store_acc<T, D>(dk + L.off(5, hi, lo), L.ld[5], gk, k0 + w * 16, Tk, sc);
 }
 
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     k_flash_bwd_q(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                   const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
-                  T *__restrict__ dq, int Tq, int Tk, int64_t bq, int64_t bk, int64_t bv, int causal, float scale) {
+                  T *__restrict__ dq, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T *sQ = (T *)smem, *sO = sQ + 64 * LD, *sK = sO + 64 * LD, *sV = sK + 64 * LD;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
   const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
-  const int64_t b = blockIdx.y;
-  q += b * bq, k += b * bk, v += b * bv, dy += b * Tq * D, lse += b * Tq, delta += b * Tq;
-  fa::load_tile<T, D>(sQ, q, D, q0, Tq);
-  fa::load_tile<T, D>(sO, dy, D, q0, Tq);
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
+  lse += b * Tq, delta += b * Tq;
+  fa::load_tile<T, D, true>(sQ, q, L.ld[0], q0, Tq);
+  fa::load_tile<T, D, true>(sO, dy, L.ld[3], q0, Tq);
   float rl[2], rd[2];
   for (int h = 0; h < 2; h++)
     rl[h] = row[h] < Tq ? lse[row[h]] * fa::kLog2e : 0.0f, rd[h] = row[h] < Tq ? delta[row[h]] : 0.0f;
@@ -1931,8 +2029,8 @@ __global__ void __launch_bounds__(128)
   const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
   for (int k0 = 0; k0 < kend; k0 += 64) {
     __syncthreads();
-    fa::load_tile<T, D>(sK, k, D, k0, Tk);
-    fa::load_tile<T, D>(sV, v, D, k0, Tk);
+    fa::load_tile<T, D, true>(sK, k, L.ld[1], k0, Tk);
+    fa::load_tile<T, D, true>(sV, v, L.ld[2], k0, Tk);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
     fa::scores<T, D>(s, qa, sK);  /* S = q k^T */
@@ -1948,7 +2046,7 @@ __global__ void __launch_bounds__(128)
     fa::times_tile<T, D>(gq, dp, sK); /* dq += dS k */
   }
   const float sc[2] = {scale, scale};
-  fa::store_acc<T, D>(dq + b * Tq * D, gq, q0 + w * 16, Tq, sc);
+  fa::store_acc<T, D>(dq + L.off(4, hi, lo), L.ld[4], gq, q0 + w * 16, Tq, sc);
 }
 
 /* The materialised backward's elementwise steps over rows of Tk (row r is
@@ -1971,10 +2069,12 @@ __global__ void k_att_ds(const float *dP, const T *P, const float *__restrict__ 
     dS[e] = from_f<T>(to_f(P[e]) * (dP[e] - delta[e / Tk]));
 }
 
+/* k_flash_bwd_kv (dk or dv wanted) and k_flash_bwd_q (dq wanted) over
+ * every batch element, as flash_launch. The caller checked flash_fits. */
 template <class T, int D>
 int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
-                     const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw, int64_t Tq, int64_t Tk,
-                     int causal, float scale) {
+                     const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw, const int64_t *ld, int64_t Tq,
+                     int64_t Tk, int causal, float scale) {
   constexpr size_t bytes = fa::smem_bytes<D>(4);
   static bool attr[64]; /* per device, as flash_launch */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
@@ -1984,58 +2084,65 @@ int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const
     if (set)
       *set = true;
   }
-  for (int64_t t = 0; t < bw.outer; t++) {
-    int64_t off[4];
-    bw.offsets(t, off);
-    for (int64_t b0 = 0; b0 < bw.inner; b0 += 65535) {
-      unsigned nb = (unsigned)(bw.inner - b0 < 65535 ? bw.inner - b0 : 65535);
-      int64_t e = t * bw.inner + b0; /* the first batch element's index (dy, lse, delta and the results) */
-      const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
-      const T *vb = v + off[2] + b0 * bw.stride(2);
-      if (dk || dv) {
-        k_flash_bwd_kv<T, D><<<dim3((unsigned)((Tk + 63) / 64), nb), 128, bytes, cx->stream>>>(
-            qb, kb, vb, dy + e * Tq * D, lse + e * Tq, delta + e * Tq, dk ? dk + e * Tk * D : NULL,
-            dv ? dv + e * Tk * D : NULL, (int)Tq, (int)Tk, bw.stride(0), bw.stride(1), bw.stride(2), causal, scale);
-        TGM_CUDA_LAUNCHED("k_flash_bwd_kv");
+  fa::Layout<7> L = flash_layout(bw, ld);
+  const int64_t nb = bw.mid * bw.inner; /* batch elements per host iteration */
+  for (int64_t t = 0; t < bw.outer2; t++) {
+    int64_t off[7];
+    bw.offsets2(t, off);
+    const T *qt = q + off[0], *kt = k + off[1], *vt = v + off[2], *dyt = dy + off[3];
+    const float *lt = lse + t * nb * Tq, *delt = delta + t * nb * Tq;
+    for (L.hi0 = 0; L.hi0 < bw.mid; L.hi0 += 65535)
+      for (L.lo0 = 0; L.lo0 < bw.inner; L.lo0 += 65535) {
+        int64_t ny = bw.inner - L.lo0 < 65535 ? bw.inner - L.lo0 : 65535;
+        int64_t nz = bw.mid - L.hi0 < 65535 ? bw.mid - L.hi0 : 65535;
+        dim3 gkv((unsigned)((Tk + 63) / 64), (unsigned)ny, (unsigned)nz), gq((unsigned)((Tq + 63) / 64), gkv.y, gkv.z);
+        if (dk || dv) {
+          k_flash_bwd_kv<T, D><<<gkv, 128, bytes, cx->stream>>>(
+              qt, kt, vt, dyt, lt, delt, dk ? dk + off[5] : NULL, dv ? dv + off[6] : NULL, L, (int)Tq, (int)Tk, causal,
+              scale);
+          TGM_CUDA_LAUNCHED("k_flash_bwd_kv");
+        }
+        if (dq) {
+          k_flash_bwd_q<T, D><<<gq, 128, bytes, cx->stream>>>(
+              qt, kt, vt, dyt, lt, delt, dq + off[4], L, (int)Tq, (int)Tk, causal, scale);
+          TGM_CUDA_LAUNCHED("k_flash_bwd_q");
+        }
       }
-      if (dq) {
-        k_flash_bwd_q<T, D><<<dim3((unsigned)((Tq + 63) / 64), nb), 128, bytes, cx->stream>>>(
-            qb, kb, vb, dy + e * Tq * D, lse + e * Tq, delta + e * Tq, dq + e * Tq * D, (int)Tq, (int)Tk,
-            bw.stride(0), bw.stride(1), bw.stride(2), causal, scale);
-        TGM_CUDA_LAUNCHED("k_flash_bwd_q");
-      }
-    }
   }
   return 0;
 }
 
 int flash_backward(tgm_cuda_ctx *, const float *, const float *, const float *, const float *, const float *,
-                   const float *, float *, float *, float *, const BatchWalk<4> &, int64_t, int64_t, int64_t, int64_t,
-                   int, float) {
+                   const float *, float *, float *, float *, const BatchWalk<7> &, const int64_t *, int64_t, int64_t,
+                   int64_t, int64_t, int, float) {
   return -1; /* f32: the materialised path (TF32 would round beyond f32) */
 }
 
+/* The flash backward where it applies (flash_fits), else -1. */
 template <class T>
 int flash_backward(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
-                   const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw, int64_t Tq, int64_t Tk, int64_t D,
-                   int64_t Dv, int causal, float scale) {
-  if (!flash_fits(bw, D, Dv, Tq, Tk, q, k, v, dy, dq, dk, dv))
+                   const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw, const int64_t *ld, int64_t Tq,
+                   int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+  const void *ps[7] = {q, k, v, dy, dq, dk, dv};
+  if (!flash_fits(bw, ld, D, Dv, Tq, Tk, ps))
     return -1;
-  return D == 64 ? flash_bwd_launch<T, 64>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, causal, scale)
-                 : flash_bwd_launch<T, 128>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, causal, scale);
+  return D == 64 ? flash_bwd_launch<T, 64>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, ld, Tq, Tk, causal, scale)
+                 : flash_bwd_launch<T, 128>(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, ld, Tq, Tk, causal, scale);
 }
 
-/* The backward of attention_typed: flash where it applies, else per chunk
- * of batch elements S = scale q k^T, P = exp(S - lse), dv = P^T dy, dP =
- * dy v^T, dS = P (dP - delta), dq = scale dS k, dk = scale dS^T q on
- * cuBLAS with f32 S and dP (P and dS rounded to T for the GEMMs, as the
- * forward's P). */
+/* The backward of attention_typed over bw's batch (q, k, v, dy, dq, dk, dv:
+ * its operands 0..6, row strides ld; a result NULL: not wanted): flash
+ * where it applies, else per chunk of batch elements S = scale q k^T, P =
+ * exp(S - lse), dv = P^T dy, dP = dy v^T, dS = P (dP - delta), dq = scale dS
+ * k, dk = scale dS^T q on cuBLAS with f32 S and dP (P and dS rounded to T
+ * for the GEMMs, as the forward's P), the rows' strides as leading dims. */
 template <class T>
 int attention_backward_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v, const T *dy,
-                             const float *lse, const float *delta, T *dq, T *dk, T *dv, const BatchWalk<4> &bw,
-                             int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal, float scale) {
+                             const float *lse, const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw,
+                             const int64_t *ld, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, int causal,
+                             float scale) {
   if (dt != TGM_F32) {
-    int rc = flash_backward(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, Tq, Tk, D, Dv, causal, scale);
+    int rc = flash_backward(cx, q, k, v, dy, lse, delta, dq, dk, dv, bw, ld, Tq, Tk, D, Dv, causal, scale);
     if (rc >= 0)
       return rc;
   }
@@ -2051,36 +2158,39 @@ int attention_backward_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, c
   T *P = (T *)(A + (size_t)(chunk * Tq * Tk)), *dS = f32 ? (T *)A : P + (size_t)(chunk * Tq * Tk);
   cudaDataType_t ty = blas_type(dt);
   for (int64_t t = 0; t < bw.outer; t++) {
-    int64_t off[4];
+    int64_t off[7];
     bw.offsets(t, off);
     for (int64_t b0 = 0; b0 < bw.inner; b0 += chunk) {
       int64_t nb = bw.inner - b0 < chunk ? bw.inner - b0 : chunk, e = t * bw.inner + b0, n = nb * Tq * Tk;
       const T *qb = q + off[0] + b0 * bw.stride(0), *kb = k + off[1] + b0 * bw.stride(1);
-      const T *vb = v + off[2] + b0 * bw.stride(2), *dyb = dy + e * Tq * Dv;
+      const T *vb = v + off[2] + b0 * bw.stride(2), *dyb = dy + off[3] + b0 * bw.stride(3);
       /* S^T [Tk, Tq] (column-major) = K Q^T: row-major S = scale q k^T */
-      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, D, bw.stride(1), qb, ty, D, bw.stride(0), 0.0f,
-                A, CUDA_R_32F, Tk, Tq * Tk, nb);
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, D, scale, kb, ty, ld[1], bw.stride(1), qb, ty, ld[0],
+                bw.stride(0), 0.0f, A, CUDA_R_32F, Tk, Tq * Tk, nb);
       if (rc)
         return rc;
       k_att_p<T><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(A, lse + e * Tq, P, n, Tq, Tk, causal);
       TGM_CUDA_LAUNCHED("k_att_p");
-      if (dv && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, Dv, Tk, Tq, 1.0f, dyb, ty, Dv, Tq * Dv, P, ty, Tk, Tq * Tk,
-                           0.0f, dv + e * Tk * Dv, ty, Dv, Tk * Dv, nb))) /* dv^T [Dv, Tk] = dy^T P */
+      if (dv && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, Dv, Tk, Tq, 1.0f, dyb, ty, ld[3], bw.stride(3), P, ty, Tk,
+                           Tq * Tk, 0.0f, dv + off[6] + b0 * bw.stride(6), ty, ld[6], bw.stride(6),
+                           nb))) /* dv^T [Dv, Tk] = dy^T P */
         return rc;
       if (!dq && !dk)
         continue;
       /* dP^T [Tk, Tq] = V dy^T: row-major dP = dy v^T */
-      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, Dv, 1.0f, vb, ty, Dv, bw.stride(2), dyb, ty, Dv, Tq * Dv, 0.0f, A,
-                CUDA_R_32F, Tk, Tq * Tk, nb);
+      rc = gemm(cx, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, Dv, 1.0f, vb, ty, ld[2], bw.stride(2), dyb, ty, ld[3],
+                bw.stride(3), 0.0f, A, CUDA_R_32F, Tk, Tq * Tk, nb);
       if (rc)
         return rc;
       k_att_ds<T><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>(A, P, delta + e * Tq, dS, n, Tk);
       TGM_CUDA_LAUNCHED("k_att_ds");
-      if (dq && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, D, Tq, Tk, scale, kb, ty, D, bw.stride(1), dS, ty, Tk, Tq * Tk,
-                           0.0f, dq + e * Tq * D, ty, D, Tq * D, nb))) /* dq^T [D, Tq] = k^T dS^T */
+      if (dq && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_N, D, Tq, Tk, scale, kb, ty, ld[1], bw.stride(1), dS, ty, Tk,
+                           Tq * Tk, 0.0f, dq + off[4] + b0 * bw.stride(4), ty, ld[4], bw.stride(4),
+                           nb))) /* dq^T [D, Tq] = k^T dS^T */
         return rc;
-      if (dk && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, D, Tk, Tq, scale, qb, ty, D, bw.stride(0), dS, ty, Tk, Tq * Tk,
-                           0.0f, dk + e * Tk * D, ty, D, Tk * D, nb))) /* dk^T [D, Tk] = q^T dS */
+      if (dk && (rc = gemm(cx, CUBLAS_OP_N, CUBLAS_OP_T, D, Tk, Tq, scale, qb, ty, ld[0], bw.stride(0), dS, ty, Tk,
+                           Tq * Tk, 0.0f, dk + off[5] + b0 * bw.stride(5), ty, ld[5], bw.stride(5),
+                           nb))) /* dk^T [D, Tk] = q^T dS */
         return rc;
     }
   }
@@ -2425,6 +2535,8 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
     return TGM_CUDA_BAD("unknown activation %d", g->act);
   if (g->dact && (!g->aux || (g->act != TGM_ACT_GELU && g->act != TGM_ACT_GELU_TANH)))
     return TGM_CUDA_BAD("dact needs aux and a gelu activation (act %d)", g->act);
+  if (g->bgrad && g->batch > 1)
+    return TGM_CUDA_BAD("bgrad with batch %lld (one batch only)", (long long)g->batch);
   if (g->lda < (g->ta ? g->M : g->K) || g->ldb < (g->tb ? g->K : g->N) || g->ldc < g->N)
     return TGM_CUDA_BAD("leading dims lda %lld, ldb %lld, ldc %lld too small for M %lld, N %lld, K %lld",
                         (long long)g->lda, (long long)g->ldb, (long long)g->ldc, (long long)g->M, (long long)g->N,
@@ -2435,13 +2547,31 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
     return TGM_CUDA_BAD("NULL pointer");
   if (g->batch > 1 && g->sc == 0)
     return TGM_CUDA_BAD("batch %lld with C's batch stride 0", (long long)g->batch);
-  if (g->K == 0)
-    return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   uint32_t epi;
   float beta;
   const void *cin;
   bool none = true;
   int rc;
+  if (g->bgrad) { /* in the matmul where cuBLASLt takes it, else apart */
+    if (g->K > 0 && lt_epilogue_for(g, &epi, &beta, &cin)) {
+      if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
+        return rc;
+      if (!none)
+        return 0;
+    }
+    unsigned grid = (unsigned)((g->M + 31) / 32);
+    switch (g->dt) {
+    case TGM_BF16: k_gemm_bgrad<bf16><<<grid, 1024, 0, cx->stream>>>((const bf16 *)g->A, g->lda, g->ta, g->M, g->K, (bf16 *)g->bgrad); break;
+    case TGM_F16: k_gemm_bgrad<f16><<<grid, 1024, 0, cx->stream>>>((const f16 *)g->A, g->lda, g->ta, g->M, g->K, (f16 *)g->bgrad); break;
+    default: k_gemm_bgrad<float><<<grid, 1024, 0, cx->stream>>>((const float *)g->A, g->lda, g->ta, g->M, g->K, (float *)g->bgrad); break;
+    }
+    TGM_CUDA_LAUNCHED("k_gemm_bgrad");
+    tgm_gemm p = *g;
+    p.bgrad = NULL;
+    return tgm_cuda_gemm(cx, &p);
+  }
+  if (g->K == 0)
+    return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   if (lt_epilogue_for(g, &epi, &beta, &cin)) {
     if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
       return rc;
@@ -2617,112 +2747,173 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
 /*@end dropout@*/
 
 /*@uses attention attention_backward@*/
-/* The checks both attention calls make: a floating dtype, valid shapes of
- * rank >= 2 that match (q [.., Tq, D], k [.., Tk, D], v [.., Tk, Dv], the
- * result `yname` [batch.., Tq, Dv]), and batch dims that broadcast to the
- * result's: st[0..2] their strides over it, st[3] the result's own. */
-static int attention_shapes(tgm_cuda_ctx *cx, int dt, int rq, const int64_t *sq, int rk, const int64_t *sk, int rv,
-                            const int64_t *sv, int ry, const int64_t *sy, const char *yname, int64_t *Tq, int64_t *D,
-                            int64_t *Tk, int64_t *Dv, int64_t st[4][TGM_MAXRANK]) {
+/* The checks both attention calls make, and the layout they walk. A floating
+ * dtype; n views t[] (q, k, v, the result y or dy, and for the backward dq,
+ * dk, dv; a NULL view or p: dq, dk, dv not wanted) of rank 2 to
+ * TGM_MAXRANK with no negative dims; shapes that match (q [.., Tq, D], k
+ * [.., Tk, D], v [.., Tk, Dv], t[3] [batch.., Tq, Dv], dq, dk, dv [batch..,
+ * Tq or Tk, D or Dv] with t[3]'s batch dims, which q, k, v's broadcast to);
+ * and, for each view with memory, a last-dim stride of 1 and a row stride of
+ * at least the row's length (unless that dim has size 1). Out: st[p] view p's
+ * strides over t[3]'s batch dims (0 where it broadcasts) and ld[p] its row
+ * stride (a single row's: its length); both 0 for a view without memory. */
+static int attention_shapes(tgm_cuda_ctx *cx, int dt, int n, const tgm_view *const *t, int64_t *Tq, int64_t *D,
+                            int64_t *Tk, int64_t *Dv, int64_t st[][TGM_MAXRANK], int64_t *ld) {
+  const char *const name[7] = {"q", "k", "v", n == 4 ? "y" : "dy", "dq", "dk", "dv"};
   int rc;
   if (!is_float_dt(dt))
     return TGM_CUDA_BAD("dtype %s is not floating", dt_name(dt));
-  if ((rc = check_shape(cx, "q", rq, sq)) || (rc = check_shape(cx, "k", rk, sk)) ||
-      (rc = check_shape(cx, "v", rv, sv)) || (rc = check_shape(cx, yname, ry, sy)))
-    return rc;
-  if (rq < 2 || rk < 2 || rv < 2 || ry < 2)
-    return TGM_CUDA_BAD("operand of rank < 2");
-  *Tq = sq[rq - 2], *D = sq[rq - 1], *Tk = sk[rk - 2], *Dv = sv[rv - 1];
-  if (sk[rk - 1] != *D || sv[rv - 2] != *Tk || sy[ry - 2] != *Tq || sy[ry - 1] != *Dv)
-    return TGM_CUDA_BAD("operand shapes do not match");
-  int br = ry - 2;
-  if (!bcast_strides(rq - 2, sq, br, sy, *Tq * *D, st[0]) || !bcast_strides(rk - 2, sk, br, sy, *Tk * *D, st[1]) ||
-      !bcast_strides(rv - 2, sv, br, sy, *Tk * *Dv, st[2]))
-    return TGM_CUDA_BAD("batch dims do not broadcast to %s's", yname);
-  contiguous_strides(br, sy, *Tq * *Dv, st[3]);
+  for (int p = 0; p < n; p++) {
+    if (!t[p] && p < 4)
+      return TGM_CUDA_BAD("%s: NULL view", name[p]);
+    if (t[p] && (rc = check_shape(cx, name[p], t[p]->rank, t[p]->shape)))
+      return rc;
+    if (t[p] && t[p]->rank < 2)
+      return TGM_CUDA_BAD("%s: rank %d is below 2", name[p], t[p]->rank);
+  }
+  const int nb = t[3]->rank - 2;
+  const int64_t *sb = t[3]->shape;
+  *Tq = t[0]->shape[t[0]->rank - 2], *D = t[0]->shape[t[0]->rank - 1];
+  *Tk = t[1]->shape[t[1]->rank - 2], *Dv = t[2]->shape[t[2]->rank - 1];
+  const int64_t want[7][2] = {{*Tq, *D}, {*Tk, *D}, {*Tk, *Dv}, {*Tq, *Dv}, {*Tq, *D}, {*Tk, *D}, {*Tk, *Dv}};
+  for (int p = 0; p < n; p++) {
+    const tgm_view *v = t[p];
+    ld[p] = 0;
+    for (int k = 0; k < nb; k++)
+      st[p][k] = 0;
+    if (!v || (p >= 4 && !v->p))
+      continue;
+    const int r = v->rank, vb = r - 2;
+    if (v->shape[r - 2] != want[p][0] || v->shape[r - 1] != want[p][1])
+      return TGM_CUDA_BAD("%s: its last dims [%lld, %lld] do not match the others' (want [%lld, %lld])", name[p],
+                          (long long)v->shape[r - 2], (long long)v->shape[r - 1], (long long)want[p][0],
+                          (long long)want[p][1]);
+    if (vb > nb || (p >= 4 && vb != nb))
+      return TGM_CUDA_BAD("%s: %d batch dims where %s has %d", name[p], vb, name[3], nb);
+    for (int k = 0; k < nb; k++) {
+      int kk = k - (nb - vb);
+      if (kk >= 0 && v->shape[kk] != sb[k] && (p >= 3 || v->shape[kk] != 1))
+        return TGM_CUDA_BAD("%s: batch dim %d is %lld, which does not %s %s's %lld", name[p], kk,
+                            (long long)v->shape[kk], p >= 3 ? "equal" : "broadcast to", name[3], (long long)sb[k]);
+      st[p][k] = kk < 0 || v->shape[kk] == 1 ? 0 : v->st[kk];
+    }
+    if (!v->p) { /* y not wanted (its shape gives the batch): nothing to lay out */
+      for (int k = 0; k < nb; k++)
+        st[p][k] = 0;
+      continue;
+    }
+    if (v->shape[r - 1] > 1 && v->st[r - 1] != 1)
+      return TGM_CUDA_BAD("%s: the last dim's stride is %lld, not 1", name[p], (long long)v->st[r - 1]);
+    if (v->shape[r - 2] > 1 && v->st[r - 2] < v->shape[r - 1])
+      return TGM_CUDA_BAD("%s: the row stride %lld is below the row's length %lld", name[p], (long long)v->st[r - 2],
+                          (long long)v->shape[r - 1]);
+    ld[p] = v->shape[r - 2] > 1 ? v->st[r - 2] : v->shape[r - 1];
+  }
+  return 0;
+}
+
+/* Zeros of dtype dt through a view laid out by attention_shapes (p, batch
+ * strides st over the nb batch dims sb, row stride ld): rows x cols of every
+ * batch element, nothing else. */
+static int zero_view(tgm_cuda_ctx *cx, int dt, void *p, int nb, const int64_t *sb, const int64_t *st, int64_t rows,
+                     int64_t cols, int64_t ld) {
+  const int64_t n = numel_of(nb, sb) * rows * cols;
+  if (n == 0)
+    return 0;
+  Geo<1> g;
+  g.rank = nb;
+  for (int k = 0; k < nb; k++) {
+    g.shape[k] = sb[k];
+    g.st[0][k] = st[k];
+  }
+  collapse(&g);
+  if (dt_size(dt) == 2)
+    k_zero_view<uint16_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((uint16_t *)p, g, rows, cols, ld, n);
+  else
+    k_zero_view<uint32_t><<<grid_for(cx, n, kThreads), kThreads, 0, cx->stream>>>((uint32_t *)p, g, rows, cols, ld, n);
+  TGM_CUDA_LAUNCHED("k_zero_view");
   return 0;
 }
 /*@end attention attention_backward@*/
 
 /*@uses attention@*/
-int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
-                       int causal, double scale, float *lse) {
+int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v,
+                       const tgm_view *y, int causal, double scale, float *lse) {
   cx->op = "tgm_cuda_attention";
-  int64_t Tq, D, Tk, Dv, st[4][TGM_MAXRANK];
-  int rc = attention_shapes(cx, dt, rq, sq, rk, sk, rv, sv, ry, sy, "y", &Tq, &D, &Tk, &Dv, st);
+  const tgm_view *t[4] = {q, k, v, y};
+  int64_t Tq = 0, D = 0, Tk = 0, Dv = 0, st[4][TGM_MAXRANK], ld[4]; /* (set by attention_shapes; gcc may not see it) */
+  int rc = attention_shapes(cx, dt, 4, t, &Tq, &D, &Tk, &Dv, st, ld);
   if (rc)
     return rc;
-  int br = ry - 2;
-  int64_t nbatch = numel_of(br, sy);
-  if (nbatch * Tq * Dv == 0)
+  const int nb = y->rank - 2;
+  if (numel_of(nb, y->shape) * Tq == 0)
     return 0;
-  if (!q || !k || !v || (!y && !lse))
+  if (!q->p || !k->p || !v->p || (!y->p && !lse))
     return TGM_CUDA_BAD("NULL pointer");
   if (Tk == 0) { /* softmax over nothing, times nothing: zeros, as the reference; lse = log 0 */
-    if (y)
-      TGM_CUDA_TRY(cudaMemsetAsync(y, 0, (size_t)(nbatch * Tq * Dv * dt_size(dt)), cx->stream));
+    if (y->p && (rc = zero_view(cx, dt, y->p, nb, y->shape, st[3], Tq, Dv, ld[3])))
+      return rc;
     if (lse) {
-      k_fill<float><<<grid_for(cx, nbatch * Tq, kThreads), kThreads, 0, cx->stream>>>(lse, nbatch * Tq, -INFINITY);
+      int64_t nl = numel_of(nb, y->shape) * Tq;
+      k_fill<float><<<grid_for(cx, nl, kThreads), kThreads, 0, cx->stream>>>(lse, nl, -INFINITY);
       TGM_CUDA_LAUNCHED("k_fill");
     }
     return 0;
   }
   BatchWalk<4> bw;
-  bw.init(br, sy, st);
+  bw.init(nb, y->shape, st);
   switch (dt) {
   case TGM_F32:
-    return attention_typed(cx, dt, (const float *)q, (const float *)k, (const float *)v, (float *)y, bw, Tq, Tk, D, Dv,
-                           causal, (float)scale, lse);
+    return attention_typed(cx, dt, (const float *)q->p, (const float *)k->p, (const float *)v->p, (float *)y->p, bw,
+                           ld, Tq, Tk, D, Dv, causal, (float)scale, lse);
   case TGM_BF16:
-    return attention_typed(cx, dt, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)y, bw, Tq, Tk, D, Dv,
-                           causal, (float)scale, lse);
+    return attention_typed(cx, dt, (const bf16 *)q->p, (const bf16 *)k->p, (const bf16 *)v->p, (bf16 *)y->p, bw, ld,
+                           Tq, Tk, D, Dv, causal, (float)scale, lse);
   default:
-    return attention_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (f16 *)y, bw, Tq, Tk, D, Dv, causal,
-                           (float)scale, lse);
+    return attention_typed(cx, dt, (const f16 *)q->p, (const f16 *)k->p, (const f16 *)v->p, (f16 *)y->p, bw, ld, Tq,
+                           Tk, D, Dv, causal, (float)scale, lse);
   }
 }
 /*@end attention@*/
 
 /*@uses attention_backward@*/
-int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k,
-                                int rk, const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy,
-                                int ry, const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk,
-                                void *dv, int causal, double scale) {
+int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v,
+                                const tgm_view *dy, const float *lse, const float *delta, const tgm_view *dq,
+                                const tgm_view *dk, const tgm_view *dv, int causal, double scale) {
   cx->op = "tgm_cuda_attention_backward";
-  int64_t Tq, D, Tk, Dv, st[4][TGM_MAXRANK];
-  int rc = attention_shapes(cx, dt, rq, sq, rk, sk, rv, sv, ry, sy, "dy", &Tq, &D, &Tk, &Dv, st);
+  const tgm_view *t[7] = {q, k, v, dy, dq, dk, dv};
+  int64_t Tq = 0, D = 0, Tk = 0, Dv = 0, st[7][TGM_MAXRANK], ld[7]; /* (as tgm_cuda_attention's) */
+  int rc = attention_shapes(cx, dt, 7, t, &Tq, &D, &Tk, &Dv, st, ld);
   if (rc)
     return rc;
-  int br = ry - 2;
-  int64_t nbatch = numel_of(br, sy);
-  if (nbatch == 0 || (!dq && !dk && !dv))
+  const int nb = dy->rank - 2;
+  void *pq = dq ? dq->p : NULL, *pk = dk ? dk->p : NULL, *pv = dv ? dv->p : NULL;
+  if (numel_of(nb, dy->shape) == 0 || (!pq && !pk && !pv))
     return 0;
   if (Tq == 0 || Tk == 0 || D == 0 || Dv == 0) { /* sums over nothing: zeros */
-    size_t es = (size_t)dt_size(dt);
-    if (dq)
-      TGM_CUDA_TRY(cudaMemsetAsync(dq, 0, (size_t)(nbatch * Tq * D) * es, cx->stream));
-    if (dk)
-      TGM_CUDA_TRY(cudaMemsetAsync(dk, 0, (size_t)(nbatch * Tk * D) * es, cx->stream));
-    if (dv)
-      TGM_CUDA_TRY(cudaMemsetAsync(dv, 0, (size_t)(nbatch * Tk * Dv) * es, cx->stream));
+    if ((pq && (rc = zero_view(cx, dt, pq, nb, dy->shape, st[4], Tq, D, ld[4]))) ||
+        (pk && (rc = zero_view(cx, dt, pk, nb, dy->shape, st[5], Tk, D, ld[5]))) ||
+        (pv && (rc = zero_view(cx, dt, pv, nb, dy->shape, st[6], Tk, Dv, ld[6]))))
+      return rc;
     return 0;
   }
-  if (!q || !k || !v || !dy || !lse || !delta)
+  if (!q->p || !k->p || !v->p || !dy->p || !lse || !delta)
     return TGM_CUDA_BAD("NULL pointer");
-  BatchWalk<4> bw;
-  bw.init(br, sy, st);
+  BatchWalk<7> bw;
+  bw.init(nb, dy->shape, st);
   switch (dt) {
   case TGM_F32:
-    return attention_backward_typed(cx, dt, (const float *)q, (const float *)k, (const float *)v, (const float *)dy,
-                                    lse, delta, (float *)dq, (float *)dk, (float *)dv, bw, Tq, Tk, D, Dv, causal,
-                                    (float)scale);
+    return attention_backward_typed(cx, dt, (const float *)q->p, (const float *)k->p, (const float *)v->p,
+                                    (const float *)dy->p, lse, delta, (float *)pq, (float *)pk, (float *)pv, bw, ld, Tq,
+                                    Tk, D, Dv, causal, (float)scale);
   case TGM_BF16:
-    return attention_backward_typed(cx, dt, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dy, lse,
-                                    delta, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, bw, Tq, Tk, D, Dv, causal, (float)scale);
+    return attention_backward_typed(cx, dt, (const bf16 *)q->p, (const bf16 *)k->p, (const bf16 *)v->p,
+                                    (const bf16 *)dy->p, lse, delta, (bf16 *)pq, (bf16 *)pk, (bf16 *)pv, bw, ld, Tq, Tk,
+                                    D, Dv, causal, (float)scale);
   default:
-    return attention_backward_typed(cx, dt, (const f16 *)q, (const f16 *)k, (const f16 *)v, (const f16 *)dy, lse,
-                                    delta, (f16 *)dq, (f16 *)dk, (f16 *)dv, bw, Tq, Tk, D, Dv, causal, (float)scale);
+    return attention_backward_typed(cx, dt, (const f16 *)q->p, (const f16 *)k->p, (const f16 *)v->p,
+                                    (const f16 *)dy->p, lse, delta, (f16 *)pq, (f16 *)pk, (f16 *)pv, bw, ld, Tq, Tk, D,
+                                    Dv, causal, (float)scale);
   }
 }
 /*@end attention_backward@*/

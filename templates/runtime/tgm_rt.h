@@ -250,6 +250,8 @@ typedef struct tgm_gemm {
   const void *residual; /* NULL, or added after the activation, in C's layout */
   int accumulate;       /* 1: C += T instead of C = T */
   int dact;             /* 1: T *= act'(aux) (aux read: the activation's input) instead of aux = T, T = act(T) */
+  void *bgrad;          /* NULL, or [M]: bgrad[m] = sum over k of op(A)[m, k] (a bias's gradient beside its
+                           weight's), summed in f32 or better and rounded once to dt; batch 1 only */
 } tgm_gemm;
 enum { TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH };
 /* Returns 0, or -1 for bad arguments (then nothing is written). Deterministic: the same bits for any
@@ -278,27 +280,39 @@ int64_t tgm_cpu_embedding_backward(int dt, const int32_t *idx, int64_t n, const 
 void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64_t seed, uint32_t ordinal,
                      uint64_t step);
 /*@end dropout@*/
+/*@uses attention attention_backward@*/
+/* A tensor in strided memory, as the attention calls take their operands and results: element (i_0, ...,
+ * i_{rank-1}) is at p + sum_k i_k st[k] (elements of the call's dtype), so that a head's rows can be read from
+ * and written into the [B, T, NH * D] layout of the linears around them without a copy. The last dim's stride
+ * is 1 and the row dim's (the one before it) at least the last dim's size, unless that dim has size 1; a batch
+ * dim's stride is anything (0 repeats). A result must not overlap another result or an operand. p NULL: absent
+ * (a result that is not wanted). */
+typedef struct tgm_view {
+  void *p;
+  int rank;
+  int64_t shape[TGM_MAXRANK];
+  int64_t st[TGM_MAXRANK];
+} tgm_view;
+/*@end attention attention_backward@*/
 /*@uses attention@*/
 /* scaled_dot_product_attention: y [batch..., Tq, Dv] = softmax(S) v with S = scale q k^T (causal: -inf where
- * key j > query i), q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] whose batch dims broadcast to sy's. lse
- * (NULL: not wanted) gets each row's log-sum-exp of S in f32, [batch..., Tq] (the backward's input); y may be
- * NULL when only lse is wanted. Never holds a Tq x Tk matrix: per thread a block of score rows (128 x Tk) and
- * one (batch, head)'s k and v packed for the GEMM. */
-void tgm_cpu_attention(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk, const int64_t *sk,
-                       const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy, int causal,
+ * key j > query i), q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] whose batch dims broadcast to y's. lse
+ * (NULL: not wanted) gets each row's log-sum-exp of S in f32, contiguous [batch..., Tq] (the backward's input);
+ * y->p may be NULL when only lse is wanted (y's shape still gives the batch dims). Never holds a Tq x Tk
+ * matrix: per thread a block of score rows (128 x Tk) and one (batch, head)'s k and v packed for the GEMM. */
+void tgm_cpu_attention(int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v, const tgm_view *y, int causal,
                        double scale, float *lse);
 /*@end attention@*/
 /*@uses attention_backward@*/
-/* attention's backward. sy is the forward result's shape [batch..., Tq, Dv] (dy has it); lse is the forward's
- * [batch..., Tq] and delta[i] = sum_e dy[i, e] y[i, e] (both f32). With P = exp(S - lse):
+/* attention's backward. dy has the forward result's shape [batch..., Tq, Dv]; lse is the forward's [batch...,
+ * Tq] and delta[i] = sum_e dy[i, e] y[i, e] (both f32, contiguous). With P = exp(S - lse):
  *   dv = P^T dy,  dS = P (dy v^T - delta),  dq = scale dS k,  dk = scale dS^T q,
- * each over sy's batch dims (dq [batch..., Tq, D], dk [batch..., Tk, D], dv [batch..., Tk, Dv], contiguous, in
- * dt; the caller sums the dims an operand broadcast over); NULL: not wanted. Sums in f32, each result rounded
- * once; deterministic (the same bits for any thread count); memory per thread as tgm_cpu_attention's. */
-void tgm_cpu_attention_backward(int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                                const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy, int ry,
-                                const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk, void *dv,
-                                int causal, double scale);
+ * each over dy's batch dims (dq [batch..., Tq, D], dk [batch..., Tk, D], dv [batch..., Tk, Dv], in dt; the caller
+ * sums the dims an operand broadcast over); a result whose p is NULL is not wanted. Sums in f32, each result
+ * rounded once; deterministic (the same bits for any thread count); memory per thread as tgm_cpu_attention's. */
+void tgm_cpu_attention_backward(int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v, const tgm_view *dy,
+                                const float *lse, const float *delta, const tgm_view *dq, const tgm_view *dk,
+                                const tgm_view *dv, int causal, double scale);
 /*@end attention_backward@*/
 
 /* The optimizer step (tgm_optim_cpu.c), PyTorch 2.x semantics (torch.optim
@@ -385,15 +399,13 @@ int tgm_cuda_dropout(tgm_cuda_ctx *cx, int dt, const void *x, void *y, int64_t n
                      uint32_t ordinal, uint64_t step);
 /*@end dropout@*/
 /*@uses attention@*/
-int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k, int rk,
-                       const int64_t *sk, const void *v, int rv, const int64_t *sv, void *y, int ry, const int64_t *sy,
-                       int causal, double scale, float *lse);
+int tgm_cuda_attention(tgm_cuda_ctx *cx, int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v,
+                       const tgm_view *y, int causal, double scale, float *lse);
 /*@end attention@*/
 /*@uses attention_backward@*/
-int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const void *q, int rq, const int64_t *sq, const void *k,
-                                int rk, const int64_t *sk, const void *v, int rv, const int64_t *sv, const void *dy,
-                                int ry, const int64_t *sy, const float *lse, const float *delta, void *dq, void *dk,
-                                void *dv, int causal, double scale);
+int tgm_cuda_attention_backward(tgm_cuda_ctx *cx, int dt, const tgm_view *q, const tgm_view *k, const tgm_view *v,
+                                const tgm_view *dy, const float *lse, const float *delta, const tgm_view *dq,
+                                const tgm_view *dk, const tgm_view *dv, int causal, double scale);
 /*@end attention_backward@*/
 
 /* The optimizer step on device pointers (tgm_optim_cuda.cu): the same

@@ -18,7 +18,10 @@
  * mask and the f32 product, computed here as tgm_cpu_embedding_backward and
  * tgm_cpu_dropout compute them (test_cpu_kernels.c checks those kernels
  * against the same loops bit for bit). Group "timing" prints TIME lines for
- * GPT-2-sized embedding_backward and dropout.
+ * GPT-2-sized embedding_backward and dropout, "attention_timing" for GPT-2's
+ * attention (contiguous, and on views of its packed qkv), and
+ * "attention_views" checks attention on strided views against the same
+ * calls on contiguous copies.
  *
  * Exit status: 0 all passed, 1 some failed, 77 no CUDA device (skip).
  * Build: tests/gpu/build_and_run.sh. */
@@ -297,6 +300,22 @@ static Shape bshape(const Shape &a, const Shape &b) {
     s[k] = da == 1 ? db : da;
   }
   return s;
+}
+
+/* A view (the attention calls' operands) of shape s at p: row-major, or with
+ * the element strides st. p NULL: absent (a result not wanted). */
+static tgm_view view_at(const void *p, const Shape &s, const Shape &st = Shape()) {
+  tgm_view v;
+  memset(&v, 0, sizeof v);
+  v.p = (void *)p;
+  v.rank = (int)s.size();
+  int64_t c = 1;
+  for (int k = v.rank - 1; k >= 0; k--) {
+    v.shape[k] = s[k];
+    v.st[k] = st.empty() ? c : st[k];
+    c *= s[k];
+  }
+  return v;
 }
 
 /* ---------------------------------------------------------------- cast, fill */
@@ -614,7 +633,13 @@ static double bf16_worst(const void *da, const void *db, int64_t n) {
 
 /* GPT-2's attention (B=16, 12 heads, T=1024, D=64, causal, bf16): flash
  * attention, and the materialised path it replaces (forced by operands one
- * element off 16-byte alignment), both timed; the two must agree. */
+ * element off 16-byte alignment), both timed; the two must agree. Then on
+ * GPT-2's layout, views of q, k, v in the packed qkv [B, T, 3 C] (rows of
+ * 2304 elements) and y written straight into [B, T, C] (the backward: dy read
+ * from [B, T, C], dq, dk, dv written into a packed [B, T, 3 C]), timed: the
+ * flash kernels must take them (on a context of its own, which the
+ * materialised path would make take scratch), with the contiguous calls'
+ * bits. */
 static void test_attention_timing(void) {
   const int64_t B = 16, H = 12, T = 1024, D = 64, n = B * H * T * D;
   Shape sh = {B, H, T, D};
@@ -638,7 +663,8 @@ static void test_attention_timing(void) {
     const char *qp = (const char *)(m ? q2.d : q.d) + o, *kp = (const char *)(m ? k2.d : k.d) + o;
     const char *vp = (const char *)(m ? v2.d : v.d) + o;
     char *yp = (char *)(m ? y2.d : y1.d) + o;
-    ms[m] = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4, sh.data(), yp, 4, sh.data(), 1, 0.125, NULL); }, 10);
+    tgm_view vq = view_at(qp, sh), vk = view_at(kp, sh), vv = view_at(vp, sh), vy = view_at(yp, sh);
+    ms[m] = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, &vq, &vk, &vv, &vy, 1, 0.125, NULL); }, 10);
     if (ran(lab[m], rc))
       printf("%-64s %.3f ms (%.0f TFLOP/s causal)\n", lab[m], ms[m], 2.0 * B * H * T * T * D / ms[m] * 1e-9);
   }
@@ -651,8 +677,8 @@ static void test_attention_timing(void) {
   out_tensor(dy2, TGM_BF16, {n + 8});
   cudaMemcpy((char *)dy2.d + 2, dy.d, (size_t)n * 2, cudaMemcpyDeviceToDevice);
   out_tensor(lse, TGM_F32, {B * H * T});
-  rc |= tgm_cuda_attention(CX, TGM_BF16, q.d, 4, sh.data(), k.d, 4, sh.data(), v.d, 4, sh.data(), y1.d, 4, sh.data(), 1,
-                           0.125, (float *)lse.d);
+  tgm_view vq = view_at(q.d, sh), vk = view_at(k.d, sh), vv = view_at(v.d, sh), vy = view_at(y1.d, sh);
+  rc |= tgm_cuda_attention(CX, TGM_BF16, &vq, &vk, &vv, &vy, 1, 0.125, (float *)lse.d);
   {
     std::vector<uint16_t> yh((size_t)n), gh((size_t)n);
     cudaMemcpy(yh.data(), y1.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
@@ -677,9 +703,11 @@ static void test_attention_timing(void) {
     const char *qp = (const char *)(m ? q2.d : q.d) + o, *kp = (const char *)(m ? k2.d : k.d) + o;
     const char *vp = (const char *)(m ? v2.d : v.d) + o, *gp = (const char *)(m ? dy2.d : dy.d) + o;
     char *base = (char *)(m ? g2.d : g1.d) + o, *dq = base, *dk = base + (n + 8) * 2, *dv = base + 2 * (n + 8) * 2;
-    double t = time_ms([&] { rc |= tgm_cuda_attention_backward(CX, TGM_BF16, qp, 4, sh.data(), kp, 4, sh.data(), vp, 4,
-                                                               sh.data(), gp, 4, sh.data(), (const float *)lse.d,
-                                                               (const float *)delta.d, dq, dk, dv, 1, 0.125); }, 5);
+    tgm_view wq = view_at(qp, sh), wk = view_at(kp, sh), wv = view_at(vp, sh), wdy = view_at(gp, sh);
+    tgm_view wdq = view_at(dq, sh), wdk = view_at(dk, sh), wdv = view_at(dv, sh);
+    double t = time_ms([&] { rc |= tgm_cuda_attention_backward(CX, TGM_BF16, &wq, &wk, &wv, &wdy, (const float *)lse.d,
+                                                               (const float *)delta.d, &wdq, &wdk, &wdv, 1, 0.125); },
+                       5);
     if (ran(blab[m], rc))
       printf("%-64s %.3f ms (%.0f TFLOP/s causal, 5 of 7 products)\n", blab[m], t, 5.0 * B * H * T * T * D / t * 1e-9);
   }
@@ -689,6 +717,80 @@ static void test_attention_timing(void) {
                                        (const char *)g2.d + (size_t)g * (n + 8) * 2 + 2, n));
   expect("attention backward timing: flash and the materialised path agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
          "max error " + std::to_string(worst));
+  /* GPT-2's layout: the same values copied into the packed buffers, head by head */
+  const int64_t C = H * D, n3 = 3 * n;
+  Tensor qkv, yv, dyv, gv;
+  out_tensor(qkv, TGM_BF16, {n3});
+  out_tensor(yv, TGM_BF16, {n});
+  out_tensor(dyv, TGM_BF16, {n});
+  out_tensor(gv, TGM_BF16, {n3});
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      size_t src = (size_t)((b * H + h) * T * D) * 2, row = (size_t)D * 2;
+      char *dst = (char *)qkv.d + (size_t)(b * T * 3 * C + h * D) * 2;
+      const void *from[3] = {q.d, k.d, v.d};
+      for (int j = 0; j < 3; j++)
+        cudaMemcpy2DAsync(dst + (size_t)(j * C) * 2, (size_t)(3 * C) * 2, (const char *)from[j] + src, row, row,
+                          (size_t)T, cudaMemcpyDeviceToDevice, CX->stream);
+      cudaMemcpy2DAsync((char *)dyv.d + (size_t)(b * T * C + h * D) * 2, (size_t)C * 2, (const char *)dy.d + src, row,
+                        row, (size_t)T, cudaMemcpyDeviceToDevice, CX->stream);
+    }
+  const Shape pst = {T * 3 * C, D, 3 * C, 1}, yst = {T * C, D, C, 1};
+  tgm_view pq = view_at(qkv.d, sh, pst), pk = view_at((char *)qkv.d + C * 2, sh, pst);
+  tgm_view pv = view_at((char *)qkv.d + 2 * C * 2, sh, pst), py = view_at(yv.d, sh, yst), pdy = view_at(dyv.d, sh, yst);
+  tgm_view pdq = view_at(gv.d, sh, pst), pdk = view_at((char *)gv.d + C * 2, sh, pst);
+  tgm_view pdv = view_at((char *)gv.d + 2 * C * 2, sh, pst);
+  const char *vlab[2] = {"TIME attention bf16 [16, 12, 1024, 64] causal, flash on GPT-2's views",
+                         "TIME attention backward bf16 [16, 12, 1024, 64] causal, flash on GPT-2's views"};
+  rc = 0;
+  double vms = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, &pq, &pk, &pv, &py, 1, 0.125, NULL); }, 10);
+  if (ran(vlab[0], rc))
+    printf("%-64s %.3f ms (%.0f TFLOP/s causal; contiguous %.3f ms)\n", vlab[0], vms, 2.0 * B * H * T * T * D / vms * 1e-9,
+           ms[0]);
+  double vbms = time_ms([&] { rc |= tgm_cuda_attention_backward(CX, TGM_BF16, &pq, &pk, &pv, &pdy, (const float *)lse.d,
+                                                                (const float *)delta.d, &pdq, &pdk, &pdv, 1, 0.125); },
+                        5);
+  if (ran(vlab[1], rc))
+    printf("%-64s %.3f ms (%.0f TFLOP/s causal, 5 of 7 products)\n", vlab[1], vbms,
+           5.0 * B * H * T * T * D / vbms * 1e-9);
+  /* the same bits as the contiguous flash calls: y1 [B, H, T, D] against [B, T, H, D], g1's three against the packed */
+  std::vector<uint16_t> a((size_t)n), b((size_t)n3);
+  int64_t diff = 0;
+  cudaMemcpy(a.data(), y1.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), yv.d, (size_t)n * 2, cudaMemcpyDeviceToHost);
+  for (int64_t i = 0; i < n; i++) { /* i = ((bb H + h) T + t) D + d */
+    int64_t d = i % D, t = i / D % T, h = i / (D * T) % H, bb = i / (D * T * H);
+    diff += a[(size_t)i] != b[(size_t)((bb * T + t) * C + h * D + d)];
+  }
+  expect("attention on GPT-2's views: y has the contiguous flash call's bits", rc == 0 && diff == 0,
+         std::to_string(diff) + " elements differ");
+  cudaMemcpy(b.data(), gv.d, (size_t)n3 * 2, cudaMemcpyDeviceToHost);
+  diff = 0;
+  for (int g = 0; g < 3; g++) {
+    cudaMemcpy(a.data(), (const char *)g1.d + (size_t)g * (n + 8) * 2, (size_t)n * 2, cudaMemcpyDeviceToHost);
+    for (int64_t i = 0; i < n; i++) {
+      int64_t d = i % D, t = i / D % T, h = i / (D * T) % H, bb = i / (D * T * H);
+      diff += a[(size_t)i] != b[(size_t)((bb * T + t) * 3 * C + g * C + h * D + d)];
+    }
+  }
+  expect("attention backward on GPT-2's views: dq, dk, dv have the contiguous flash call's bits", rc == 0 && diff == 0,
+         std::to_string(diff) + " elements differ");
+  /* the flash kernels took them: a fresh context has no scratch after both calls */
+  tgm_cuda_ctx *cx2;
+  char err[256];
+  if (tgm_cuda_ctx_create(&cx2, err, sizeof err)) {
+    expect("attention on GPT-2's views: a second context", false, err);
+    return;
+  }
+  rc = tgm_cuda_attention(cx2, TGM_BF16, &pq, &pk, &pv, &py, 1, 0.125, NULL);
+  rc = rc ? rc : tgm_cuda_attention_backward(cx2, TGM_BF16, &pq, &pk, &pv, &pdy, (const float *)lse.d,
+                                             (const float *)delta.d, &pdq, &pdk, &pdv, 1, 0.125);
+  rc = rc ? rc : tgm_cuda_sync(cx2);
+  expect("attention and its backward on GPT-2's views run the flash kernels (no scratch taken)",
+         rc == 0 && cx2->scratch_bytes == 0,
+         "rc " + std::to_string(rc) + " (" + tgm_cuda_ctx_error(cx2) + "), scratch " +
+             std::to_string(cx2->scratch_bytes) + " bytes");
+  tgm_cuda_ctx_destroy(cx2);
 }
 
 /* The device Philox against tgm_philox4x32 (tgm_init.c), all four words. */
@@ -830,7 +932,9 @@ static void test_attention(void) {
                         {{1, 3, 64, 64}, {1, 3, 64, 64}, {1, 3, 64, 64}},
                         {{2, 2, 70, 64}, {1, 2, 200, 64}, {2, 1, 200, 64}},
                         {{1, 2, 130, 128}, {1, 2, 90, 128}, {1, 2, 90, 128}},
-                        {{3, 1, 1, 64}, {3, 1, 300, 64}, {3, 1, 300, 64}}};
+                        {{3, 1, 1, 64}, {3, 1, 300, 64}, {3, 1, 300, 64}},
+                        /* three batch dims that do not collapse: flash's host loop over the first */
+                        {{2, 1, 3, 70, 64}, {1, 2, 3, 70, 64}, {2, 2, 1, 70, 64}}};
   const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
   for (int dt : dts)
     for (int causal = 0; causal < 2; causal++)
@@ -853,8 +957,8 @@ static void test_attention(void) {
         double scale = 1.0 / sqrt((double)D);
         std::string label = std::string("attention ") + DTN[dt] + (causal ? " causal " : " ") + shape_str(c.q) +
                             shape_str(c.k) + shape_str(c.v);
-        if (!ran(label, tgm_cuda_attention(CX, dt, q.d, rq, c.q.data(), k.d, rk, c.k.data(), v.d, rv, c.v.data(), y.d,
-                                           (int)ys.size(), ys.data(), causal, scale, (float *)lse.d)))
+        tgm_view vq = view_at(q.d, c.q), vk = view_at(k.d, c.k), vv = view_at(v.d, c.v), vy = view_at(y.d, ys);
+        if (!ran(label, tgm_cuda_attention(CX, dt, &vq, &vk, &vv, &vy, causal, scale, (float *)lse.d)))
           continue;
         /* the reference forward (y, lse) and backward (dq, dk, dv over the result's batch dims, from dy and
          * delta = rowsum(dy * y), the f32 delta the call gets) */
@@ -922,9 +1026,9 @@ static void test_attention(void) {
           std::string bl = label + " backward" + (only < 0 ? "" : only == 0 ? " dq only" : only == 1 ? " dk only" : " dv only");
           void *pq = only < 0 || only == 0 ? dq.d : NULL, *pk = only < 0 || only == 1 ? dk.d : NULL;
           void *pv = only < 0 || only == 2 ? dv.d : NULL;
-          if (!ran(bl, tgm_cuda_attention_backward(CX, dt, q.d, rq, c.q.data(), k.d, rk, c.k.data(), v.d, rv,
-                                                   c.v.data(), dy.d, (int)ys.size(), ys.data(), (const float *)lse_in.d,
-                                                   (const float *)delta.d, pq, pk, pv, causal, scale)))
+          tgm_view vdy = view_at(dy.d, ys), vdq = view_at(pq, qs), vdk = view_at(pk, ks), vdv = view_at(pv, vs);
+          if (!ran(bl, tgm_cuda_attention_backward(CX, dt, &vq, &vk, &vv, &vdy, (const float *)lse_in.d,
+                                                   (const float *)delta.d, &vdq, &vdk, &vdv, causal, scale)))
             continue;
           if (pq)
             compare(bl + " dq", dq.download(), rdq, gt);
@@ -934,6 +1038,207 @@ static void test_attention(void) {
             compare(bl + " dv", dv.download(), rdv, gt);
         }
       }
+}
+
+/* ---------------------------------------------------------------- attention on strided views */
+
+/* The element offsets of a view of shape s, strides st, starting at element off, in its row-major order. */
+static std::vector<int64_t> view_offsets(int64_t off, const Shape &s, const Shape &st) {
+  std::vector<int64_t> r((size_t)numel(s));
+  for (int64_t i = 0; i < (int64_t)r.size(); i++) {
+    int64_t o = off, j = i;
+    for (int k = (int)s.size() - 1; k >= 0; k--) {
+      o += j % s[k] * st[k];
+      j /= s[k];
+    }
+    r[(size_t)i] = o;
+  }
+  return r;
+}
+
+/* A contiguous device copy of the view (off, s, st) of t's values. */
+static void gather(Tensor &c, const Tensor &t, int64_t off, const Shape &s, const Shape &st) {
+  c.alloc(t.dt, s);
+  c.v.clear();
+  for (int64_t o : view_offsets(off, s, st))
+    c.v.push_back(t.v[(size_t)o]);
+  c.upload();
+}
+
+/* The values of the view (off, s, st) in raw, the bytes of a buffer of dtype
+ * dt; marks its elements in m. */
+static Vals view_vals(const std::vector<unsigned char> &raw, int dt, int64_t off, const Shape &s, const Shape &st,
+                      std::vector<char> &m) {
+  Vals r;
+  for (int64_t o : view_offsets(off, s, st)) {
+    r.push_back(get(dt, raw.data(), o));
+    m[(size_t)o] = 1;
+  }
+  return r;
+}
+
+/* Whether every element of raw (es bytes each) that m does not mark still
+ * holds Tensor::alloc's junk (bytes 0xA5). */
+static bool junk_kept(const std::vector<unsigned char> &raw, int es, const std::vector<char> &m) {
+  for (size_t i = 0; i < m.size(); i++)
+    for (int e = 0; !m[i] && e < es; e++)
+      if (raw[i * es + e] != 0xA5)
+        return false;
+  return true;
+}
+
+/* Element off of t's device buffer. */
+static void *elem(const Tensor &t, int64_t off) { return (char *)t.d + off * ESZ[t.dt]; }
+
+/* Strided views against contiguous copies (test_cpu_kernels.c's
+ * test_attention_views on the device): q, k, v are views into one buffer
+ * laid out as GPT-2's packed qkv, [B, T, 3, H, D] (q(b, h, t, d) at ((b T +
+ * t) 3 + 0) H D + h D + d, k one H D further, v two), with `pad` spare
+ * elements after each token (0: GPT-2's layout); y and dy are views into [B,
+ * T, H, D] (+ pad), dq, dk, dv are written into one packed [B, T, 3, H, D]
+ * (+ pad). kv 1: k and v read batch 0 for every batch (batch stride 0); kv
+ * 2: k, v shaped [H, T, D] (a missing batch dim). The results must match the
+ * same call on contiguous copies within the tolerances (flash gives the same
+ * bits; cuBLAS may take other algorithms for other leading dims), and the
+ * elements of the result buffers outside the views written (the pads, dk's
+ * slot when only dq and dv are wanted) keep their junk. bf16/f16 with D 64
+ * or 128 and rows of whole 16 bytes take the flash kernels; pad 4 (rows of 8
+ * bytes more), other head dims and f32 the materialised path. Then no keys
+ * or no queries: zeros through views, nothing else written. */
+static void test_attention_views(void) {
+  struct Case {
+    int dt;
+    int64_t B, H, T, D, pad;
+    int kv;
+  };
+  const Case cases[] = {{TGM_BF16, 2, 3, 100, 64, 0, 0}, {TGM_BF16, 2, 2, 70, 128, 8, 0},
+                        {TGM_BF16, 3, 2, 130, 64, 0, 1}, {TGM_F16, 2, 3, 100, 64, 8, 2},
+                        {TGM_F16, 1, 2, 200, 128, 0, 1}, {TGM_BF16, 2, 2, 70, 64, 4, 0},
+                        {TGM_BF16, 2, 2, 50, 32, 0, 2},  {TGM_F32, 2, 3, 100, 64, 0, 0},
+                        {TGM_F32, 2, 2, 70, 32, 5, 1},   {TGM_F32, 2, 2, 90, 16, 3, 2}};
+  for (const Case &c : cases)
+    for (int causal = 0; causal < 2; causal++) {
+      const int dt = c.dt, es = ESZ[dt];
+      const int64_t B = c.B, H = c.H, T = c.T, D = c.D, HD = H * D, rw = 3 * HD + c.pad, yw = HD + c.pad;
+      const int64_t nq = B * T * rw, ny = B * T * yw, nl = B * H * T;
+      const Shape s4 = {B, H, T, D}, pst = {T * rw, D, rw, 1}, yst = {T * yw, D, yw, 1};
+      const Shape kvs = c.kv == 2 ? Shape{H, T, D} : s4;
+      const Shape kst = c.kv == 2 ? Shape{D, rw, 1} : Shape{c.kv ? 0 : T * rw, D, rw, 1};
+      const double scale = 1.0 / sqrt((double)D);
+      char lab[160];
+      snprintf(lab, sizeof lab, "attention views %s%s B=%lld H=%lld T=%lld D=%lld pad=%lld kv=%d", DTN[dt],
+               causal ? " causal" : "", (long long)B, (long long)H, (long long)T, (long long)D, (long long)c.pad, c.kv);
+      const std::string label = lab;
+      Tensor qkv, dyb, yb, gb, cq, ck, cv, cdy, cy, clse, slse, delta, cg[3];
+      rand_tensor(qkv, dt, {nq}, -1, 1);
+      rand_tensor(dyb, dt, {ny}, -1, 1);
+      out_tensor(yb, dt, {ny});
+      out_tensor(gb, dt, {nq});
+      gather(cq, qkv, 0, s4, pst);
+      gather(ck, qkv, HD, kvs, kst);
+      gather(cv, qkv, 2 * HD, kvs, kst);
+      gather(cdy, dyb, 0, s4, yst);
+      out_tensor(cy, dt, s4);
+      out_tensor(clse, TGM_F32, {nl});
+      out_tensor(slse, TGM_F32, {nl});
+      tgm_view vq = view_at(qkv.d, s4, pst), vk = view_at(elem(qkv, HD), kvs, kst);
+      tgm_view vv = view_at(elem(qkv, 2 * HD), kvs, kst), vy = view_at(yb.d, s4, yst), vdy = view_at(dyb.d, s4, yst);
+      tgm_view wq = view_at(cq.d, s4), wk = view_at(ck.d, kvs), wv = view_at(cv.d, kvs), wy = view_at(cy.d, s4);
+      tgm_view wdy = view_at(cdy.d, s4);
+      if (!ran(label + " (contiguous)", tgm_cuda_attention(CX, dt, &wq, &wk, &wv, &wy, causal, scale, (float *)clse.d)) ||
+          !ran(label, tgm_cuda_attention(CX, dt, &vq, &vk, &vv, &vy, causal, scale, (float *)slse.d)))
+        continue;
+      std::vector<unsigned char> raw = raw_bytes(yb);
+      std::vector<char> m((size_t)ny, 0);
+      Vals ry = cy.download(), rlse = clse.download();
+      compare(label + " y", view_vals(raw, dt, 0, s4, yst, m), ry, tol_for(dt, true));
+      compare(label + " lse", slse.download(), rlse, 1e-4);
+      expect(label + " y: nothing written outside its view", junk_kept(raw, es, m), "a pad element was written");
+      /* the backward from the contiguous call's lse and delta = rowsum(dy * y) in f32 */
+      delta.alloc(TGM_F32, {nl});
+      delta.v.assign((size_t)nl, 0.0);
+      for (int64_t i = 0; i < nl * D; i++)
+        delta.v[(size_t)(i / D)] += cdy.v[(size_t)i] * ry[(size_t)i];
+      for (double &x : delta.v)
+        x = (double)(float)x;
+      delta.upload();
+      tgm_view wg[3];
+      for (int o = 0; o < 3; o++) {
+        out_tensor(cg[o], dt, s4);
+        wg[o] = view_at(cg[o].d, s4);
+      }
+      if (!ran(label + " backward (contiguous)",
+               tgm_cuda_attention_backward(CX, dt, &wq, &wk, &wv, &wdy, (const float *)clse.d, (const float *)delta.d,
+                                           &wg[0], &wg[1], &wg[2], causal, scale)))
+        continue;
+      Vals rg[3] = {cg[0].download(), cg[1].download(), cg[2].download()};
+      const char *gn[3] = {" dq", " dk", " dv"};
+      for (int want : {7, 5}) { /* all three, then dq and dv (dk's slot keeps its junk) */
+        std::string bl = label + (want == 7 ? " backward" : " backward (no dk)");
+        tgm_view vg[3];
+        cudaMemsetAsync(gb.d, 0xA5, (size_t)nq * es, CX->stream);
+        for (int o = 0; o < 3; o++)
+          vg[o] = view_at(want >> o & 1 ? elem(gb, o * HD) : NULL, s4, pst);
+        if (!ran(bl, tgm_cuda_attention_backward(CX, dt, &vq, &vk, &vv, &vdy, (const float *)clse.d,
+                                                 (const float *)delta.d, &vg[0], &vg[1], &vg[2], causal, scale)))
+          continue;
+        raw = raw_bytes(gb);
+        m.assign((size_t)nq, 0);
+        for (int o = 0; o < 3; o++)
+          if (want >> o & 1)
+            compare(bl + gn[o], view_vals(raw, dt, o * HD, s4, pst, m), rg[o], dt == TGM_F32 ? 1e-4 : tol_for(dt, true));
+        expect(bl + ": nothing written outside the views", junk_kept(raw, es, m), "an element outside was written");
+      }
+    }
+  /* no keys (y = 0, lse = -inf; dq = 0) and no queries (dk = dv = 0) */
+  for (int dt : {TGM_F32, TGM_BF16}) {
+    const int es = ESZ[dt];
+    const int64_t B = 2, H = 2, T = 5, D = 8, HD = H * D, rw = 3 * HD + 3, yw = HD + 3, nq = B * T * rw;
+    const int64_t ny = B * T * yw, nl = B * H * T;
+    const Shape s4 = {B, H, T, D}, s0 = {B, H, 0, D}, pst = {T * rw, D, rw, 1}, yst = {T * yw, D, yw, 1};
+    Tensor qkv, dyb, yb, gb, lse, delta;
+    rand_tensor(qkv, dt, {nq}, -1, 1);
+    rand_tensor(dyb, dt, {ny}, -1, 1);
+    out_tensor(yb, dt, {ny});
+    out_tensor(gb, dt, {nq});
+    out_tensor(lse, TGM_F32, {nl});
+    rand_tensor(delta, TGM_F32, {nl}, -1, 1);
+    tgm_view vq = view_at(qkv.d, s4, pst), vk = view_at(elem(qkv, HD), s4, pst);
+    tgm_view vv = view_at(elem(qkv, 2 * HD), s4, pst), vq0 = view_at(qkv.d, s0, pst);
+    tgm_view vk0 = view_at(elem(qkv, HD), s0, pst), vv0 = view_at(elem(qkv, 2 * HD), s0, pst);
+    tgm_view vy = view_at(yb.d, s4, yst), vdy = view_at(dyb.d, s4, yst), vdy0 = view_at(dyb.d, s0, yst);
+    tgm_view vg[3], vg0[3];
+    for (int o = 0; o < 3; o++) {
+      vg[o] = view_at(elem(gb, o * HD), s4, pst);
+      vg0[o] = view_at(elem(gb, o * HD), s0, pst);
+    }
+    std::string label = std::string("attention views ") + DTN[dt] + " no keys";
+    if (ran(label, tgm_cuda_attention(CX, dt, &vq, &vk0, &vv0, &vy, 0, 0.5, (float *)lse.d))) {
+      std::vector<unsigned char> raw = raw_bytes(yb);
+      std::vector<char> m((size_t)ny, 0);
+      compare(label + " y", view_vals(raw, dt, 0, s4, yst, m), Vals((size_t)(B * H * T * D), 0.0), 0);
+      compare(label + " lse", lse.download(), Vals((size_t)nl, -INFINITY), 0);
+      expect(label + " y: nothing written outside its view", junk_kept(raw, es, m), "a pad element was written");
+    }
+    label = std::string("attention views ") + DTN[dt] + " backward no keys";
+    if (ran(label, tgm_cuda_attention_backward(CX, dt, &vq, &vk0, &vv0, &vdy, (const float *)lse.d,
+                                               (const float *)delta.d, &vg[0], &vg0[1], &vg0[2], 0, 0.5))) {
+      std::vector<unsigned char> raw = raw_bytes(gb);
+      std::vector<char> m((size_t)nq, 0);
+      compare(label + " dq", view_vals(raw, dt, 0, s4, pst, m), Vals((size_t)(B * H * T * D), 0.0), 0);
+      expect(label + ": nothing written outside dq", junk_kept(raw, es, m), "an element outside was written");
+    }
+    cudaMemsetAsync(gb.d, 0xA5, (size_t)nq * es, CX->stream);
+    label = std::string("attention views ") + DTN[dt] + " backward no queries";
+    if (ran(label, tgm_cuda_attention_backward(CX, dt, &vq0, &vk, &vv, &vdy0, (const float *)lse.d,
+                                               (const float *)delta.d, &vg0[0], &vg[1], &vg[2], 1, 0.5))) {
+      std::vector<unsigned char> raw = raw_bytes(gb);
+      std::vector<char> m((size_t)nq, 0);
+      compare(label + " dk", view_vals(raw, dt, HD, s4, pst, m), Vals((size_t)(B * H * T * D), 0.0), 0);
+      compare(label + " dv", view_vals(raw, dt, 2 * HD, s4, pst, m), Vals((size_t)(B * H * T * D), 0.0), 0);
+      expect(label + ": nothing written outside dk, dv", junk_kept(raw, es, m), "an element outside was written");
+    }
+  }
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -974,6 +1279,27 @@ static void test_errors(void) {
   const int64_t sq[] = {2, 3};
   rc = tgm_cuda_matmul(CX, TGM_F32, a.d, 2, sa, b.d, 2, sq, y.d, 2, sa);
   expect("error: matmul with mismatched K", rc != 0, "rc " + std::to_string(rc));
+  /* attention's views: a last-dim stride other than 1, a row stride below the row, batch dims that do not
+   * broadcast, a result of another shape; each refused with a message naming the tensor */
+  const Shape s3 = {2, 3, 4};
+  tgm_view good = view_at(a.d, s3), y3 = view_at(y.d, s3), lastst = view_at(a.d, s3, {12, 8, 2});
+  tgm_view rowst = view_at(a.d, s3, {12, 3, 1}), badb = view_at(a.d, {3, 3, 4}), dq2 = view_at(y.d, {2, 3, 5});
+  struct {
+    const char *what, *needle;
+    const tgm_view *q, *k, *y, *dq;
+  } bad[] = {{"error: attention with q's last stride 2", "q: the last dim's stride is 2", &lastst, &good, &y3, NULL},
+             {"error: attention with k's row stride below its row", "k: the row stride 3", &good, &rowst, &y3, NULL},
+             {"error: attention with batch dims that do not broadcast", "k: batch dim 0 is 3", &good, &badb, &y3, NULL},
+             {"error: attention_backward with dq of another shape", "dq: its last dims [3, 5]", &good, &good, &y3,
+              &dq2}};
+  for (const auto &c : bad) {
+    rc = c.dq ? tgm_cuda_attention_backward(CX, TGM_F32, c.q, c.k, &good, c.y, (const float *)b.d,
+                                            (const float *)b.d, c.dq, NULL, NULL, 0, 0.5)
+              : tgm_cuda_attention(CX, TGM_F32, c.q, c.k, &good, c.y, 0, 0.5, NULL);
+    msg = tgm_cuda_ctx_error(CX);
+    expect(c.what, rc != 0 && msg.find(c.needle) != std::string::npos,
+           "rc " + std::to_string(rc) + ", message '" + msg + "'");
+  }
   rc = tgm_cuda_sync(CX);
   expect("error: the context still works after refused calls", rc == 0, tgm_cuda_ctx_error(CX));
 }
@@ -1008,6 +1334,7 @@ int main(int argc, char **argv) {
                            {"timing", test_timing},
                            {"attention_timing", test_attention_timing},
                            {"attention", test_attention},
+                           {"attention_views", test_attention_views},
                            {"errors", test_errors}};
   for (const Group &g : groups_)
     if (!only || !strcmp(only, g.name))

@@ -106,7 +106,7 @@ struct Dev {
 struct Case {
   int dt, ta, tb;
   int64_t M, N, K, batch, pad, gap;
-  int bc, bias, act, aux, res, acc, inplace, skew;
+  int bc, bias, act, aux, res, acc, inplace, skew, dact, bgrad;
 };
 
 static void result(bool ok, const std::string &label, const std::string &why) {
@@ -159,9 +159,22 @@ static void run_case(const Case &c, int repeat = 1) {
   fill_buf(y, dt, B, M, N, ldc, sc, 7.0);
   fill_buf(aux, dt, B, M, N, ldc, sc, 7.0);
   fill_buf(res, dt, B, M, N, ldc, sc, NAN);
-  for (int64_t i = 0; i < aux.n; i++)
+  for (int64_t i = 0; i < aux.n && !c.dact; i++) /* (dact: aux is the activation's input, read) */
     if (aux.v[i] != 7.0)
       aux.set(i, NAN);
+  Buf bg; /* the bias gradient, two sentinels past it */
+  fill_buf(bg, dt, 1, 1, M + 2, M + 2, 0, NAN);
+  bg.set(M, 7.0);
+  bg.set(M + 1, 7.0);
+  std::vector<double> bscale((size_t)M + 2, -1.0);
+  for (int64_t m = 0; m < M && c.bgrad; m++) {
+    double s2 = 0;
+    for (int64_t l = 0; l < K; l++) {
+      double v = a.v[c.ta ? l * lda + m : m * lda + l];
+      s2 += v * v;
+    }
+    bscale[m] = std::sqrt(s2);
+  }
   if (!c.acc && !c.inplace)
     for (int64_t k = 0; k < B; k++)
       for (int64_t m = 0; m < M; m++)
@@ -169,27 +182,30 @@ static void run_case(const Case &c, int repeat = 1) {
           y.set(k * sc + m * ldc + n, NAN);
   /* tolerances from the double sums */
   const bool lt_gelu = c.act == TGM_ACT_GELU_TANH && !c.res && !c.acc && K > 0;
-  const double rtol = dt == TGM_BF16 ? 1e-2 : dt == TGM_F16 ? 2e-3 : lt_gelu ? 1e-3 : 2e-5;
+  const double rtol = dt == TGM_BF16 ? 1e-2 : dt == TGM_F16 ? 2e-3 : lt_gelu || c.dact ? 1e-3 : 2e-5;
   const double sub = dt == TGM_F16 ? 0x1p-24 : 0;
   std::vector<double> scale((size_t)(y.n > 0 ? y.n : 1), -1.0), ascale = scale;
   for (int64_t k = 0; k < B; k++)
     for (int64_t m = 0; m < M; m++)
       for (int64_t n = 0; n < N; n++) {
-        double s2 = 0;
+        double s2 = 0, ps = 0;
         for (int64_t l = 0; l < K; l++) {
           double p =
               a.v[k * sa + (c.ta ? l * lda + m : m * lda + l)] * b.v[k * sb + (c.tb ? n * ldb + l : l * ldb + n)];
           s2 += p * p;
+          ps += p;
         }
         int64_t o = k * sc + m * ldc + n;
         double s = std::sqrt(s2) + (c.bias ? std::fabs(bias.v[n]) : 0);
+        if (c.dact) /* times act'(aux): at most about 1.13, its two terms (each below 1.25) may cancel */
+          s = 1.13 * s + 1.25 * (std::fabs(ps) + (c.bias ? std::fabs(bias.v[n]) : 0));
         if (c.aux)
           ascale[o] = s;
         scale[o] = s + (c.res ? std::fabs(c.inplace ? y.v[o] : res.v[o]) : 0) + (c.acc ? std::fabs(y.v[o]) : 0);
       }
-  Dev da, db, dbias, dy, daux, dres;
+  Dev da, db, dbias, dy, daux, dres, dbg;
   if (!da.up(a, c.skew) || !db.up(b, c.skew) || !dbias.up(bias, c.skew) || !dy.up(y, c.skew) ||
-      !daux.up(aux, c.skew) || !dres.up(res, c.skew)) {
+      !daux.up(aux, c.skew) || !dres.up(res, c.skew) || !dbg.up(bg, c.skew)) {
     result(false, "gemm", "cudaMalloc/cudaMemcpy failed");
     return;
   }
@@ -209,19 +225,22 @@ static void run_case(const Case &c, int repeat = 1) {
   h.sc = sc;
   h.act = c.act;
   h.accumulate = c.acc;
+  h.dact = c.dact;
   tgm_gemm d = h;
-  Buf ycpu = y, auxcpu = aux;
+  Buf ycpu = y, auxcpu = aux, bgcpu = bg;
   h.A = a.raw.data();
   h.B = b.raw.data();
   h.C = ycpu.raw.data();
   h.bias = c.bias ? bias.raw.data() : NULL;
-  h.aux = c.aux ? auxcpu.raw.data() : NULL;
+  h.aux = c.aux || c.dact ? auxcpu.raw.data() : NULL;
+  h.bgrad = c.bgrad ? bgcpu.raw.data() : NULL;
+  d.bgrad = c.bgrad ? dbg.p : NULL;
   h.residual = c.res ? (c.inplace ? (const void *)ycpu.raw.data() : (const void *)res.raw.data()) : NULL;
   d.A = da.p;
   d.B = db.p;
   d.C = dy.p;
   d.bias = c.bias ? dbias.p : NULL;
-  d.aux = c.aux ? daux.p : NULL;
+  d.aux = c.aux || c.dact ? daux.p : NULL;
   d.residual = c.res ? (c.inplace ? (const void *)dy.p : (const void *)dres.p) : NULL;
   uint32_t epi;
   float beta;
@@ -229,10 +248,11 @@ static void run_case(const Case &c, int repeat = 1) {
   const char *path = K > 0 && lt_epilogue_for(&d, &epi, &beta, &cin) ? "lt" : "lt+k";
   char lab[300];
   snprintf(lab, sizeof lab,
-           "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s acc=%d%s "
+           "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s acc=%d%s%s%s "
            "[%s]",
            DTN[dt], c.ta, c.tb, (long long)M, (long long)N, (long long)K, (long long)B, (long long)c.pad, c.bc,
-           c.bias, ACTN[c.act], c.aux, c.res, c.inplace ? "(=C)" : "", c.acc, c.skew ? " skew" : "", path);
+           c.bias, ACTN[c.act], c.aux, c.res, c.inplace ? "(=C)" : "", c.acc, c.skew ? " skew" : "",
+           c.dact ? " dact" : "", c.bgrad ? " bgrad" : "", path);
   int rc = tgm_cpu_gemm(&h);
   if (rc) {
     result(false, lab, "tgm_cpu_gemm returned " + std::to_string(rc));
@@ -251,8 +271,8 @@ static void run_case(const Case &c, int repeat = 1) {
       result(false, lab, std::string("tgm_cuda_gemm: ") + tgm_cuda_ctx_error(CX));
       return;
     }
-    Buf ygpu = y, auxgpu = aux;
-    if (!dy.down(ygpu) || !daux.down(auxgpu)) {
+    Buf ygpu = y, auxgpu = aux, bggpu = bg;
+    if (!dy.down(ygpu) || !daux.down(auxgpu) || !dbg.down(bggpu)) {
       result(false, lab, "cudaMemcpy failed");
       return;
     }
@@ -262,9 +282,14 @@ static void run_case(const Case &c, int repeat = 1) {
       ycpu.v[i] = tgm_get(ycpu.raw.data(), dt, i);
       auxcpu.v[i] = tgm_get(auxcpu.raw.data(), dt, i);
     }
-    std::string w1, w2;
+    for (int64_t i = 0; i < bggpu.n; i++) {
+      bggpu.v[i] = tgm_get(bggpu.raw.data(), dt, i);
+      bgcpu.v[i] = tgm_get(bgcpu.raw.data(), dt, i);
+    }
+    std::string w1, w2, w3;
     bool ok1 = within(ygpu, ycpu, scale, rtol, sub, w1), ok2 = within(auxgpu, auxcpu, ascale, rtol, sub, w2);
-    result(ok1 && ok2, std::string(lab) + (r ? " (again)" : ""), "C " + w1 + "; aux " + w2);
+    bool ok3 = within(bggpu, bgcpu, bscale, rtol, sub, w3);
+    result(ok1 && ok2 && ok3, std::string(lab) + (r ? " (again)" : ""), "C " + w1 + "; aux " + w2 + "; bgrad " + w3);
   }
 }
 
@@ -279,7 +304,7 @@ static void test_gemm(void) {
           for (int t = 0; t < 4; t++, rot++) {
             int e = rot % 64;
             Case c = {dts[di], t & 1, t >> 1, sz[i], sz[j], sz[k], 1, rot % 3 ? 3 : 0, 0, 0,
-                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, rot % 7 == 0};
+                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, rot % 7 == 0, 0, 0};
             c.inplace = c.res && !c.acc && rot % 5 == 0;
             run_case(c);
           }
@@ -292,25 +317,37 @@ static void test_gemm(void) {
         int e = (rot * 7) % 64;
         /* gap 8 keeps batch strides multiples of 8 where pad allows: GELU_AUX's batched path */
         Case c = {dts[di], rot & 1, (rot >> 1) & 1, bs[k][0], bs[k][1], bs[k][2], bs[k][3], k == 8 ? 0 : 2,
-                  k == 8 ? 0 : 5, bc, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+                  k == 8 ? 0 : 5, bc, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0, 0, 0};
         run_case(c);
       }
   /* every cuBLASLt epilogue on an aligned, batched shape (N, ldc multiples of 8) */
   for (int di = 0; di < 3; di++)
     for (int e = 0; e < 64; e++) {
       Case c = {dts[di], e & 1, 1, 64, 96, 128, 2, 0, 0, 0, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1,
-                (e >> 5) & 1, 0, 0};
+                (e >> 5) & 1, 0, 0, 0, 0};
       run_case(c);
     }
   /* edge cases, and the plan cache (a second run of the same case) */
   for (int di = 0; di < 3; di++) {
-    run_case(Case{dts[di], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0});
+    run_case(Case{dts[di], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0, 0, 0});
     static const int64_t z[][4] = {{0, 5, 3, 1}, {5, 0, 3, 1}, {0, 0, 0, 1}, {3, 4, 5, 0}};
     for (auto &q : z)
-      run_case(Case{dts[di], 1, 0, q[0], q[1], q[2], q[3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0});
-    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0}, 2);
-    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0}, 2);
+      run_case(Case{dts[di], 1, 0, q[0], q[1], q[2], q[3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0, 0, 0});
+    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0, 0}, 2);
+    run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0}, 2);
   }
+  /* an activation's backward at aux (dact: DGELU for tanh-gelu, aligned, without a bias; else the epilogue
+   * kernel), and the sum over k of op(A) (bgrad: BGRADB alone, else its own kernel), GPT-2's weight-gradient
+   * shape among them (M = N = 768, K = 2048, A transposed) */
+  static const int64_t ds[][3] = {{64, 96, 128}, {130, 33, 7}, {7, 130, 520}, {768, 768, 2048}};
+  for (int di = 0; di < 3; di++)
+    for (size_t k = 0; k < sizeof ds / sizeof *ds; k++)
+      for (int t = 0; t < 4; t++, rot++) {
+        int pad = rot % 3 == 0 ? 3 : 0;
+        run_case(Case{dts[di], t & 1, t >> 1, ds[k][0], ds[k][1], ds[k][2], 1, pad, 0, 0, rot % 4 == 1,
+                      t & 2 ? TGM_ACT_GELU_TANH : TGM_ACT_GELU, 0, 0, 0, 0, 0, 1, 0});
+        run_case(Case{dts[di], 1, t & 1, ds[k][0], ds[k][1], ds[k][2], 1, pad, 0, 0, t == 3, 0, 0, 0, 0, 0, 0, 0, 1});
+      }
 }
 
 /* Bad arguments: an error code and a message naming the function. */

@@ -49,6 +49,14 @@ static void loads_mark(const BPass *p, const Kernel *k, char *mark) {
 
 static int npass, nfail;
 
+/* Is n a view that a loop kernel stores while the memory it views is
+ * stored already (a copy)? */
+static int copy_of_stored(const BPass *p, const Node *n) {
+  Layout l;
+  return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT && p->kern[n->id] >= 0 &&
+         p->k[p->kern[n->id]]->kind == K_LOOP && layout_of(p, n->in[0], &l);
+}
+
 static void check(int ok, const char *what, const char *detail) {
   if (ok)
     npass++;
@@ -131,9 +139,9 @@ static void check_decompose(Graph *g, BPass *p, const Tensor *gvals, const Inter
 /* Fused and unfused: renders, the plan keeps live buffers apart, every
  * stored value is stored by one kernel; unfused: one kernel per computed
  * node. */
-/* Every final a loop kernel of the pass computes (an output, the loss, a
- * gradient, or a reshape of one) is stored where the caller gets it: no copy
- * after the kernels. A value that is two finals is stored once, for the first. */
+/* Every final a loop kernel or a GEMM of the pass computes (an output, the
+ * loss, a gradient, or a reshape of one) is stored where the caller gets it:
+ * no copy after the kernels. A value that is two finals is stored once, for the first. */
 static void check_in_place(const BPass *p, const char *path) {
   for (int k = 0; k < p->nfinals; k++) {
     Home h;
@@ -144,7 +152,7 @@ static void check_in_place(const BPass *p, const char *path) {
     if (bi < 0)
       continue;
     const Node *x = p->b[bi].node;
-    if (p->kern[x->id] < 0 || p->k[p->kern[x->id]]->kind != K_LOOP)
+    if (p->kern[x->id] < 0 || p->k[p->kern[x->id]]->kind == K_EXTERN)
       continue;
     for (int j = 0; j < k; j++) {
       int bj = p->buf[p->finals[j]->id];
@@ -171,42 +179,50 @@ static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
   for (int i = 0; i < p->n; i++)
     if (stores[i] > 1 || (stores[i] && !p->realized[i]))
       ok = 0;
-  /* no transpose or copy kernel feeds a GEMM: transposes are GEMM flags */
+  /* no transpose kernel feeds a GEMM (transposes are GEMM flags); fused,
+   * no kernel copies a view of stored memory for a GEMM or an attention
+   * call (attention reads and writes strided layouts) */
   int feed_ok = 1;
   for (int c = 0; c < p->nk && feed_ok; c++) {
     const Kernel *k = p->k[c];
-    if (k->kind != K_GEMM)
-      continue;
-    for (int j = 0; j < 2; j++) {
-      int t;
-      const Node *src = gemm_operand(k->anchor, j, &t);
-      int kp = p->kern[src->id], tt;
-      /* a copy of a transpose of the last two dims (a flag), or of a
-       * reshape of one; a reshape of another permutation (attention's
-       * head layout) is still a copy until attention writes that layout */
+    int att = k->kind == K_EXTERN && (k->anchor->op == OP_ATTENTION || k->anchor->op == OP_ATTENTION_LSE ||
+                                      k->anchor->op == OP_ATTENTION_BACKWARD);
+    if ((k->kind != K_GEMM || !gemm_strided(k->anchor)) && !att) /* (torch.matmul's broadcasting call takes */
+      continue;                                                     /* contiguous operands) */
+    for (int j = 0; j < (att ? k->anchor->nin : 2); j++) {
+      int t, tt;
+      const Node *src = att ? k->anchor->in[j] : gemm_operand(k->anchor, j, &t);
       const Node *v = src->op == OP_RESHAPE ? src->in[0] : src;
-      if (kp >= 0 && p->k[kp]->kind == K_LOOP && gemm_strided(k->anchor) && gemm_source(v, &tt) != v) {
-        snprintf(err, sizeof err, "kernel %d copies %s (%%%d) for GEMM kernel %d", kp + 1, op_info[src->op].name,
-                 src->id, c + 1);
+      int transposed = k->kind == K_GEMM && gemm_source(v, &tt) != v;
+      const Node *b = layout_base(p, src);
+      if (copy_of_stored(p, b) && (transposed || fuse)) {
+        snprintf(err, sizeof err, "kernel %d copies %s (%%%d) for %s kernel %d", p->kern[b->id] + 1,
+                 op_info[b->op].name, b->id, att ? "attention" : "GEMM", c + 1);
         feed_ok = 0;
       }
     }
   }
-  snprintf(what, sizeof what, "%s %s %s: no transpose kernel feeds a strided GEMM", name,
-           pass_names[p->kind], fuse ? "fused" : "unfused");
+  snprintf(what, sizeof what, "%s %s %s: no %s kernel feeds a %s", name, pass_names[p->kind],
+           fuse ? "fused" : "unfused", fuse ? "copy" : "transpose", fuse ? "GEMM or attention" : "strided GEMM");
   check(feed_ok, what, feed_ok ? "" : err);
   /* every value a kernel reads from memory is written by an earlier kernel */
   char *mark = calloc((size_t)p->n + 1, 1);
   int order_ok = 1;
   for (int c = 0; c < p->nk && order_ok; c++) {
     loads_mark(p, p->k[c], mark);
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n && order_ok; i++) {
       if (mark[i] && p->kern[i] >= c) {
         snprintf(err, sizeof err, "kernel %d reads %%%d (%s), written by kernel %d", c + 1, i,
                  op_info[p->nodes[i]->op].name, p->kern[i] + 1);
         order_ok = 0;
-        break;
       }
+      for (int j = 0; mark[i] && p->host[i] && j < p->n && order_ok; j++) /* a host: the values placed in it */
+        if (p->place[j] && p->place[j]->host == p->nodes[i] && p->kern[j] >= c) {
+          snprintf(err, sizeof err, "kernel %d reads %%%d (%s), whose part %%%d kernel %d writes", c + 1, i,
+                   op_info[p->nodes[i]->op].name, j, p->kern[j] + 1);
+          order_ok = 0;
+        }
+    }
   }
   free(mark);
   snprintf(what, sizeof what, "%s %s %s: kernels read only what earlier kernels wrote", name, pass_names[p->kind],
@@ -219,7 +235,8 @@ static void check_schedule(Graph *g, BPass *p, int fuse, const char *name) {
     int want = 0;
     for (int i = 0; i < p->n; i++) {
       const Node *n = p->nodes[i];
-      int alias = (n->op == OP_RESHAPE || n->op == OP_SQUEEZE || n->op == OP_UNSQUEEZE) && p->kern[i] < 0;
+      Layout l;
+      int alias = p->kern[i] < 0 && layout_alias(p, n, &l);
       if (p->realized[i] && !alias)
         want++;
     }
@@ -453,6 +470,59 @@ static void attention_kernels(void) {
   arena_free(&a);
 }
 
+/* GPT-2's training pass (tests/data/gpt2_tiny.yaml, 2 layers): each
+ * attention reads q, k and v where the qkv projection stored them and
+ * writes its output into the [B, T, C] operand of the projection after it
+ * (placed there; that operand has no kernel of its own); each backward
+ * call writes d_q, d_k and d_v into the one gradient of qkv (a concat with
+ * no kernel); the MLP's first GEMM applies gelu with its input stored
+ * beside the output (aux) in the forward, and the GEMM of its gradient
+ * applies gelu's gradient in its store (no loop kernel computes one); each
+ * linear's bias gradient is summed by the GEMM of its weight's gradient,
+ * which reads the same dy. */
+static void gpt2_layouts(void) {
+  Arena a = {.fail_after = -1};
+  Plan pl = {0};
+  char detail[200];
+  BPass *p = train_pass(&a, "tests/data/gpt2_tiny.yaml", 1, &pl);
+  if (!p) {
+    arena_free(&a);
+    return;
+  }
+  int att = 0, att_placed = 0, grads = 0, grads_placed = 0, gelu_aux = 0, dgelu = 0, dgelu_nodes = 0, bgrads = 0;
+  for (int i = 0; i < p->n; i++) {
+    const Node *n = p->nodes[i];
+    const Layout *l = p->place[i];
+    int host_ok = l && p->host[l->host->id] && p->kern[l->host->id] < 0 && p->buf[l->host->id] >= 0;
+    if (n->op == OP_ATTENTION) {
+      att++;
+      att_placed += host_ok;
+    } else if (n->op == OP_ATTENTION_BACKWARD) {
+      grads++;
+      grads_placed += host_ok && l->host->op == OP_CONCAT;
+    }
+    dgelu_nodes += n->op == OP_GELU_GRAD;
+  }
+  for (int c = 0; c < p->nk; c++) {
+    const Kernel *k = p->k[c];
+    gelu_aux += k->kind == K_GEMM && k->act && k->act->op == OP_GELU && k->aux == k->anchor && k->nouts == 2;
+    dgelu += k->kind == K_GEMM && k->act && k->act->op == OP_GELU_GRAD && k->aux == k->act->in[1];
+    bgrads += k->kind == K_GEMM && k->bgrad && k->anchor->op == OP_MATMUL && k->nouts == 2 && k->outs[1] == k->bgrad &&
+              k->bgrad->op == OP_SUM;
+  }
+  snprintf(detail, sizeof detail, "attention results placed %d of %d, gradients placed in a concat %d of %d", att_placed,
+           att, grads_placed, grads);
+  check(att == 2 && att_placed == att && grads == 6 && grads_placed == grads,
+        "gpt2_tiny: attention writes its output and its gradients where the GEMMs read them", detail);
+  snprintf(detail, sizeof detail, "%d GEMMs with gelu and aux, %d with gelu's gradient, %d gelu_grad nodes", gelu_aux,
+           dgelu, dgelu_nodes);
+  check(gelu_aux == 2 && dgelu == 2 && dgelu_nodes == 2, "gpt2_tiny: gelu and its gradient in the GEMMs' stores", detail);
+  snprintf(detail, sizeof detail, "%d GEMMs store a bias gradient", bgrads);
+  check(bgrads == 8, "gpt2_tiny: each linear's bias gradient in the store of its weight's gradient GEMM (4 a layer)",
+        detail);
+  arena_free(&a);
+}
+
 /* The training pass of d sum(tinyops(x)) / d x (train.wrt). Nothing is
  * saved; the backward recomputes the chain from x, so the kernel that
  * writes d_x reads x only and joins the forward kernel that reads x (a
@@ -681,6 +751,7 @@ int main(int argc, char **argv) {
     loss_kernels("tests/data/gpt2_tiny.yaml", OP_CROSS_ENTROPY);
     loss_kernels("spec/examples/mlp_blocks.yaml", OP_MSE_LOSS);
     attention_kernels();
+    gpt2_layouts();
     cuda_mapping();
   }
   printf("%d passed, %d failed\n", npass, nfail);

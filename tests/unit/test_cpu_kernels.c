@@ -29,8 +29,12 @@
  * over a row), against the kernel's contract (delta from y rounded to dt)
  * and in f32 also against the exact gradient; outputs not wanted (NULL)
  * leave the others' bits alone, and the forward and backward give the same
- * bits at 1, 2 and 3 threads. Prints a line per failure and "N passed, M
- * failed"; exits nonzero on any failure. */
+ * bits at 1, 2 and 3 threads. Attention on strided views (q, k, v read from
+ * GPT-2's packed qkv layout, results written into packed and padded
+ * buffers, k and v broadcast by a 0 stride or a missing dim) must give the
+ * bits of the same call on contiguous copies and write nothing outside the
+ * views. Prints a line per failure and "N passed, M failed"; exits nonzero
+ * on any failure. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -141,6 +145,23 @@ static int64_t numel_of(int r, const int64_t *s) {
     n *= s[k];
   return n;
 }
+
+/* A strided view (attention's operands): rank r, shape s, element strides st
+ * (NULL: row-major), starting off elements of dtype dt past p (p NULL: an
+ * absent view of that shape). */
+static tgm_view view_of(int dt, void *p, int64_t off, int r, const int64_t *s, const int64_t *st) {
+  tgm_view v = {p ? (char *)p + off * (int64_t)esize(dt) : NULL, r, {0}, {0}};
+  int64_t c = 1;
+  for (int k = r - 1; k >= 0; k--) {
+    v.shape[k] = s[k];
+    v.st[k] = st ? st[k] : c;
+    c *= s[k];
+  }
+  return v;
+}
+
+/* The row-major view of a tensor. */
+static tgm_view tview(const T *t) { return view_of(t->dt, t->p, 0, t->r, t->s, NULL); }
 
 /* ---------------------------------------------------------------- checks */
 
@@ -850,19 +871,21 @@ static void test_attention(void) {
           char what[160];
           snprintf(what, sizeof what, "attention %s q%s k%s v%s causal=%d scale=%g", dtn[dt], shstr(q.r, q.s),
                    shstr(kk.r, kk.s), shstr(v.r, v.s), causal, scale);
+          tgm_view vq = tview(&q), vk = tview(&kk), vv = tview(&v), vy = tview(&y), vn = view_of(dt, NULL, 0, ry, sy, NULL);
           memset(y.p, 0x5a, esize(dt) * (size_t)y.n);
           memset(lse, 0x5a, sizeof(float) * (size_t)nl);
-          tgm_cpu_attention(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, y.p, ry, sy, causal, scale, lse);
+          tgm_cpu_attention(dt, &vq, &vk, &vv, &vy, causal, scale, lse);
           expect(what, dt, y.p, ref, y.n, gtol_of(dt));
           expect(fmt("%s: lse", what), TGM_F32, lse, rlse, nl, tol_of(TGM_F32));
           /* lse alone (y NULL): the same bits */
           memset(lse2, 0x5a, sizeof(float) * (size_t)nl);
-          tgm_cpu_attention(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, NULL, ry, sy, causal, scale, lse2);
+          tgm_cpu_attention(dt, &vq, &vk, &vv, &vn, causal, scale, lse2);
           check(!memcmp(lse, lse2, sizeof(float) * (size_t)nl), fmt("%s: lse alone (y NULL), the same bits", what));
-          int64_t Tq = q.s[q.r - 2], D = q.s[q.r - 1], Tk = kk.s[kk.r - 2], Dv = v.s[v.r - 1];
+          int64_t Tq = q.s[q.r - 2], Tk = kk.s[kk.r - 2], Dv = v.s[v.r - 1];
           if (ry == 3 && sy[0] <= 2 && Tq * Tk <= 20000) { /* the no-scratch rows, one batch */
+            Att a = att_init(dt, &vq, &vk, &vv, &vy, NULL, NULL, NULL, causal, scale);
             memset(y.p, 0, esize(dt) * (size_t)y.n);
-            attention_noscratch(dt, q.p, kk.p, v.p, y.p, lse, 0, Tq, Tk, D, Dv, causal, (float)scale);
+            attention_noscratch(&a, 0, 0, Tq, lse);
             expect(fmt("attention_noscratch %s q%s causal=%d", dtn[dt], shstr(q.r, q.s), causal), dt, y.p, ref,
                    Tq * Dv, gtol_of(dt));
             expect(fmt("attention_noscratch %s q%s causal=%d: lse", dtn[dt], shstr(q.r, q.s), causal), TGM_F32, lse,
@@ -887,7 +910,8 @@ static void test_attention(void) {
     setv(&q, 4 + e, NAN);
     setv(&q, 8 + e, -INFINITY);
   }
-  tgm_cpu_attention(TGM_F32, q.p, 3, s3, kk.p, 3, s3, v.p, 3, s3, y.p, 3, s3, 0, 0.5, lse);
+  tgm_view vq = tview(&q), vk = tview(&kk), vv = tview(&v), vy = tview(&y);
+  tgm_cpu_attention(TGM_F32, &vq, &vk, &vv, &vy, 0, 0.5, lse);
   const float *fy = y.p;
   int ok = isfinite(lse[0]) && isnan(lse[1]) && isnan(lse[2]);
   for (int e = 0; e < 4; e++)
@@ -986,6 +1010,17 @@ static void expect_grad(const char *what, int dt, const void *p, const double *r
   expect_atol(what, dt, p, ref, n, rtol, rtol * (mag < 1 ? mag : 1) + (dt == TGM_F16 ? 0x1p-25 : 0));
 }
 
+/* A row-major view at p of shape [sy's batch dims..., rows, cols] (a
+ * backward result's: sy is dy's shape). */
+static tgm_view grad_view(int dt, void *p, int ry, const int64_t *sy, int64_t rows, int64_t cols) {
+  int64_t s[TGM_MAXRANK];
+  for (int k = 0; k < ry - 2; k++)
+    s[k] = sy[k];
+  s[ry - 2] = rows;
+  s[ry - 1] = cols;
+  return view_of(dt, p, 0, ry, s, NULL);
+}
+
 /* The backward of case c in dtype dt (all three gradients, or the ones `want`
  * names: bit 0 dq, 1 dk, 2 dv) into out[3] (T's made here, flat). */
 static void att_bwd_run(int dt, const T *q, const T *k, const T *v, const T *dy, int ry, const int64_t *sy,
@@ -996,9 +1031,11 @@ static void att_bwd_run(int dt, const T *q, const T *k, const T *v, const T *dy,
     out[o] = mk(dt, 1, &n[o]);
     memset(out[o].p, 0x5a, esize(dt) * (size_t)n[o]); /* every element must be written */
   }
-  tgm_cpu_attention_backward(dt, q->p, q->r, q->s, k->p, k->r, k->s, v->p, v->r, v->s, dy->p, ry, sy, lse, delta,
-                             want & 1 ? out[0].p : NULL, want & 2 ? out[1].p : NULL, want & 4 ? out[2].p : NULL,
-                             causal, scale);
+  tgm_view vq = tview(q), vk = tview(k), vv = tview(v), vdy = view_of(dt, dy->p, 0, ry, sy, NULL);
+  tgm_view vg[3] = {grad_view(dt, want & 1 ? out[0].p : NULL, ry, sy, Tq, D),
+                    grad_view(dt, want & 2 ? out[1].p : NULL, ry, sy, Tk, D),
+                    grad_view(dt, want & 4 ? out[2].p : NULL, ry, sy, Tk, Dv)};
+  tgm_cpu_attention_backward(dt, &vq, &vk, &vv, &vdy, lse, delta, &vg[0], &vg[1], &vg[2], causal, scale);
 }
 
 static void test_attention_backward(void) {
@@ -1050,11 +1087,14 @@ static void test_attention_backward(void) {
         }
         /* the no-scratch path, on the small cases */
         if (Tq * Tk * nbatch <= 20000) {
-          Att a = att_init(dt, q.p, q.r, q.s, kk.p, kk.r, kk.s, v.p, v.r, v.s, ry, sy, causal, scale);
+          tgm_view vq = tview(&q), vk = tview(&kk), vv = tview(&v), vdy = tview(&dy);
+          tgm_view vg[3] = {grad_view(dt, g[0].p, ry, sy, Tq, D), grad_view(dt, g[1].p, ry, sy, Tk, D),
+                            grad_view(dt, g[2].p, ry, sy, Tk, Dv)};
           for (int o = 0; o < 3; o++)
             memset(g[o].p, 0x5a, esize(dt) * (size_t)n[o]);
+          Att a = att_init(dt, &vq, &vk, &vv, &vdy, &vg[0], &vg[1], &vg[2], causal, scale);
           for (int64_t t = 0; t < nbatch && Tq > 0 && Tk > 0; t++)
-            att_bwd_noscratch(&a, dy.p, lse, delta, g[0].p, g[1].p, g[2].p, t);
+            att_bwd_noscratch(&a, lse, delta, t);
           for (int o = 0; o < 3 && Tq > 0 && Tk > 0; o++)
             expect_grad(fmt("%s: %s, no scratch", what, gn[o]), dt, g[o].p, ref[o], n[o], mag[o]);
         }
@@ -1090,7 +1130,8 @@ static void test_attention_backward(void) {
           omp_set_num_threads(nt);
           y[nt - 1] = mk(dt, 3, s);
           l[nt - 1] = malloc(sizeof(float) * (size_t)nl);
-          tgm_cpu_attention(dt, q.p, 3, s, kk.p, 3, s, v.p, 3, s, y[nt - 1].p, 3, s, causal, 0.25, l[nt - 1]);
+          tgm_view vq = tview(&q), vk = tview(&kk), vv = tview(&v), vy = tview(&y[nt - 1]);
+          tgm_cpu_attention(dt, &vq, &vk, &vv, &vy, causal, 0.25, l[nt - 1]);
           if (nt == 1)
             memcpy(lse, l[0], sizeof(float) * (size_t)nl);
           att_bwd_run(dt, &q, &kk, &v, &dy, 3, s, lse, delta, causal, 0.25, 7, g[nt - 1]);
@@ -1121,6 +1162,230 @@ static void test_attention_backward(void) {
 #endif
 }
 
+/* ---------------------------------------------------------------- attention on strided views */
+
+/* The elements of view v (dtype dt) as a contiguous tensor of its shape. */
+static T gather(int dt, const tgm_view *v) {
+  T t = mk(dt, v->rank, v->shape);
+  const size_t es = esize(dt);
+  for (int64_t i = 0; i < t.n; i++) {
+    int64_t idx[TGM_MAXRANK], off = 0;
+    unravel(i, v->rank, v->shape, idx);
+    for (int k = 0; k < v->rank; k++)
+      off += idx[k] * v->st[k];
+    memcpy((char *)t.p + (size_t)i * es, (const char *)v->p + (size_t)off * es, es);
+    t.v[i] = getv(dt, t.p, i);
+  }
+  return t;
+}
+
+/* Marks in m (a byte per element of the buffer at base) the elements of v. */
+static void mark(int dt, const void *base, const tgm_view *v, unsigned char *m) {
+  const int64_t n = numel_of(v->rank, v->shape), o0 = ((const char *)v->p - (const char *)base) / (int64_t)esize(dt);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t idx[TGM_MAXRANK], off = o0;
+    unravel(i, v->rank, v->shape, idx);
+    for (int k = 0; k < v->rank; k++)
+      off += idx[k] * v->st[k];
+    m[off] = 1;
+  }
+}
+
+/* Whether every element of the n at b (dtype dt) that m does not mark still
+ * holds the sentinel bytes 0x5a. */
+static int untouched(int dt, const void *b, const unsigned char *m, int64_t n) {
+  const size_t es = esize(dt);
+  for (int64_t i = 0; i < n; i++)
+    for (size_t e = 0; !m[i] && e < es; e++)
+      if (((const unsigned char *)b)[(size_t)i * es + e] != 0x5a)
+        return 0;
+  return 1;
+}
+
+/* Whether view v has the bits of the contiguous tensor t (NULL: of zeros). */
+static int same_bits(int dt, const tgm_view *v, const T *t) {
+  T g = gather(dt, v);
+  int same = 1;
+  if (t)
+    same = g.n == t->n && !memcmp(g.p, t->p, esize(dt) * (size_t)g.n);
+  for (int64_t i = 0; !t && i < g.n * (int64_t)esize(dt); i++)
+    same &= ((const unsigned char *)g.p)[i] == 0;
+  tfree(&g);
+  return same;
+}
+
+/* Strided views against contiguous copies. q, k, v are views into one
+ * buffer laid out as GPT-2's packed qkv, [B, T, 3, H, D] (q(b, h, t, d) at
+ * ((b T + t) 3 + 0) H D + h D + d, k one H D further, v two) with `pad`
+ * spare elements after each token (0: GPT-2's layout); y and dy are views
+ * into [B, T, H, D] (+ pad per token); dq, dk, dv are written into one
+ * packed [B, T, 3, H, D] (+ pad) where q, k, v are read from. kv 1: k and v
+ * read batch 0 for every batch (batch stride 0); kv 2: k and v shaped [H,
+ * T, D] (a missing batch dim). Every result must have the bits of the same
+ * call on contiguous copies (the blocked paths, and on the first call the
+ * no-scratch ones; all three gradients, and dq, dv without dk), and every element of the result
+ * buffers outside the views written (the pads, the slot of a gradient not
+ * wanted) must keep its sentinel. Then no keys or no queries: zeros written
+ * through views, the pads kept. */
+static void test_attention_views(void) {
+  static const int dts[] = {TGM_F32, TGM_BF16, TGM_F16};
+  static const struct {
+    int64_t B, H, T, D, pad;
+    int kv;
+  } cs[] = {{2, 3, 130, 16, 0, 0}, {2, 2, 70, 64, 3, 0}, {3, 2, 200, 8, 0, 1}, {2, 3, 100, 16, 5, 2},
+            {1, 2, 1, 8, 2, 0}};
+  static int calls; /* the no-scratch paths use neither the threads nor the GEMM: on the first call only */
+  const int noscratch = calls++ == 0;
+  for (int d = 0; d < 3; d++)
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++)
+      for (int causal = 0; causal < 2; causal++) {
+        const int dt = dts[d], kv = cs[c].kv;
+        const int64_t B = cs[c].B, H = cs[c].H, Tt = cs[c].T, D = cs[c].D, HD = H * D;
+        const int64_t rw = 3 * HD + cs[c].pad, yw = HD + cs[c].pad, nq = B * Tt * rw, ny = B * Tt * yw;
+        const int64_t nl = B * H * Tt, s4[4] = {B, H, Tt, D}, pst[4] = {Tt * rw, D, rw, 1};
+        const int64_t yst[4] = {Tt * yw, D, yw, 1}, kst[4] = {kv ? 0 : Tt * rw, D, rw, 1};
+        const double scale = 1.0 / sqrt((double)D);
+        const size_t es = esize(dt);
+        T qkv = rnd(dt, 1, &nq, -1, 1), dyb = rnd(dt, 1, &ny, -1, 1), yb = mk(dt, 1, &ny), gb = mk(dt, 1, &nq);
+        tgm_view vq = view_of(dt, qkv.p, 0, 4, s4, pst), vy = view_of(dt, yb.p, 0, 4, s4, yst);
+        tgm_view vk = view_of(dt, qkv.p, HD, kv == 2 ? 3 : 4, s4 + (kv == 2), kst + (kv == 2));
+        tgm_view vv = view_of(dt, qkv.p, 2 * HD, kv == 2 ? 3 : 4, s4 + (kv == 2), kst + (kv == 2));
+        tgm_view vdy = view_of(dt, dyb.p, 0, 4, s4, yst), vg[3];
+        for (int o = 0; o < 3; o++)
+          vg[o] = view_of(dt, gb.p, o * HD, 4, s4, pst);
+        T cq = gather(dt, &vq), ck = gather(dt, &vk), cv = gather(dt, &vv), cdy = gather(dt, &vdy);
+        T cy = mk(dt, 4, s4), cg[3];
+        tgm_view wq = tview(&cq), wk = tview(&ck), wv = tview(&cv), wy = tview(&cy), wdy = tview(&cdy);
+        float *lse = malloc(sizeof(float) * (size_t)nl), *clse = malloc(sizeof(float) * (size_t)nl);
+        float *delta = malloc(sizeof(float) * (size_t)nl);
+        unsigned char *m = calloc((size_t)nq, 1);
+        char what[160];
+        snprintf(what, sizeof what, "attention on views %s B=%lld H=%lld T=%lld D=%lld pad=%lld kv=%d causal=%d",
+                 dtn[dt], (long long)B, (long long)H, (long long)Tt, (long long)D, (long long)cs[c].pad, kv, causal);
+        /* the forward: y and lse */
+        memset(yb.p, 0x5a, es * (size_t)ny);
+        tgm_cpu_attention(dt, &wq, &wk, &wv, &wy, causal, scale, clse);
+        tgm_cpu_attention(dt, &vq, &vk, &vv, &vy, causal, scale, lse);
+        mark(dt, yb.p, &vy, m);
+        check(same_bits(dt, &vy, &cy) && !memcmp(lse, clse, sizeof(float) * (size_t)nl) && untouched(dt, yb.p, m, ny),
+              fmt("%s: y and lse have the contiguous call's bits, y's pads untouched", what));
+        if (noscratch) { /* the no-scratch rows */
+          Att a = att_init(dt, &vq, &vk, &vv, &vy, NULL, NULL, NULL, causal, scale);
+          Att ca = att_init(dt, &wq, &wk, &wv, &wy, NULL, NULL, NULL, causal, scale);
+          memset(yb.p, 0x5a, es * (size_t)ny);
+          for (int64_t b = 0; b < B * H; b++) {
+            attention_noscratch(&a, b, 0, Tt, lse);
+            attention_noscratch(&ca, b, 0, Tt, clse);
+          }
+          check(same_bits(dt, &vy, &cy) && !memcmp(lse, clse, sizeof(float) * (size_t)nl) &&
+                    untouched(dt, yb.p, m, ny),
+                fmt("%s: no scratch, y and lse have the contiguous rows' bits, y's pads untouched", what));
+        }
+        /* the backward: all three gradients, then dq and dv alone (dk's slot keeps its sentinel) */
+        for (int64_t i = 0; i < nl; i++)
+          delta[i] = (float)runif(-0.5, 0.5);
+        att_bwd_run(dt, &cq, &ck, &cv, &cdy, 4, s4, clse, delta, causal, scale, 7, cg);
+        static const int wants[] = {7, 5};
+        for (size_t w = 0; w < sizeof wants / sizeof *wants; w++) {
+          tgm_view ug[3];
+          memset(gb.p, 0x5a, es * (size_t)nq);
+          memset(m, 0, (size_t)nq);
+          for (int o = 0; o < 3; o++)
+            ug[o] = view_of(dt, wants[w] >> o & 1 ? gb.p : NULL, o * HD, 4, s4, pst);
+          tgm_cpu_attention_backward(dt, &vq, &vk, &vv, &vdy, clse, delta, &ug[0], &ug[1], &ug[2], causal, scale);
+          int ok = 1;
+          for (int o = 0; o < 3; o++)
+            if (wants[w] >> o & 1) {
+              ok &= same_bits(dt, &ug[o], &cg[o]);
+              mark(dt, gb.p, &ug[o], m);
+            }
+          check(ok && untouched(dt, gb.p, m, nq),
+                fmt("%s: %s have the contiguous call's bits, the rest of the packed buffer untouched", what,
+                    wants[w] == 7 ? "dq, dk, dv" : "dq, dv (dk not wanted)"));
+        }
+        if (noscratch) { /* the no-scratch backward */
+          T ng[3];
+          tgm_view wg[3];
+          memset(gb.p, 0x5a, es * (size_t)nq);
+          memset(m, 0, (size_t)nq);
+          for (int o = 0; o < 3; o++) {
+            ng[o] = mk(dt, 4, s4);
+            wg[o] = tview(&ng[o]);
+            mark(dt, gb.p, &vg[o], m);
+          }
+          Att ab = att_init(dt, &vq, &vk, &vv, &vdy, &vg[0], &vg[1], &vg[2], causal, scale);
+          Att cb = att_init(dt, &wq, &wk, &wv, &wdy, &wg[0], &wg[1], &wg[2], causal, scale);
+          for (int64_t t = 0; t < B * H; t++) {
+            att_bwd_noscratch(&ab, clse, delta, t);
+            att_bwd_noscratch(&cb, clse, delta, t);
+          }
+          int ok = untouched(dt, gb.p, m, nq);
+          for (int o = 0; o < 3; o++) {
+            ok &= same_bits(dt, &vg[o], &ng[o]);
+            tfree(&ng[o]);
+          }
+          check(ok, fmt("%s: no scratch, dq, dk, dv have the contiguous path's bits, the pads untouched", what));
+        }
+        for (int o = 0; o < 3; o++)
+          tfree(&cg[o]);
+        free(lse);
+        free(clse);
+        free(delta);
+        free(m);
+        T *ts[] = {&qkv, &dyb, &yb, &gb, &cq, &ck, &cv, &cdy, &cy};
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+          tfree(ts[i]);
+      }
+  /* no keys (y = 0, lse = -inf; dq = 0) and no queries (dk = dv = 0) */
+  for (int d = 0; d < 3; d++) {
+    const int dt = dts[d];
+    const int64_t B = 2, H = 2, Tt = 5, D = 8, HD = H * D, rw = 3 * HD + 3, yw = HD + 3, nq = B * Tt * rw;
+    const int64_t ny = B * Tt * yw, s4[4] = {B, H, Tt, D}, s0[4] = {B, H, 0, D}, pst[4] = {Tt * rw, D, rw, 1};
+    const int64_t yst[4] = {Tt * yw, D, yw, 1};
+    const size_t es = esize(dt);
+    T qkv = rnd(dt, 1, &nq, -1, 1), dyb = rnd(dt, 1, &ny, -1, 1), yb = mk(dt, 1, &ny), gb = mk(dt, 1, &nq);
+    float lse[2 * 2 * 5], delta[2 * 2 * 5]; /* B H Tt */
+    unsigned char *m = calloc((size_t)nq, 1);
+    tgm_view vq = view_of(dt, qkv.p, 0, 4, s4, pst), vk = view_of(dt, qkv.p, HD, 4, s4, pst);
+    tgm_view vv = view_of(dt, qkv.p, 2 * HD, 4, s4, pst), vq0 = view_of(dt, qkv.p, 0, 4, s0, pst);
+    tgm_view vk0 = view_of(dt, qkv.p, HD, 4, s0, pst), vv0 = view_of(dt, qkv.p, 2 * HD, 4, s0, pst);
+    tgm_view vy = view_of(dt, yb.p, 0, 4, s4, yst), vdy = view_of(dt, dyb.p, 0, 4, s4, yst);
+    tgm_view vdy0 = view_of(dt, dyb.p, 0, 4, s0, yst), vg[3], vg0[3];
+    for (int o = 0; o < 3; o++) {
+      vg[o] = view_of(dt, gb.p, o * HD, 4, s4, pst);
+      vg0[o] = view_of(dt, gb.p, o * HD, 4, s0, pst);
+    }
+    memset(yb.p, 0x5a, es * (size_t)ny);
+    tgm_cpu_attention(dt, &vq, &vk0, &vv0, &vy, 0, 0.5, lse);
+    mark(dt, yb.p, &vy, m);
+    int ok = same_bits(dt, &vy, NULL) && untouched(dt, yb.p, m, ny);
+    for (int64_t i = 0; i < B * H * Tt; i++) {
+      ok &= isinf(lse[i]) && lse[i] < 0;
+      delta[i] = 0;
+    }
+    check(ok, fmt("attention on views %s, no keys: y = 0 through its view, its pads untouched, lse = -inf", dtn[dt]));
+    memset(gb.p, 0x5a, es * (size_t)nq);
+    memset(m, 0, (size_t)nq);
+    tgm_cpu_attention_backward(dt, &vq, &vk0, &vv0, &vdy, lse, delta, &vg[0], &vg0[1], &vg0[2], 0, 0.5);
+    mark(dt, gb.p, &vg[0], m);
+    check(same_bits(dt, &vg[0], NULL) && untouched(dt, gb.p, m, nq),
+          fmt("attention_backward on views %s, no keys: dq = 0 through its view, the rest untouched", dtn[dt]));
+    memset(gb.p, 0x5a, es * (size_t)nq);
+    memset(m, 0, (size_t)nq);
+    tgm_cpu_attention_backward(dt, &vq0, &vk, &vv, &vdy0, lse, delta, &vg0[0], &vg[1], &vg[2], 1, 0.5);
+    mark(dt, gb.p, &vg[1], m);
+    mark(dt, gb.p, &vg[2], m);
+    check(same_bits(dt, &vg[1], NULL) && same_bits(dt, &vg[2], NULL) && untouched(dt, gb.p, m, nq),
+          fmt("attention_backward on views %s, no queries: dk = dv = 0 through their views, the rest untouched",
+              dtn[dt]));
+    free(m);
+    tfree(&qkv);
+    tfree(&dyb);
+    tfree(&yb);
+    tfree(&gb);
+  }
+}
+
 /* ---------------------------------------------------------------- tgm_cpu_gemm */
 
 static const char *const actn[] = {"none", "relu", "gelu", "gelu_tanh"};
@@ -1134,23 +1399,33 @@ static double ref_act(int act, double x) {
   }
 }
 
+/* act'(x) for the gelu forms (tgm_gemm's dact). */
+static double ref_act_grad(int act, double x) {
+  if (act == TGM_ACT_GELU_TANH) {
+    double t = tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.79788456080286535588 * (1 + 3 * 0.044715 * x * x);
+  }
+  return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+
 /* One gemm case: shapes, storage (pad: extra elements per row of A, B, C;
  * gap: extra elements between batch elements; bc: 1 A broadcast over the
  * batch, 2 B), the epilogue, and how it runs (inplace: the residual is C
  * itself; direct: gemm_direct, the no-scratch path, instead of the entry
- * point). */
+ * point; dact: aux is read, act's gradient at it multiplies the product;
+ * bgrad: the sum over k of op(A) is stored too). */
 typedef struct GemmCase {
   int dt, ta, tb;
   int64_t M, N, K, batch, pad, gap;
-  int bc, bias, act, aux, res, acc, inplace, direct;
+  int bc, bias, act, aux, res, acc, inplace, direct, dact, bgrad;
 } GemmCase;
 
 static const char *gemm_label(const GemmCase *c) {
   return fmt("gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s "
-             "acc=%d%s",
+             "acc=%d%s%s%s",
              dtn[c->dt], c->ta, c->tb, (long long)c->M, (long long)c->N, (long long)c->K, (long long)c->batch,
              (long long)c->pad, c->bc, c->bias, actn[c->act], c->aux, c->res, c->inplace ? "(=C)" : "", c->acc,
-             c->direct ? " direct" : "");
+             c->direct ? " direct" : "", c->dact ? " dact" : "", c->bgrad ? " bgrad" : "");
 }
 
 /* A buffer of `nb` matrices of rows x cols with row stride ld and batch
@@ -1209,9 +1484,14 @@ static T gemm_case(const GemmCase *c) {
       for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
           setv(&y, bb * sc + m * ldc + n, NAN);
-  for (int64_t i = 0; i < aux.n; i++)
+  for (int64_t i = 0; i < aux.n && !c->dact; i++) /* (dact: aux is the activation's input, read) */
     if (aux.v[i] != 7.0)
       setv(&aux, i, NAN);
+  T bg = gemm_buf(dt, 1, 1, M + 2, M + 2, 0, NAN); /* the bias gradient, two elements past it (must stay) */
+  setv(&bg, M, 7.0);
+  setv(&bg, M + 1, 7.0);
+  double *bref = calloc((size_t)M + 3, sizeof(double)), *btol = calloc((size_t)M + 3, sizeof(double));
+  bref[M] = bref[M + 1] = 7.0;
   size_t nbytes = sizeof(double) * (size_t)(y.n ? y.n : 1);
   double *ref = malloc(nbytes), *aref = malloc(nbytes), *tol = calloc(1, nbytes), *atol = calloc(1, nbytes);
   memcpy(ref, y.v, sizeof(double) * (size_t)y.n);
@@ -1234,11 +1514,17 @@ static T gemm_case(const GemmCase *c) {
           s += bias.v[n];
           scale += fabs(bias.v[n]);
         }
-        if (c->aux) {
-          aref[o] = s;
-          atol[o] = rtol * (fabs(s) + scale) + sub;
+        if (c->dact) { /* aux stays; the product times act'(aux), whose two terms (each below 1.25) may cancel */
+          double d = ref_act_grad(c->act, aux.v[o]);
+          scale = scale * fabs(d) + fabs(s) * 1.25;
+          s *= d;
+        } else {
+          if (c->aux) {
+            aref[o] = s;
+            atol[o] = rtol * (fabs(s) + scale) + sub;
+          }
+          s = ref_act(c->act, s);
         }
-        s = ref_act(c->act, s);
         if (c->res) {
           s += rv[o];
           scale += fabs(rv[o]);
@@ -1250,10 +1536,21 @@ static T gemm_case(const GemmCase *c) {
         ref[o] = s;
         tol[o] = rtol * (fabs(s) + scale) + sub;
       }
+  for (int64_t m = 0; m < M && c->bgrad; m++) { /* sum over k of op(A)[m, k] */
+    double s = 0, s2 = 0;
+    for (int64_t k = 0; k < K; k++) {
+      double v = a.v[c->ta ? k * lda + m : m * lda + k];
+      s += v;
+      s2 += v * v;
+    }
+    bref[m] = s;
+    btol[m] = rtol * (fabs(s) + sqrt(s2)) + sub;
+  }
   tgm_gemm g = {.dt = dt, .ta = c->ta, .tb = c->tb, .M = M, .N = N, .K = K, .batch = B,
                 .A = a.p, .lda = lda, .sa = sa, .B = b.p, .ldb = ldb, .sb = sb, .C = y.p, .ldc = ldc, .sc = sc,
-                .bias = c->bias ? bias.p : NULL, .act = c->act, .aux = c->aux ? aux.p : NULL,
-                .residual = c->res ? (c->inplace ? y.p : res.p) : NULL, .accumulate = c->acc};
+                .bias = c->bias ? bias.p : NULL, .act = c->act, .aux = c->aux || c->dact ? aux.p : NULL,
+                .residual = c->res ? (c->inplace ? y.p : res.p) : NULL, .accumulate = c->acc, .dact = c->dact,
+                .bgrad = c->bgrad ? bg.p : NULL};
   int rc = 0;
   if (c->direct) {
     for (int64_t bb = 0; bb < B; bb++) {
@@ -1267,6 +1564,11 @@ static T gemm_case(const GemmCase *c) {
   check(rc == 0, fmt("%s: returns %d", what, rc));
   expect_tol(what, dt, y.p, ref, tol, y.n);
   expect_tol(fmt("%s: aux", what), dt, aux.p, aref, atol, aux.n);
+  if (c->bgrad)
+    expect_tol(fmt("%s: bgrad", what), dt, bg.p, bref, btol, M + 2);
+  free(bref);
+  free(btol);
+  tfree(&bg);
   free(ref);
   free(aref);
   free(tol);
@@ -1303,7 +1605,7 @@ static void test_gemm(void) {
           for (int t = 0; t < 4; t++, rot++) {
             int e = rot % 64;
             GemmCase c = {dts[d], t & 1, t >> 1, sz[i], sz[j], sz[k], 1, rot % 3 ? 3 : 0, 0, 0,
-                          e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+                          e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0, 0, 0};
             c.inplace = c.res && !c.acc && rot % 5 == 0;
             T y = gemm_case(&c);
             tfree(&y);
@@ -1318,7 +1620,7 @@ static void test_gemm(void) {
       for (int bc = 0; bc < 3; bc++, rot++) {
         int e = (rot * 7) % 64;
         GemmCase c = {dts[d], rot & 1, (rot >> 1) & 1, bs[k][0], bs[k][1], bs[k][2], bs[k][3], 2, 5, bc,
-                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0};
+                      e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0, 0, 0};
         T y = gemm_case(&c);
         tfree(&y);
         if (bc == 0 && bs[k][0] * bs[k][1] * bs[k][2] > 32768 && bs[k][0] * bs[k][1] * bs[k][2] < 2000000) {
@@ -1327,15 +1629,31 @@ static void test_gemm(void) {
           tfree(&y);
         }
       }
+  /* an activation's backward at aux (dact: gelu forms), and the sum over k
+   * of op(A) (bgrad, one batch), with either transpose, bias and residual
+   * in turn */
+  static const int64_t ds[][3] = {{7, 33, 130}, {130, 7, 33}, {33, 130, 7}, {1, 9, 300}};
+  for (int d = 0; d < 3; d++)
+    for (size_t k = 0; k < sizeof ds / sizeof *ds; k++)
+      for (int t = 0; t < 4; t++, rot++) {
+        GemmCase c = {dts[d], t & 1, t >> 1, ds[k][0], ds[k][1], ds[k][2], 1, rot % 2 ? 3 : 0, 0, 0,
+                      0, t & 2 ? TGM_ACT_GELU_TANH : TGM_ACT_GELU, 0, rot % 3 == 0, 0, 0, 0, 1, 0};
+        T y = gemm_case(&c);
+        tfree(&y);
+        GemmCase b = {dts[d], t & 1, t >> 1, ds[k][0], ds[k][1], ds[k][2], 1, rot % 2 ? 3 : 0, 0, 0,
+                      rot % 3 == 1, 0, 0, 0, 0, 0, 0, 0, 1};
+        y = gemm_case(&b);
+        tfree(&y);
+      }
   /* edge cases: K = 0 (the epilogue on zeros; A and B may be NULL), M = 0,
    * N = 0, batch = 0 (nothing written) */
   for (int d = 0; d < 3; d++) {
-    GemmCase c0 = {dts[d], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0};
+    GemmCase c0 = {dts[d], 0, 1, 7, 33, 0, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 1, 0, 0, 0, 0};
     T y = gemm_case(&c0);
     tfree(&y);
     static const int64_t z[][4] = {{0, 5, 3, 1}, {5, 0, 3, 1}, {0, 0, 0, 1}, {3, 4, 5, 0}};
     for (int k = 0; k < 4; k++) {
-      GemmCase c = {dts[d], 1, 0, z[k][0], z[k][1], z[k][2], z[k][3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0};
+      GemmCase c = {dts[d], 1, 0, z[k][0], z[k][1], z[k][2], z[k][3], 1, 0, 0, 1, TGM_ACT_RELU, 1, 1, 1, 0, 0, 0, 0};
       y = gemm_case(&c);
       tfree(&y);
     }
@@ -1382,7 +1700,7 @@ static void test_gemm(void) {
     for (int d = 0; d < 3; d++) {
       if (dts[d] == TGM_F32 && gemm_via_blas())
         continue;
-      GemmCase c = {dts[d], 1, 1, 200, 150, 300, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0};
+      GemmCase c = {dts[d], 1, 1, 200, 150, 300, 2, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0};
       uint64_t seed = rng;
       T y1 = gemm_case(&c);
       int saved = omp_get_max_threads();
@@ -1413,6 +1731,7 @@ static void run_gemm(void) {
   test_linear();
   test_attention();
   test_attention_backward();
+  test_attention_views();
   test_gemm();
 }
 
