@@ -602,17 +602,18 @@ void tune_write(mlp_cuda_ctx *cx) {
     remove(tmp);
 }
 
+/* Epilogues that write an aux matrix in D's layout (GELU_AUX). */
+static bool lt_uses_aux(uint32_t epi) { return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+
 /* Times plan p's candidates on the call's operands (A, B, and C when beta
- * is 1; DGELU's aux_in) into temporary D and aux of dbytes each, and keeps the fastest in
+ * is 1) into temporary D and aux of dbytes each, and keeps the fastest in
  * p and in the choices. Any failure leaves the heuristic's choice. */
 void lt_tune(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const void *A, const void *B, const void *C, float beta,
-             const void *bias, const void *aux_in, size_t dbytes) {
+             const void *bias, size_t dbytes) {
   p->tuned = 1;
   if (cx->ntunes >= MLP_CUDA_TUNES)
     return;
-  const bool gelu_aux = p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || p->key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  if (p->key.epilogue == CUBLASLT_EPILOGUE_DGELU) /* read, not written: the call's own */
-    cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_in, sizeof aux_in);
+  const bool gelu_aux = lt_uses_aux(p->key.epilogue);
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulHeuristicResult_t r[MLP_CUDA_TUNE_CANDIDATES];
   int n = 0;
@@ -685,10 +686,6 @@ done:
   cudaFree(aux);
 }
 
-/* Epilogues with an aux matrix in D's layout: GELU_AUX writes it, DGELU reads it. */
-static bool lt_uses_aux(uint32_t epi) {
-  return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU;
-}
 
 /* Builds plan p for key k: row-major D [M, N] = op(A) op(B) is the
  * column-major D^T [N, M] = op(B)^T op(A)^T, so cuBLASLt's A is our B (its
@@ -835,7 +832,7 @@ int lt_matmul(mlp_cuda_ctx *cx, const mlp_gemm *g, void *D, int d_f32, int64_t l
       return 0;
     }
     if (cx->tune && !p->tuned && !cx->capturing)
-      lt_tune(cx, p, A, B, Cp, beta, bias, aux,
+      lt_tune(cx, p, A, B, Cp, beta, bias,
               (size_t)(((int64_t)nb - 1) * k.sd + (g->M - 1) * ldd + g->N) * (size_t)des);
     if (bias)
       MLP_CUDA_BLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -850,8 +847,7 @@ int lt_matmul(mlp_cuda_ctx *cx, const mlp_gemm *g, void *D, int d_f32, int64_t l
 /* The cuBLASLt epilogue (and beta, and C operand) that does all of g's
  * epilogue in the matmul, writing g->C in g's dtype: none/relu/tanh-gelu
  * with or without bias; tanh-gelu's aux (GELU_AUX, when its leading dim and
- * batch stride are multiples of 8, as cuBLASLt asks) and its backward at aux
- * without a bias (DGELU, the same layout rule); a residual or the old
+ * batch stride are multiples of 8, as cuBLASLt asks); a residual or the old
  * C through beta = 1 (C operand = residual, or C itself) without an
  * activation. Returns false for what needs k_gemm_epilogue: erf gelu, an
  * activation followed by a residual or accumulation, aux without tanh-gelu,
@@ -882,11 +878,10 @@ bool lt_epilogue_for(const mlp_gemm *g, uint32_t *epi, float *beta, const void *
   case MLP_ACT_GELU_TANH:
     if (g->residual || g->accumulate)
       return false;
-    if (g->dact) { /* tanh-gelu's backward at aux */
-      if (bias || g->ldc % 8 || (g->batch > 1 && g->sc % 8))
-        return false;
-      *epi = CUBLASLT_EPILOGUE_DGELU;
-    } else if (g->aux) {
+    if (g->dact) /* DGELU: cuBLASLt 13.0 runs it as a kernel of its own after the product, 0.39 ms for GPT-2's
+                    [16384, 3072] (H100), three times k_gemm_epilogue's time for the same pass over C and aux */
+      return false;
+    if (g->aux) {
       if (g->ldc % 8 || (g->batch > 1 && g->sc % 8))
         return false;
       *epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
