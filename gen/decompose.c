@@ -15,6 +15,8 @@
  *                   (its gradient's softmax of the same logits reuses the
  *                   row max and sum: the backward reads each logit once)
  *   mse_loss(a, b)  sum((a - b)^2) / n
+ *   embedding(arange(n), W)               W[0:n], a view (and its backward,
+ *                                         dy and zero rows: no scatter)
  *
  * Statistics are computed in f32 whatever the model's dtype (as PyTorch's
  * decompositions upcast); the composite's result is cast back to its dtype.
@@ -217,6 +219,41 @@ static Node *decompose(D *d, const Node *n, Node **in) {
   }
 }
 
+/* The rows 0..n-1 of a table, read through an index arange(n) (GPT-2's
+ * position embedding): embedding(arange(n), W) is the view W[0:n] and
+ * embedding_backward(arange(n), dy, V) is dy with V - n zero rows after it
+ * (no two positions meet a row). NULL when n is not an arange's index. */
+static Node *arange_rows(D *d, const Node *x, Node **in) {
+  const Node *idx = in[0];
+  if ((x->op != OP_EMBEDDING && x->op != OP_EMBEDDING_BACKWARD) || idx->op != OP_ARANGE || idx->shape.rank != 1)
+    return NULL;
+  Node *t = in[1]; /* the table, or dy */
+  const Dim *n = &idx->shape.d[0], *rows = &x->shape.d[0];
+  if (dim_eq(n, &t->shape.d[0]) && dim_eq(n, rows))
+    return t;
+  Node *y;
+  if (x->op == OP_EMBEDDING) {
+    y = nn(d, OP_SLICE, 1, x->dtype, &x->shape);
+    y->in[0] = t;
+    y->axis = 0;
+    y->lo = dim_const(0);
+    y->hi = *n;
+    return y;
+  }
+  int64_t v, m;
+  if (!dim_is_const(rows, &v) || !dim_is_const(n, &m) || m >= v)
+    return NULL;
+  Shape zs = x->shape;
+  zs.d[0] = dim_const(v - m);
+  Node *z = nn(d, OP_FULL, 0, x->dtype, &zs);
+  z->f[0] = 0;
+  y = nn(d, OP_CONCAT, 2, x->dtype, &x->shape);
+  y->in[0] = t;
+  y->in[1] = z;
+  y->axis = 0;
+  return y;
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 const char *const pass_names[NPASS] = {"forward", "loss", "train"};
@@ -251,6 +288,8 @@ BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd) {
     Node *y;
     if ((x->op == OP_DROPOUT && !p->training) || (x->op == OP_CAST && x->dtype == x->in[0]->dtype))
       y = in[0]; /* the identity */
+    else if ((y = arange_rows(d, x, in)))
+      ;
     else if (op_info[x->op].cls == C_COMPOSITE)
       y = decompose(d, x, in);
     else {
