@@ -205,7 +205,7 @@ struct R {
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
-  int rowblk;         /* M_BLOCK's threads a row: ROW_BLOCK, or 1024 where that keeps the row in registers */
+  const Node *on_max, *on_sum; /* CUDA rows: amax(u) and sum(exp(u - amax(u))) in one online pass (online_pair) */
   Ix full;            /* a reduction phase's index over the kernel's whole space (full.sh NULL: none) */
   int rcache_regs;    /* the registers those arrays take so far */
   int lanes;          /* printing a vector loop's lane body */
@@ -1254,6 +1254,47 @@ static void column_tiles(R *r, const Shape *rsh) {
   close_level(r);
 }
 
+/* Through views of one operand: the node a value is read from. */
+static const Node *unview(const Node *n) {
+  while (op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT)
+    n = n->in[0];
+  return n;
+}
+
+/* A row kernel on CUDA whose first phase is m = amax(u) alone and whose
+ * second is s = sum(exp(u - m)) alone, nothing else stored in between (a
+ * softmax's or a cross-entropy's statistics): both in one pass over the row
+ * (the online softmax: a larger element rescales the sum so far), so the
+ * row is read once fewer. Sets r->on_max, r->on_sum. */
+static void online_pair(R *r) {
+  const Kernel *k = r->k;
+  const Node *m = NULL, *sm = NULL;
+  r->on_max = r->on_sum = NULL;
+  if (strcmp(r->d->name, "cuda") || (r->mode != M_WARP && r->mode != M_BLOCK) || r->split)
+    return;
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    int ph = dep(r, red);
+    if (ph == 1 && !m && red->op == OP_AMAX && red->dtype == DT_F32)
+      m = red;
+    else if (ph == 2 && !sm && red->op == OP_SUM && red->dtype == DT_F32)
+      sm = red;
+    else if (ph <= 2)
+      return;
+  }
+  if (!m || !sm)
+    return;
+  for (int i = 0; i < k->nouts; i++)
+    if (over_input(k, k->outs[i]) && dep(r, k->outs[i]) == 1)
+      return;
+  const Node *e = sm->in[0], *d = e->op == OP_EXP ? e->in[0] : NULL;
+  if (!d || d->op != OP_SUB || d->dtype != DT_F32 || e->dtype != DT_F32 || d->in[0] != m->in[0] ||
+      unview(d->in[1]) != m || r->p->realized[e->id] || r->p->realized[d->id])
+    return;
+  r->on_max = m;
+  r->on_sum = sm;
+}
+
 /* The body of phase ph's loop over the reduced elements r of output o (the
  * innermost level open): each reduction of the phase adds element r into
  * its accumulator accs[...], and the values over the input space that wait
@@ -1272,10 +1313,24 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
     r->full.sh = NULL;
   for (int i = 0; i < k->nreds && ph <= r->nph; i++) {
     const Node *red = k->reds[i];
-    if (dep(r, red) != ph)
+    if (dep(r, red) != ph || red == r->on_sum)
       continue;
     Ix xi = ixF;
     const char *v = val(r, red->in[0], &xi);
+    if (red == r->on_max) { /* and the sum of exp(u - max) so far, rescaled when the max grows */
+      const char *mx = accs[na], *sm = accs[na + 1];
+      emit(r, lv, "if (%s > %s) {", v, mx);
+      emit(r, lv, "  %s = (%s == -INFINITY ? 0.0f : %s * %s_exp(%s - %s)) + %s_exp(%s - %s);", sm, mx, sm, r->name, mx, v,
+           r->name, v, v);
+      emit(r, lv, "  %s = %s;", mx, v);
+      emit(r, lv, "} else if (%s == %s) {", v, v);
+      emit(r, lv, "  %s += %s_exp(%s - %s);", sm, r->name, v, mx);
+      emit(r, lv, "} else {  /* NaN */");
+      emit(r, lv, "  %s = %s = %s;", mx, sm, v);
+      emit(r, lv, "}");
+      na += 2;
+      continue;
+    }
     if (red->op == OP_SUM)
       emit(r, lv, "%s += %s;", accs[na], v);
     else
@@ -1348,7 +1403,8 @@ static void loop_body(R *r) {
       last_full = d > last_full ? d : last_full;
     }
   r->nph = nph, r->last_full = last_full;
-  if (nph + (last_full == nph) < 2) /* one pass over the row: nothing to keep */
+  online_pair(r);
+  if (nph + (last_full == nph) - (r->on_sum != NULL) < 2) /* one pass over the row: nothing to keep */
     r->rcache = 0;
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
     open_level(r);
@@ -1364,18 +1420,23 @@ static void loop_body(R *r) {
   const char **tys = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
   Op *ops = arena_alloc(r->a, sizeof(Op) * (size_t)(k->nreds + 1));
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
+    if (r->on_sum && ph == 2) /* computed in the first phase's pass */
+      continue;
     int na = 0, all_sum = 1;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
-      if (dep(r, red) != ph)
+      if (dep(r, red) != ph || red == r->on_sum)
         continue;
-      const char *acc = arena_printf(r->a, "acc%d", r->nvars++);
-      int fl = dtype_is_float(red->dtype);
-      const char *t = red->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
-      emit(r, 1, "%s %s = %s;", t, acc, red->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
-      all_sum &= red->op == OP_SUM;
-      tys[na] = t;
-      accs[na++] = acc;
+      for (int pair = 0; pair <= (red == r->on_max); pair++) { /* the online max, then its sum */
+        const Node *x = pair ? r->on_sum : red;
+        const char *acc = arena_printf(r->a, "acc%d", r->nvars++);
+        int fl = dtype_is_float(x->dtype);
+        const char *t = x->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
+        emit(r, 1, "%s %s = %s;", t, acc, x->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
+        all_sum &= x->op == OP_SUM;
+        tys[na] = t;
+        accs[na++] = acc;
+      }
     }
     if (r->csplit) /* each chunk's accumulators, then the chunks in order */
       for (int a = 0; a < na; a++)
@@ -1457,16 +1518,21 @@ static void loop_body(R *r) {
     na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
-      if (dep(r, red) != ph)
+      if (dep(r, red) != ph || red == r->on_sum)
         continue;
-      if (!r->split)
-        r->d->combine(r, red->op, accs[na]);
-      const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
-      emit(r, 1, "const %s %s = %s;", vtype(red->dtype), v,
-           half_round(r, red->dtype, arena_printf(r->a, "(%s)%s", vtype(red->dtype), accs[na])));
-      set_var_level(r, v, 1);
-      set_acc(r, red, v);
-      na++;
+      for (int pair = 0; pair <= (red == r->on_max); pair++) {
+        const Node *x = pair ? r->on_sum : red;
+        if (x == r->on_max)
+          emit(r, 1, "%s_%s_online(&%s, &%s);", r->name, r->mode == M_WARP ? "warp" : "block", accs[na], accs[na + 1]);
+        else if (!r->split && x != r->on_sum)
+          r->d->combine(r, x->op, accs[na]);
+        const char *v = arena_printf(r->a, "%s%d", "s", r->nvars++);
+        emit(r, 1, "const %s %s = %s;", vtype(x->dtype), v,
+             half_round(r, x->dtype, arena_printf(r->a, "(%s)%s", vtype(x->dtype), accs[na])));
+        set_var_level(r, v, 1);
+        set_acc(r, x, v);
+        na++;
+      }
     }
   }
   /* values over the output space */
@@ -1682,13 +1748,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       for (int bi = 0; bi < p->nb; bi++)
         r->contig[bi] = probe->contig[bi];
       int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
-      if (!r->split && dim_is_const(&k->rnum, &nr) && r->mode == M_BLOCK && (nr / r->rvec + per - 1) / per > RCACHE_MAX &&
-          (nr / r->rvec + 1023) / 1024 <= RCACHE_MAX)
-        per = r->rowblk = 1024; /* a long row (GPT-2's logits) fits the registers of twice the threads */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
-      if (!r->rcache)
-        r->rowblk = 0;
     }
   }
   loop_body(r);
@@ -1754,13 +1815,13 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
                : k->nreds           ? "a loop per output element"
                                     : "a loop over the elements",
-               r->rowblk ? "static __global__ __launch_bounds__(1024)" : f->d->qual, ret, kn, text);
+               f->d->qual, ret, kn, text);
   }
   k->name = kn;
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
-                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, r->rowblk ? r->rowblk : ROW_BLOCK)
+                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
     if (r->split) { /* gridDim.y: the blocks per output tile */

@@ -23,51 +23,41 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    mlp_vec<float, 4> v2[1];  /* this thread's vectors of logits's row o */
-    #pragma unroll
-    for (int rj = 0; rj < 1; rj++) {
-      const int rv = threadIdx.x % 32 + rj * 32;
-      if (rv >= nrv) break;
-      v2[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    float acc1 = 0;
+    #pragma unroll 2
+    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+      const mlp_vec<float, 4> v3 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v3 = v2[rj].v[lane];
-        acc0 = mlp_max(acc0, v3);
+        const float v4 = v3.v[lane];
+        if (v4 > acc0) {
+          acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v4)) + mlp_exp(v4 - v4);
+          acc0 = v4;
+        } else if (v4 == v4) {
+          acc1 += mlp_exp(v4 - acc0);
+        } else {  /* NaN */
+          acc0 = acc1 = v4;
+        }
       }
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix4 = o * n_r + r;
-      const float v5 = logits[ix4];
-      acc0 = mlp_max(acc0, v5);
-    }
-    acc0 = mlp_warp_max(acc0);
-    const float s6 = (float)acc0;
-    float acc7 = 0;
-    #pragma unroll
-    for (int rj = 0; rj < 1; rj++) {
-      const int rv = threadIdx.x % 32 + rj * 32;
-      if (rv >= nrv) break;
-      #pragma unroll
-      for (int lane = 0; lane < 4; lane++) {
-        const float v9 = v2[rj].v[lane];
-        const float v10 = v9 - s6;
-        const float v11 = mlp_exp(v10);
-        acc7 += v11;
+      const int ix5 = o * n_r + r;
+      const float v6 = logits[ix5];
+      if (v6 > acc0) {
+        acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v6)) + mlp_exp(v6 - v6);
+        acc0 = v6;
+      } else if (v6 == v6) {
+        acc1 += mlp_exp(v6 - acc0);
+      } else {  /* NaN */
+        acc0 = acc1 = v6;
       }
     }
-    #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix12 = o * n_r + r;
-      const float v13 = logits[ix12];
-      const float v14 = v13 - s6;
-      const float v15 = mlp_exp(v14);
-      acc7 += v15;
-    }
-    acc7 = mlp_warp_sum(acc7);
-    const float s16 = (float)acc7;
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s6;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s16;
+    mlp_warp_online(&acc0, &acc1);
+    const float s7 = (float)acc0;
+    const float s8 = (float)acc1;
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
   }
 }
 
@@ -173,92 +163,85 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
     float acc0 = -INFINITY;
-    mlp_vec<float, 4> v2[1];  /* this thread's vectors of logits's row o */
+    float acc1 = 0;
+    mlp_vec<float, 4> v3[1];  /* this thread's vectors of logits's row o */
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 32 + rj * 32;
       if (rv >= nrv) break;
-      v2[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+      v3[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const float v3 = v2[rj].v[lane];
-        acc0 = mlp_max(acc0, v3);
+        const float v4 = v3[rj].v[lane];
+        if (v4 > acc0) {
+          acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v4)) + mlp_exp(v4 - v4);
+          acc0 = v4;
+        } else if (v4 == v4) {
+          acc1 += mlp_exp(v4 - acc0);
+        } else {  /* NaN */
+          acc0 = acc1 = v4;
+        }
       }
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix4 = o * n_r + r;
-      const float v5 = logits[ix4];
-      acc0 = mlp_max(acc0, v5);
-    }
-    acc0 = mlp_warp_max(acc0);
-    const float s6 = (float)acc0;
-    float acc7 = 0;
-    #pragma unroll
-    for (int rj = 0; rj < 1; rj++) {
-      const int rv = threadIdx.x % 32 + rj * 32;
-      if (rv >= nrv) break;
-      #pragma unroll
-      for (int lane = 0; lane < 4; lane++) {
-        const float v9 = v2[rj].v[lane];
-        const float v10 = v9 - s6;
-        const float v11 = mlp_exp(v10);
-        acc7 += v11;
+      const int ix5 = o * n_r + r;
+      const float v6 = logits[ix5];
+      if (v6 > acc0) {
+        acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v6)) + mlp_exp(v6 - v6);
+        acc0 = v6;
+      } else if (v6 == v6) {
+        acc1 += mlp_exp(v6 - acc0);
+      } else {  /* NaN */
+        acc0 = acc1 = v6;
       }
     }
-    #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix12 = o * n_r + r;
-      const float v13 = logits[ix12];
-      const float v14 = v13 - s6;
-      const float v15 = mlp_exp(v14);
-      acc7 += v15;
-    }
-    acc7 = mlp_warp_sum(acc7);
-    const float s16 = (float)acc7;
-    const int64_t ix22 = y[o];
-    const int v27 = ix22 != -100;
-    const float v28 = d_loss_sum[0];
-    const float v29 = mlp_div(1.0f, v28);
-    const float v30 = v27 ? v29 : 0.0f;
+    mlp_warp_online(&acc0, &acc1);
+    const float s7 = (float)acc0;
+    const float s8 = (float)acc1;
+    const int64_t ix14 = y[o];
+    const int v19 = ix14 != -100;
+    const float v20 = d_loss_sum[0];
+    const float v21 = mlp_div(1.0f, v20);
+    const float v22 = v19 ? v21 : 0.0f;
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 32 + rj * 32;
       if (rv >= nrv) break;
-      mlp_vec<float, 4> v32;
+      mlp_vec<float, 4> v24;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
-        const int ix17 = o * n_r + r;
-        const float v18 = v2[rj].v[lane];
-        const float v19 = v18 - s6;
-        const float v20 = mlp_exp(v19);
-        const float v21 = mlp_div(v20, s16);
-        const int ix23 = ix17 % (10);
-        const int v24 = ix22 == ix23;
-        const float v25 = (float)v24;
-        const float v26 = v21 - v25;
-        const float v31 = v26 * v30;
-        v32.v[lane] = (float)v31;
+        const int ix9 = o * n_r + r;
+        const float v10 = v3[rj].v[lane];
+        const float v11 = v10 - s7;
+        const float v12 = mlp_exp(v11);
+        const float v13 = mlp_div(v12, s8);
+        const int ix15 = ix9 % (10);
+        const int v16 = ix14 == ix15;
+        const float v17 = (float)v16;
+        const float v18 = v13 - v17;
+        const float v23 = v18 * v22;
+        v24.v[lane] = (float)v23;
       }
-      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v32;
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v24;
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix33 = o * n_r + r;
-      const float v34 = logits[ix33];
-      const float v35 = v34 - s6;
-      const float v36 = mlp_exp(v35);
-      const float v37 = mlp_div(v36, s16);
-      const int ix38 = ix33 % (10);
-      const int v39 = ix22 == ix38;
-      const float v40 = (float)v39;
-      const float v41 = v37 - v40;
-      const float v42 = v41 * v30;
-      d_loss[ix33] = (float)v42;
+      const int ix25 = o * n_r + r;
+      const float v26 = logits[ix25];
+      const float v27 = v26 - s7;
+      const float v28 = mlp_exp(v27);
+      const float v29 = mlp_div(v28, s8);
+      const int ix30 = ix25 % (10);
+      const int v31 = ix14 == ix30;
+      const float v32 = (float)v31;
+      const float v33 = v29 - v32;
+      const float v34 = v33 * v22;
+      d_loss[ix25] = (float)v34;
     }
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s6;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s16;
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
   }
 }
 

@@ -248,6 +248,38 @@ TGM_FN float tgm_warp_max(float v) {
     v = tgm_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+/* Online softmax statistics: (*m, *s), a max and the sum of exp(x - max)
+ * over some elements, merged with (m2, s2) over others. A max of -inf (no
+ * element above it) leaves its sum out unless both are -inf (then the sum
+ * is that of exp(-inf - -inf), NaN, as the two-pass sum's); NaN spreads. */
+TGM_FN void tgm_online_merge(float *m, float *s, float m2, float s2) {
+  float mx = tgm_max(*m, m2);
+  if (mx == -INFINITY) {
+    *s += s2;
+  } else {
+    float a = *m == -INFINITY ? 0.0f : *s * tgm_exp(*m - mx), b = m2 == -INFINITY ? 0.0f : s2 * tgm_exp(m2 - mx);
+    *s = a + b;
+  }
+  *m = mx;
+}
+/* Every lane (every thread of the block) gets the warp's (block's) merged
+ * online statistics, combined in a fixed butterfly order (then by warp). */
+TGM_FN void tgm_warp_online(float *m, float *s) {
+  for (int o = 16; o > 0; o >>= 1)
+    tgm_online_merge(m, s, __shfl_xor_sync(0xffffffffu, *m, o), __shfl_xor_sync(0xffffffffu, *s, o));
+}
+TGM_FN void tgm_block_online(float *m, float *s) {
+  __shared__ float pm[32], ps[32];
+  tgm_warp_online(m, s);
+  int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
+  __syncthreads();
+  if (lane == 0)
+    pm[w] = *m, ps[w] = *s;
+  __syncthreads();
+  *m = lane < nw ? pm[lane] : -INFINITY;
+  *s = lane < nw ? ps[lane] : 0.0f;
+  tgm_warp_online(m, s);
+}
 /* Every thread of the block gets the block's sum (max); all threads call it. */
 TGM_FN float tgm_block_reduce(float v, int is_max) {
   __shared__ float part[32];

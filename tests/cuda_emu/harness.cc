@@ -1,7 +1,9 @@
 /* harness.cc: runs m.yaml's generated CUDA kernels and checks y (a column
  * sum, split over blocks, then exp), z (x * cw + 1, vector loads and stores,
- * aligned and not, with a scalar tail) and w (a full sum and amax, split)
- * against plain loops. Built by run.sh on the CPU through emu.h, or by
+ * aligned and not, with a scalar tail), w (a full sum and amax, split), sm
+ * and sq (softmax rows of 47, a warp a row, and of 3000, a block a row: the
+ * max and the sum of exp in one online pass; sq's rows hold a NaN, all -inf,
+ * a +inf) against plain loops. Built by run.sh on the CPU through emu.h, or by
  * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
 #include "t_math.h"
 #include <cmath>
@@ -43,10 +45,42 @@ static void cmp(const char *what, double got, double want, double tol) {
   if (!ok && fails++ < 10)
     printf("FAIL %s: %.9g vs %.9g\n", what, got, want);
 }
+/* Softmax of n elements in double, as torch: NaN anywhere, all -inf, or a
+ * +inf (inf - inf) give NaN everywhere (the sum is NaN). */
+static void ref_softmax(const float *x, int n, double *o) {
+  double m = -INFINITY, s = 0;
+  for (int j = 0; j < n; j++)
+    m = std::isnan(x[j]) || std::isnan(m) ? NAN : std::max(m, (double)x[j]);
+  for (int j = 0; j < n; j++)
+    s += std::exp(x[j] - m);
+  for (int j = 0; j < n; j++)
+    o[j] = std::exp(x[j] - m) / s;
+}
+static void cmp_rows(const char *what, const float *got, const float *x, int64_t rows, int n) {
+  std::vector<double> o((size_t)n);
+  for (int64_t r = 0; r < rows; r++) {
+    ref_softmax(x + r * n, n, o.data());
+    for (int j = 0; j < n; j++) {
+      double g = got[r * n + j], w = o[(size_t)j];
+      if (std::isnan(w) != std::isnan(g) || (!std::isnan(w) && std::fabs(g - w) > 1e-6 * (1 + std::fabs(w)))) {
+        if (fails++ < 10)
+          printf("FAIL %s row %lld col %d: %.9g vs %.9g\n", what, (long long)r, j, g, w);
+        break;
+      }
+    }
+  }
+}
 static void run(int64_t dim_B, int shift) {
-  const int D = 47;
+  const int D = 47, Q = 3000;
   int64_t n = dim_B * D;
   float *xs = alloc<float>(n + 8), *cw = alloc<float>(D), *y = alloc<float>(D), *zs = alloc<float>(n + 8), *w = alloc<float>(1);
+  float *sm = alloc<float>(n), *q = alloc<float>(4 * Q), *sq = alloc<float>(4 * Q);
+  float *sq_amax = alloc<float>(4), *sq_sum = alloc<float>(4); /* sq's row statistics (a kernel of their own) */
+  for (int r = 0; r < 4; r++) /* rows: ordinary, a NaN, all -inf, a +inf */
+    for (int j = 0; j < Q; j++)
+      q[r * Q + j] = r == 2 ? -INFINITY : (float)((j * 7919 % 997) - 498) / 100.0f;
+  q[1 * Q + 1234] = NAN;
+  q[3 * Q + 2999] = INFINITY;
   for (int64_t i = 0; i < n; i++)
     xs[i + shift] = (float)((i * 7919 % 1000) - 500) / 250.0f;
   for (int j = 0; j < D; j++)
@@ -69,6 +103,8 @@ static void run(int64_t dim_B, int shift) {
       mx = std::max(mx, (double)x[i]);
     }
     cmp("w", w[0], tot + mx, 1e-5);
+    cmp_rows("sm", sm, x, dim_B, D);
+    cmp_rows("sq", sq, q, 4, Q);
     for (int i = 0; i < 1024; i++)
       if (count[i] && fails++ < 10)
         printf("FAIL count[%d] = %u left\n", i, count[i]);
