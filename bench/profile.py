@@ -80,6 +80,15 @@ def main():
              (" ".join(cmd), len(last), total / 1e6)]
     for c, (ns, n) in sorted(by_class.items(), key=lambda kv: -kv[1][0]):
         lines.append("  %-40s %8.2f ms  %5.1f%%  %4d launches" % (c, ns / 1e6, 100 * ns / total if total else 0, n))
+    fam = defaultdict(lambda: [0.0, 0])  # generated kernels by what they compute (kN_layer_norm -> layer_norm)
+    for nm, (ns, n) in by_name.items():
+        m = re.match(r"(?:void )?k\d+_(\w+)", nm)
+        if m:
+            fam[m.group(1)][0] += ns
+            fam[m.group(1)][1] += n
+    lines.append("generated kernels by what they compute:")
+    for f, (ns, n) in sorted(fam.items(), key=lambda kv: -kv[1][0]):
+        lines.append("  %-40s %8.3f ms  %4d launches" % (f, ns / 1e6, n))
     lines.append("top kernels:")
     for nm, (ns, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]:
         lines.append("  %8.3f ms x%-4d %s" % (ns / 1e6, n, nm))

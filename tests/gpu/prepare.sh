@@ -9,6 +9,7 @@
 #   DEST            default .dev/gpu in the repo (ignored by git; hand it to
 #                   the device with carry: [".dev/gpu"])
 #   --with-opspecs  also the op-coverage specs tests/gpu/oracle_specs/*.yaml
+#   --with-e2e      also the end-to-end specs tests/e2e/*.yaml and tests/data/gpt2_tiny.yaml
 #   --tgen PATH     the tgen binary (default: build/tgen)
 #   --no-clean      keep what DEST already holds (default: empty it first)
 #
@@ -20,10 +21,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEST=
 TGEN=$ROOT/build/tgen
 OPSPECS=0
+E2E=0
 CLEAN=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --with-opspecs) OPSPECS=1 ;;
+    --with-e2e) E2E=1 ;;
     --tgen) TGEN=$2; shift ;;
     --no-clean) CLEAN=0 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
@@ -51,6 +54,7 @@ DEST=$(cd "$DEST" && pwd)
 cd "$ROOT" || exit 2
 specs=(spec/examples/*.yaml)
 [ $OPSPECS = 1 ] && specs+=(tests/gpu/oracle_specs/*.yaml)
+[ $E2E = 1 ] && specs+=(tests/e2e/*.yaml tests/data/gpt2_tiny.yaml)
 ok=0 bad=0
 : > "$DEST/prepare.log"
 for s in "${specs[@]}"; do
