@@ -429,11 +429,13 @@ static Ix ix_bcast(R *r, Ix *ix, const Shape *to) {
     return *ix;
   Ix o = ix_make(to, NULL);
   int off = from->rank - to->rank;
-  int suffix = 1; /* to = from's trailing dims, the leading ones broadcast */
-  for (int k = 0; k < to->rank; k++)
+  int suffix = 1, known = 1; /* to = from's trailing dims, the leading ones broadcast; their positions known */
+  for (int k = 0; k < to->rank; k++) {
     if (!dim_eq(&to->d[k], &from->d[k + off]))
       suffix = 0;
-  if (suffix && ix->flat) {
+    known &= is_one(&to->d[k]) || ix->d[k + off] != NULL;
+  }
+  if (suffix && ix->flat && !known) { /* (the positions known: no division by the suffix's size) */
     Dim n = dim_const(1);
     Loc none = {0, 0};
     for (int k = 0; k < to->rank; k++)

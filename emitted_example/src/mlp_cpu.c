@@ -121,22 +121,21 @@ static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, co
     }
     const float s9 = (float)acc4;
     const int64_t ix15 = y[o];
-    const int v20 = ix15 != -100;
-    const float v21 = d_loss_sum[0];
-    const float v22 = mlp_div(1.0f, v21);
-    const float v23 = v20 ? v22 : 0.0f;
+    const int v19 = ix15 != -100;
+    const float v20 = d_loss_sum[0];
+    const float v21 = mlp_div(1.0f, v20);
+    const float v22 = v19 ? v21 : 0.0f;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix10 = o * n_r + r;
       const float v11 = logits[ix10];
       const float v12 = v11 - s3;
       const float v13 = mlp_exp(v12);
       const float v14 = mlp_div(v13, s9);
-      const int64_t ix16 = ix10 % (10);
-      const int v17 = ix15 == ix16;
-      const float v18 = (float)v17;
-      const float v19 = v14 - v18;
-      const float v24 = v19 * v23;
-      d_loss[ix10] = (float)v24;
+      const int v16 = ix15 == r;
+      const float v17 = (float)v16;
+      const float v18 = v14 - v17;
+      const float v23 = v18 * v22;
+      d_loss[ix10] = (float)v23;
     }
     loss_amax[o] = (float)s3;
     loss_sum[o] = (float)s9;

@@ -200,45 +200,42 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
     const int64_t ix14 = y[o];
-    const int v19 = ix14 != -100;
-    const float v20 = d_loss_sum[0];
-    const float v21 = mlp_div(1.0f, v20);
-    const float v22 = v19 ? v21 : 0.0f;
+    const int v18 = ix14 != -100;
+    const float v19 = d_loss_sum[0];
+    const float v20 = mlp_div(1.0f, v19);
+    const float v21 = v18 ? v20 : 0.0f;
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 32 + rj * 32;
       if (rv >= nrv) break;
-      mlp_vec<float, 4> v24;
+      mlp_vec<float, 4> v23;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
-        const int ix9 = o * n_r + r;
         const float v10 = v3[rj].v[lane];
         const float v11 = v10 - s7;
         const float v12 = mlp_exp(v11);
         const float v13 = mlp_div(v12, s8);
-        const int ix15 = ix9 % (10);
-        const int v16 = ix14 == ix15;
-        const float v17 = (float)v16;
-        const float v18 = v13 - v17;
-        const float v23 = v18 * v22;
-        v24.v[lane] = (float)v23;
+        const int v15 = ix14 == r;
+        const float v16 = (float)v15;
+        const float v17 = v13 - v16;
+        const float v22 = v17 * v21;
+        v23.v[lane] = (float)v22;
       }
-      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v24;
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v23;
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix25 = o * n_r + r;
-      const float v26 = logits[ix25];
-      const float v27 = v26 - s7;
-      const float v28 = mlp_exp(v27);
-      const float v29 = mlp_div(v28, s8);
-      const int ix30 = ix25 % (10);
-      const int v31 = ix14 == ix30;
-      const float v32 = (float)v31;
-      const float v33 = v29 - v32;
-      const float v34 = v33 * v22;
-      d_loss[ix25] = (float)v34;
+      const int ix24 = o * n_r + r;
+      const float v25 = logits[ix24];
+      const float v26 = v25 - s7;
+      const float v27 = mlp_exp(v26);
+      const float v28 = mlp_div(v27, s8);
+      const int v29 = ix14 == r;
+      const float v30 = (float)v29;
+      const float v31 = v28 - v30;
+      const float v32 = v31 * v21;
+      d_loss[ix24] = (float)v32;
     }
     if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
     if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
