@@ -25,6 +25,7 @@
 #include "ir.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct D {
@@ -254,6 +255,99 @@ static Node *arange_rows(D *d, const Node *x, Node **in) {
   return y;
 }
 
+/* Do a and b compute the same value: the same op, operands and the
+ * attributes the op reads (a decomposition's nodes inherit the other fields
+ * from the node they came from: a sum from var carries its correction)? */
+static int same_node(const Node *a, const Node *b) {
+  if (a->op != b->op || a->dtype != b->dtype || a->nin != b->nin || !shape_eq(&a->shape, &b->shape))
+    return 0;
+  for (int k = 0; k < a->nin; k++)
+    if (a->in[k] != b->in[k])
+      return 0;
+  const OpInfo *o = &op_info[a->op];
+  if (o->cls == C_REDUCE)
+    return a->axes == b->axes && a->keepdim == b->keepdim;
+  if (o->cls == C_PW) {
+    if (strstr(o->expr, "P0") || strstr(o->expr, "P1"))
+      if (memcmp(a->f, b->f, sizeof a->f) || memcmp(a->has_f, b->has_f, sizeof a->has_f))
+        return 0;
+    if (strstr(o->expr, "FLAG") && a->flag != b->flag)
+      return 0;
+    if (a->op == OP_CONST)
+      return a->is_dimval == b->is_dimval && (!a->is_dimval || dim_eq(&a->lo, &b->lo));
+    return a->op != OP_ARANGE || dim_eq(&a->lo, &b->lo);
+  }
+  return a->axis == b->axis && a->axis2 == b->axis2 && a->axes == b->axes && a->keepdim == b->keepdim &&
+         a->flag == b->flag && a->ignore_index == b->ignore_index && a->is_dimval == b->is_dimval &&
+         a->index == b->index && dim_eq(&a->lo, &b->lo) && dim_eq(&a->hi, &b->hi) && !memcmp(a->f, b->f, sizeof a->f) &&
+         !memcmp(a->has_f, b->has_f, sizeof a->has_f) && !memcmp(a->perm, b->perm, sizeof(int) * (size_t)a->shape.rank);
+}
+
+/* The pass without repeats and dead nodes. Decompositions and the backward
+ * repeat subexpressions (layer_norm's backward computes its input's row sum
+ * three times): a node equal to an earlier one of the same part (forward or
+ * backward: a recomputation the partitioner chose stays apart from the
+ * value it did not save) is replaced by it; then the nodes no result needs
+ * are dropped (but the leaves, which every pass names alike). */
+static void dedupe(BPass *p) {
+  int n = p->n, cap = 64;
+  while (cap < 2 * n)
+    cap *= 2;
+  Node **rep = calloc((size_t)n + 1, sizeof(Node *)), **tab = calloc((size_t)cap, sizeof(Node *));
+  char *live = calloc((size_t)n + 1, 1);
+  if (!rep || !tab || !live)
+    die("out of memory");
+  for (int i = 0; i < n; i++) {
+    Node *x = p->nodes[i];
+    uint32_t h = 2166136261u ^ (uint32_t)x->op;
+    for (int k = 0; k < x->nin; k++) {
+      if (x->in[k] && rep[x->in[k]->id])
+        x->in[k] = rep[x->in[k]->id];
+      h = (h ^ (uint32_t)(x->in[k] ? x->in[k]->id + 1 : 0)) * 16777619u;
+    }
+    if (x->op == OP_INPUT || x->op == OP_PARAM || x->op == OP_DROPOUT)
+      continue;
+    h = (h ^ (uint32_t)x->shape.rank) * 16777619u; /* (only what same_node compares for every op) */
+    for (int j = (int)(h & (uint32_t)(cap - 1));; j = (j + 1) & (cap - 1)) {
+      Node *y = tab[j];
+      if (!y) {
+        tab[j] = x;
+        break;
+      }
+      if ((y->id < p->nfwd) == (i < p->nfwd) && same_node(x, y)) {
+        rep[i] = y;
+        break;
+      }
+    }
+  }
+  for (int k = 0; k < p->nfinals; k++)
+    if (rep[p->finals[k]->id])
+      p->finals[k] = rep[p->finals[k]->id];
+  for (int k = 0; k < p->nfinals; k++)
+    live[p->finals[k]->id] = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    Node *x = p->nodes[i];
+    live[i] |= x->op == OP_INPUT || x->op == OP_PARAM;
+    for (int k = 0; live[i] && !rep[i] && k < x->nin; k++)
+      if (x->in[k])
+        live[x->in[k]->id] = 1;
+  }
+  int m = 0, nfwd = 0;
+  for (int i = 0; i < n; i++)
+    if (live[i] && !rep[i]) {
+      nfwd += i < p->nfwd;
+      p->orig[m] = p->orig[i];
+      p->nodes[m] = p->nodes[i];
+      p->nodes[m]->id = m;
+      m++;
+    }
+  p->n = m;
+  p->nfwd = nfwd;
+  free(rep);
+  free(tab);
+  free(live);
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 const char *const pass_names[NPASS] = {"forward", "loss", "train"};
@@ -319,5 +413,6 @@ BPass *build_pass(Graph *g, int kind, const int *order, int n, int nfwd) {
   }
   for (int k = 0; k < g->nsyms; k++)
     p->sym[k] = g->syms[k].derived ? 0 : g->syms[k].max;
+  dedupe(p);
   return p;
 }
