@@ -204,6 +204,7 @@ struct R {
   const char *it;     /* the index type: "int64_t", or "int" where every size fits (CUDA) */
   int vec;            /* M_PW on CUDA: elements per thread of the vector loop (0: none) */
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
+  int cvec;           /* M_COLUMN on CUDA: output columns per thread, one vector of each row (column_vectors) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
   const Node *on_max, *on_sum; /* CUDA rows: amax(u) and sum(exp(u - amax(u))) in one online pass (online_pair) */
   Ix full;            /* a reduction phase's index over the kernel's whole space (full.sh NULL: none) */
@@ -506,7 +507,7 @@ static const char *bufname(R *r, const Node *n) {
 
 /* The vector type of r->vec elements of dtype t (tgm_math.h's NAME_vec). */
 static const char *vec_type(R *r, DType t) {
-  return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec ? r->vec : r->rvec);
+  return arena_printf(r->a, "%s_vec<%s, %d>", r->name, ctype(t), r->vec ? r->vec : r->rvec ? r->rvec : r->cvec);
 }
 
 /* Where vector r->vidx of buffer p starts: p itself, or the row at o. */
@@ -1297,6 +1298,114 @@ static void online_pair(R *r) {
   r->on_sum = sm;
 }
 
+/* Is loop kernel k a reduction over leading dims only (element (r, o) at
+ * r * n_o + o: a column sum's rows)? */
+static int column_prefix(const Kernel *k) {
+  int j = 0;
+  while (j < k->full.rank && (k->axes >> j & 1))
+    j++;
+  return j > 0 && (k->axes >> j) == 0;
+}
+
+/* M_COLUMN on CUDA with r->cvec = V: one phase of reductions over leading
+ * dims (bias and layer-norm gradients), a block a tile of 32 V output
+ * columns, each thread V neighbouring columns (oc V .. oc V + V - 1) over
+ * its rows r, loading each buffer's V elements of row r as one vector
+ * (the kernel's buffers at that element are aligned, n_o a multiple of V:
+ * loop_kernel checked), accumulating into V accumulators; then per column
+ * the 32 row groups combine (tgm_column_*), split over blocks as M_COLUMN
+ * is. Levels: 1 a tile, 2 a row r, 3 a column of the thread; then 2 a
+ * column again, for the results. */
+static void column_vectors(R *r, const Shape *rsh) {
+  const Kernel *k = r->k;
+  const int V = r->cvec;
+  const char *it = r->it;
+  head(r, "for (%s o0 = blockIdx.x * (%s)%d; o0 < n_o; o0 += (%s)gridDim.x * %d) {", it, it, 32 * V, it, 32 * V);
+  head(r, "  const %s oc = o0 / %d + threadIdx.x %% 32;  /* this thread's columns: oc * %d .. oc * %d + %d */", it, V, V, V,
+       V - 1);
+  head(r, "  const int live = oc * %d < n_o;", V);
+  set_var_level(r, "o0", 1);
+  set_var_level(r, "oc", 1);
+  set_var_level(r, "live", 1);
+  const char **accs = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    accs[i] = arena_printf(r->a, "acc%d", r->nvars++);
+    emit(r, 1, "float %s[%d];", accs[i], V);
+    emit(r, 1, "for (int lane = 0; lane < %d; lane++)", V);
+    emit(r, 1, "  %s[lane] = %s;", accs[i], red->op == OP_SUM ? "0" : "-INFINITY");
+  }
+  open_level(r);
+  r->d->r_loop(r);
+  set_var_level(r, "r", 2);
+  open_level(r);
+  head(r, "#pragma unroll");
+  head(r, "for (int lane = 0; lane < %d; lane++) {", V);
+  emit(r, 3, "const %s o = oc * %d + lane;", it, V);
+  set_var_level(r, "lane", 3);
+  set_var_level(r, "o", 3);
+  Ix ixF = ix_make(&k->full, NULL);
+  Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(rsh, "r");
+  for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
+    ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
+  r->vflat = ixF.flat = bind_ix(r, "r * n_o + o");
+  r->lanes = 1;
+  r->vidx = arena_printf(r->a, "r * (n_o / %d) + oc", V);
+  r->vload_lv = 2;
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    Ix xi = ixF;
+    const char *v = val(r, red->in[0], &xi);
+    if (red->op == OP_SUM)
+      emit(r, 3, "%s[lane] += %s;", accs[i], v);
+    else
+      emit(r, 3, "%s[lane] = %s_max(%s[lane], %s);", accs[i], r->name, accs[i], v);
+  }
+  r->lanes = 0;
+  r->vflat = NULL;
+  close_level(r);
+  close_level(r);
+  /* the 32 row groups' partials of each column, in order (then, split, the blocks') */
+  for (int i = 0; i < k->nreds; i++) {
+    const char *f = k->reds[i]->op == OP_AMAX ? "max" : "sum";
+    emit(r, 1, "for (int lane = 0; lane < %d; lane++)", V);
+    emit(r, 1, "  %s[lane] = %s_column_%s(%s[lane]);", accs[i], r->name, f, accs[i]);
+  }
+  if (r->split) {
+    emit(r, 1, "if (threadIdx.x / 32 == 0 && live)  /* this block's partials */");
+    emit(r, 1, "  for (int lane = 0; lane < %d; lane++) {", V);
+    for (int i = 0; i < k->nreds; i++)
+      emit(r, 1, "    split_part[((oc * %d + lane) * %d + %d) * gridDim.y + blockIdx.y] = %s[lane];", V, k->nreds, i, accs[i]);
+    emit(r, 1, "  }");
+    emit(r, 1, "if (!%s_split_last(&split_count[o0 / %d]))  /* the tile's last block to finish goes on */", r->name, 32 * V);
+    emit(r, 1, "  continue;");
+    for (int i = 0; i < k->nreds; i++) {
+      emit(r, 1, "for (int lane = 0; lane < %d; lane++)", V);
+      emit(r, 1, "  %s[lane] = %s_split_column_%s(split_part + ((oc * %d + lane) * %d + %d) * gridDim.y, live);", accs[i],
+           r->name, k->reds[i]->op == OP_AMAX ? "max" : "sum", V, k->nreds, i);
+    }
+  }
+  open_level(r);
+  head(r, "for (int lane = 0; lane < %d; lane++) {", V);
+  emit(r, 2, "const %s o = oc * %d + lane;", it, V);
+  set_var_level(r, "lane", 2);
+  set_var_level(r, "o", 2);
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    const char *v = arena_printf(r->a, "s%d", r->nvars++);
+    emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
+         half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[lane]", vtype(red->dtype), accs[i])));
+    set_var_level(r, v, 2);
+    set_acc(r, red, v);
+  }
+  for (int i = 0; i < k->nouts; i++) {
+    Ix xi = ix_make(&k->outs[i]->shape, "o");
+    store(r, k->outs[i], &xi, 1);
+  }
+  close_level(r);
+  close_level(r);
+}
+
 /* The body of phase ph's loop over the reduced elements r of output o (the
  * innermost level open): each reduction of the phase adds element r into
  * its accumulator accs[...], and the values over the input space that wait
@@ -1310,6 +1419,8 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
     ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
   if (kernel_rows(k))
     r->vflat = ixF.flat = bind_ix(r, "o * n_r + r");
+  else if (!strcmp(r->d->name, "cuda") && column_prefix(k)) /* (for the probe: which buffers are read there) */
+    r->vflat = ixF.flat = bind_ix(r, "r * n_o + o");
   r->full = ixF; /* (only the rows' flat index names an element of the whole space) */
   if (!kernel_rows(k))
     r->full.sh = NULL;
@@ -1411,6 +1522,11 @@ static void loop_body(R *r) {
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
     open_level(r);
     column_tiles(r, &rsh);
+    return;
+  }
+  if (r->cvec) {
+    open_level(r);
+    column_vectors(r, &rsh);
     return;
   }
   if (r->mode == M_CTILE) /* several phases, or values over the input space: a loop per output element */
@@ -1605,6 +1721,35 @@ static int vec_width(R *r, int stores) {
   return !w ? 0 : 16 / w > 8 ? 8 : 16 / w;
 }
 
+/* M_COLUMN's columns per thread (probe r printed it): a vector's worth of
+ * the widest buffer read at the kernel's element (r, o), when every such
+ * buffer is aligned for it wherever o starts a vector (arena slots,
+ * params and gradients are 256-aligned; an alias or a placed value at an
+ * offset of whole vectors) and n_o is static and a multiple of it; else 0
+ * (one column a thread). */
+static int column_vec(R *r) {
+  int64_t no;
+  int w = vec_width(r, 0);
+  if (!w || !dim_is_const(&r->k->outer, &no) || no % w)
+    return 0;
+  for (int bi = 0; bi < r->p->nb; bi++) {
+    if (!r->contig[bi])
+      continue;
+    const Buffer *b = &r->p->b[bi];
+    int64_t off = 0;
+    while (b->home == HOME_ALIAS) {
+      int64_t o;
+      if (!dim_is_const(&b->off, &o))
+        return 0;
+      off += o;
+      b = &r->p->b[b->index];
+    }
+    if ((b->home != HOME_ARENA && b->home != HOME_PARAM && b->home != HOME_GRAD) || off % w)
+      return 0;
+  }
+  return w;
+}
+
 /* The output and reduced element counts at the dims' maxima of a reduction
  * kernel (probe r printed it) that could split its reduced elements: one
  * phase (a value over the input space after the reduction would need the
@@ -1620,15 +1765,22 @@ static int split_sizes(R *r, int64_t *no, int64_t *nr) {
   return dim_eval(r->g, &k->outer, r->p->sym, no, &err) && dim_eval(r->g, &k->rnum, r->p->sym, nr, &err);
 }
 
+/* The runtime's room for split partials (tgm_rt.h's TGM_CUDA_SPLIT_PARTS). */
+#define SPLIT_PARTS ((int64_t)1 << 20)
+
 /* CUDA: a block or column reduction with few tiles (at most 256: a block's
- * worth of output elements, or 32 columns) and many reduced elements each
- * splits them over several blocks per output tile. */
+ * worth of output elements, or 32 columns, 32 cvec) and many reduced
+ * elements each splits them over several blocks per output tile (as many as
+ * tgm_split gives at the dims' maxima), when their partials fit the
+ * runtime's room. */
 static int split_ok(R *r) {
   int64_t no, nr;
   if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || !split_sizes(r, &no, &nr))
     return 0;
-  int64_t tiles = r->mode == M_BLOCK ? no : (no + 31) / 32;
-  return tiles <= 256 && nr >= 2 * split_per(r);
+  int64_t tw = r->mode == M_BLOCK ? 1 : 32 * (r->cvec ? r->cvec : 1), tiles = (no + tw - 1) / tw;
+  int64_t per = (nr + split_per(r) - 1) / split_per(r), q = (512 + tiles - 1) / tiles, blocks = per < q ? per : q;
+  blocks = blocks > 256 ? 256 : blocks;
+  return tiles <= 256 && nr >= 2 * split_per(r) && tiles * tw * r->k->nreds * blocks <= SPLIT_PARTS;
 }
 
 /* CPU: a reduction to at most 8 values of at least 65536 elements each
@@ -1742,6 +1894,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   r->vflat = NULL;
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
+    if (r->mode == M_COLUMN && column_prefix(k) && probe->nph == 1 && !full_outputs(probe))
+      r->cvec = probe->cvec = column_vec(probe);
     r->split = split_ok(probe);
     if (r->mode == M_PW && (r->vec = vec_width(probe, 1)))
       for (int bi = 0; bi < p->nb; bi++)
@@ -1812,6 +1966,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                r->vec               ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec)
+               : r->cvec            ? arena_printf(f->a, "%d output elements per block, %d a thread, 32 threads each", 32 * r->cvec, r->cvec)
                : cuda               ? modes[r->mode]
                : r->mode == M_CTILE ? "tiles of " CTILE_TEXT " output elements, a vector loop over each tile per reduced element"
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
@@ -1824,11 +1979,12 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, 8), 256", f->name, n)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
-                       : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, 32), 1024", f->name, n)
+                       : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), 1024", f->name, n, 32 * (r->cvec ? r->cvec : 1))
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
     if (r->split) { /* gridDim.y: the blocks per output tile */
-      const char *tiles = r->mode == M_BLOCK ? n : arena_printf(f->a, "((%s) + 31) / 32", n);
-      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s)), %d", f->name, n, r->mode == M_BLOCK ? 1 : 32,
+      const int tw = 32 * (r->cvec ? r->cvec : 1); /* a column tile's outputs */
+      const char *tiles = r->mode == M_BLOCK ? n : arena_printf(f->a, "((%s) + %d) / %d", n, tw - 1, tw);
+      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s)), %d", f->name, n, r->mode == M_BLOCK ? 1 : tw,
                           f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, r->mode == M_BLOCK ? 512 : 1024);
     }
     buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);

@@ -3,7 +3,8 @@
  * aligned and not, with a scalar tail), w (a full sum and amax, split), sm
  * and sq (softmax rows of 47, a warp a row, and of 3000, a block a row: the
  * max and the sum of exp in one online pass; sq's rows hold a NaN, all -inf,
- * a +inf) against plain loops. Built by run.sh on the CPU through emu.h, or by
+ * a +inf) and cs (a column sum over an arena value, 4 columns a thread
+ * from one vector load of each row) against plain loops. Built by run.sh on the CPU through emu.h, or by
  * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
 #include "t_math.h"
 #include <cmath>
@@ -76,6 +77,10 @@ static void run(int64_t dim_B, int shift) {
   float *xs = alloc<float>(n + 8), *cw = alloc<float>(D), *y = alloc<float>(D), *zs = alloc<float>(n + 8), *w = alloc<float>(1);
   float *sm = alloc<float>(n), *q = alloc<float>(4 * Q), *sq = alloc<float>(4 * Q);
   float *sq_amax = alloc<float>(4), *sq_sum = alloc<float>(4); /* sq's row statistics (a kernel of their own) */
+  const int C = 64;
+  float *c_ = alloc<float>(dim_B * C), *g = alloc<float>(dim_B * C), *cs = alloc<float>(C);
+  for (int64_t i = 0; i < dim_B * C; i++)
+    c_[i] = (float)((i * 7907 % 1000) - 500) / 500.0f;
   for (int r = 0; r < 4; r++) /* rows: ordinary, a NaN, all -inf, a +inf */
     for (int j = 0; j < Q; j++)
       q[r * Q + j] = r == 2 ? -INFINITY : (float)((j * 7919 % 997) - 498) / 100.0f;
@@ -104,6 +109,14 @@ static void run(int64_t dim_B, int shift) {
     }
     cmp("w", w[0], tot + mx, 1e-5);
     cmp_rows("sm", sm, x, dim_B, D);
+    for (int j = 0; j < C; j++) {
+      double t = 0;
+      for (int64_t b = 0; b < dim_B; b++) {
+        double v = 2.0 * c_[b * C + j] + 1;
+        t += v * v;
+      }
+      cmp("cs", cs[j], t, 1e-5);
+    }
     cmp_rows("sq", sq, q, 4, Q);
     for (int i = 0; i < 1024; i++)
       if (count[i] && fails++ < 10)
