@@ -98,7 +98,10 @@ static int reshape_layout(const BPass *p, Layout *l, const Shape *from, const Sh
   return 1;
 }
 
-int layout_view(const BPass *p, const Node *v, Layout *l) {
+/* l, the layout of view v's operand, made v's; or (back), l being v's, its
+ * operand's (transposes, permutes and reshapes: a slice or a broadcast does
+ * not cover its operand once). */
+static int through(const BPass *p, const Node *v, Layout *l, int back) {
   const Shape *xs = &v->in[0]->shape, *ys = &v->shape;
   Layout o = *l;
   switch (v->op) {
@@ -108,19 +111,26 @@ int layout_view(const BPass *p, const Node *v, Layout *l) {
     break;
   case OP_PERMUTE:
     for (int k = 0; k < ys->rank; k++)
-      o.st[k] = l->st[v->perm[k]];
+      if (back)
+        o.st[v->perm[k]] = l->st[k];
+      else
+        o.st[k] = l->st[v->perm[k]];
     break;
   case OP_SLICE:
+    if (back)
+      return 0;
     o.off = dim_add(l->off, dim_mul(v->lo, l->st[v->axis], noloc), noloc);
     break;
   case OP_BROADCAST_TO:
+    if (back)
+      return 0;
     for (int k = 0; k < ys->rank; k++) {
       int kk = k - (ys->rank - xs->rank);
       o.st[k] = kk < 0 || (is_one(&xs->d[kk]) && !is_one(&ys->d[k])) ? dim_const(0) : l->st[kk];
     }
     break;
   case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
-    if (!reshape_layout(p, &o, xs, ys))
+    if (!reshape_layout(p, &o, back ? ys : xs, back ? xs : ys))
       return 0;
     break;
   default:
@@ -130,28 +140,8 @@ int layout_view(const BPass *p, const Node *v, Layout *l) {
   return 1;
 }
 
-int layout_unview(const BPass *p, const Node *v, Layout *l) {
-  const Shape *xs = &v->in[0]->shape, *ys = &v->shape;
-  Layout o = *l;
-  switch (v->op) {
-  case OP_TRANSPOSE:
-    o.st[v->axis] = l->st[v->axis2];
-    o.st[v->axis2] = l->st[v->axis];
-    break;
-  case OP_PERMUTE:
-    for (int k = 0; k < ys->rank; k++)
-      o.st[v->perm[k]] = l->st[k];
-    break;
-  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
-    if (!reshape_layout(p, &o, ys, xs))
-      return 0;
-    break;
-  default: /* a slice or a broadcast does not cover its operand once */
-    return 0;
-  }
-  *l = o;
-  return 1;
-}
+int layout_view(const BPass *p, const Node *v, Layout *l) { return through(p, v, l, 0); }
+int layout_unview(const BPass *p, const Node *v, Layout *l) { return through(p, v, l, 1); }
 
 int layout_stored(const BPass *p, const Node *n) {
   if (n->op == OP_INPUT || n->op == OP_PARAM)

@@ -1187,6 +1187,25 @@ static int full_outputs(R *r) {
   return 0;
 }
 
+/* In a loop over a tile's outputs o (level 2; accs[i][t] reduction i's
+ * accumulator of output t): each reduction's result, then the kernel's
+ * values over the output space, stored at o. */
+static void tile_results(R *r, const char **accs, const char *t) {
+  const Kernel *k = r->k;
+  for (int i = 0; i < k->nreds; i++) {
+    const Node *red = k->reds[i];
+    const char *v = arena_printf(r->a, "s%d", r->nvars++);
+    emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
+         half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[%s]", vtype(red->dtype), accs[i], t)));
+    set_var_level(r, v, 2);
+    set_acc(r, red, v);
+  }
+  for (int i = 0; i < k->nouts; i++) {
+    Ix xi = ix_make(&k->outs[i]->shape, "o");
+    store(r, k->outs[i], &xi, 1);
+  }
+}
+
 /* M_CTILE (CPU): one phase of reductions over leading dims, and the values
  * over the output space after it. Levels: 1 a tile of outputs o0..o0+nc, 2
  * a reduced element r, 3 an output o of the tile; then 2 again, an output
@@ -1240,19 +1259,7 @@ static void column_tiles(R *r, const Shape *rsh) {
   head(r, "  const int64_t o = o0 + c;");
   set_var_level(r, "c", 2);
   set_var_level(r, "o", 2);
-  for (int i = 0; i < k->nreds; i++) {
-    const Node *red = k->reds[i];
-    const char *v = arena_printf(r->a, "s%d", r->nvars++);
-    emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
-         half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[c]", vtype(red->dtype), accs[i])));
-    set_var_level(r, v, 2);
-    set_acc(r, red, v);
-  }
-  for (int i = 0; i < k->nouts; i++) {
-    const Node *n = k->outs[i];
-    Ix xi = ix_make(&n->shape, "o");
-    store(r, n, &xi, 1);
-  }
+  tile_results(r, accs, "c");
   close_level(r);
   close_level(r);
 }
@@ -1390,18 +1397,7 @@ static void column_vectors(R *r, const Shape *rsh) {
   emit(r, 2, "const %s o = oc * %d + lane;", it, V);
   set_var_level(r, "lane", 2);
   set_var_level(r, "o", 2);
-  for (int i = 0; i < k->nreds; i++) {
-    const Node *red = k->reds[i];
-    const char *v = arena_printf(r->a, "s%d", r->nvars++);
-    emit(r, 2, "const %s %s = %s;", vtype(red->dtype), v,
-         half_round(r, red->dtype, arena_printf(r->a, "(%s)%s[lane]", vtype(red->dtype), accs[i])));
-    set_var_level(r, v, 2);
-    set_acc(r, red, v);
-  }
-  for (int i = 0; i < k->nouts; i++) {
-    Ix xi = ix_make(&k->outs[i]->shape, "o");
-    store(r, k->outs[i], &xi, 1);
-  }
+  tile_results(r, accs, "lane");
   close_level(r);
   close_level(r);
 }
