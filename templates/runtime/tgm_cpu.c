@@ -1140,7 +1140,8 @@ static int gemm_args_ok(const tgm_gemm *g) {
   return 1;
 }
 
-/* g->bgrad[m] = sum over k of op(A)[m, k], in double, rounded once: tiles
+/* g->bgrad[m] = sum over k of op(A)[m, k], in double, stored through f32
+ * (as the generated column sums store theirs): tiles
  * of 64 rows of op(A) over the threads, each summed in k order by one thread
  * (the same bits for any thread count); op(A) stored transposed ([K, M], a
  * weight gradient's dy) is read a row of the tile at a time. */
