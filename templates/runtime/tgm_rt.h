@@ -251,7 +251,7 @@ typedef struct tgm_gemm {
   int accumulate;       /* 1: C += T instead of C = T */
   int dact;             /* 1: T *= act'(aux) (aux read: the activation's input) instead of aux = T, T = act(T) */
   void *bgrad;          /* NULL, or [M]: bgrad[m] = sum over k of op(A)[m, k] (a bias's gradient beside its
-                           weight's), summed in f32 or better and rounded once to dt; batch 1 only */
+                           weight's), summed in f32 or better, stored in dt; batch 1 only */
 } tgm_gemm;
 enum { TGM_ACT_NONE, TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH };
 /* Returns 0, or -1 for bad arguments (then nothing is written). Deterministic: the same bits for any
