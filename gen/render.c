@@ -1187,6 +1187,20 @@ static int full_outputs(R *r) {
   return 0;
 }
 
+/* Element ixF (of output t of a tile, level 3) added into each reduction's
+ * accumulator accs[i][t]. */
+static void tile_add(R *r, const char **accs, const char *t, const Ix *ixF) {
+  for (int i = 0; i < r->k->nreds; i++) {
+    const Node *red = r->k->reds[i];
+    Ix xi = *ixF;
+    const char *v = val(r, red->in[0], &xi);
+    if (red->op == OP_SUM)
+      emit(r, 3, "%s[%s] += %s;", accs[i], t, v);
+    else
+      emit(r, 3, "%s[%s] = %s_max(%s[%s], %s);", accs[i], t, r->name, accs[i], t, v);
+  }
+}
+
 /* In a loop over a tile's outputs o (level 2; accs[i][t] reduction i's
  * accumulator of output t): each reduction's result, then the kernel's
  * values over the output space, stored at o. */
@@ -1242,15 +1256,7 @@ static void column_tiles(R *r, const Shape *rsh) {
   Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(rsh, "r");
   for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
     ixF.d[j] = k->axes >> j & 1 ? ix_dim(r, &ro, a++) : ix_dim(r, &oo, b++);
-  for (int i = 0; i < k->nreds; i++) {
-    const Node *red = k->reds[i];
-    Ix xi = ixF;
-    const char *v = val(r, red->in[0], &xi);
-    if (red->op == OP_SUM)
-      emit(r, 3, "%s[c] += %s;", accs[i], v);
-    else
-      emit(r, 3, "%s[c] = %s_max(%s[c], %s);", accs[i], r->name, accs[i], v);
-  }
+  tile_add(r, accs, "c", &ixF);
   close_level(r);
   close_level(r);
   /* the results and the values over the output space */
@@ -1359,15 +1365,7 @@ static void column_vectors(R *r, const Shape *rsh) {
   r->lanes = 1;
   r->vidx = arena_printf(r->a, "r * (n_o / %d) + oc", V);
   r->vload_lv = 2;
-  for (int i = 0; i < k->nreds; i++) {
-    const Node *red = k->reds[i];
-    Ix xi = ixF;
-    const char *v = val(r, red->in[0], &xi);
-    if (red->op == OP_SUM)
-      emit(r, 3, "%s[lane] += %s;", accs[i], v);
-    else
-      emit(r, 3, "%s[lane] = %s_max(%s[lane], %s);", accs[i], r->name, accs[i], v);
-  }
+  tile_add(r, accs, "lane", &ixF);
   r->lanes = 0;
   r->vflat = NULL;
   close_level(r);
