@@ -387,24 +387,24 @@ static const char *ix_dim(R *r, Ix *ix, int k) {
   return ix->d[k] = bind_ix(r, e);
 }
 
-static const char *ix_flat(R *r, Ix *ix) {
-  if (ix->flat)
-    return ix->flat;
+/* The position of element ix: sum of its dims' positions times strides st
+ * (NULL: its shape's row-major strides; a placed value's, layout.c). */
+static const char *ix_at(R *r, Ix *ix, const Dim *st) {
   Buf b;
   buf_init(&b, r->a);
   int any = 0;
   for (int k = 0; k < ix->sh->rank; k++) {
     if (is_one(&ix->sh->d[k]))
       continue;
-    const char *st = stride_c(r, ix->sh, k), *dk = ix_dim(r, ix, k);
+    const char *sk = st ? c_dim(r->g, &st[k]) : stride_c(r, ix->sh, k), *dk = ix_dim(r, ix, k);
     if (!strcmp(dk, "0"))
       continue;
-    buf_printf(&b, "%s%s%s%s", any ? " + " : "", dk, strcmp(st, "1") ? " * " : "",
-               strcmp(st, "1") ? arena_printf(r->a, "(%s)", st) : "");
-    any = 1;
+    buf_printf(&b, "%s%s%s", any++ ? " + " : "", dk, strcmp(sk, "1") ? arena_printf(r->a, " * (%s)", sk) : "");
   }
-  return ix->flat = any ? bind_ix(r, b.p) : "0";
+  return any ? bind_ix(r, b.p) : "0";
 }
+
+static const char *ix_flat(R *r, Ix *ix) { return ix->flat ? ix->flat : (ix->flat = ix_at(r, ix, NULL)); }
 
 /* The index as text, for the memo, without printing any local. */
 static const char *ix_key(R *r, const Ix *ix) {
@@ -553,26 +553,11 @@ static const char *row_cache(R *r, const Node *n, const char *p) {
   return v;
 }
 
-/* The position of element ix of a value placed at strides st (layout.c). */
-static const char *ix_strided(R *r, Ix *ix, const Dim *st) {
-  Buf b;
-  buf_init(&b, r->a);
-  int any = 0;
-  for (int k = 0; k < ix->sh->rank; k++) {
-    if (is_one(&ix->sh->d[k]))
-      continue;
-    const char *dk = ix_dim(r, ix, k), *sk = c_dim(r->g, &st[k]);
-    if (strcmp(dk, "0"))
-      buf_printf(&b, "%s%s%s", any++ ? " + " : "", dk, strcmp(sk, "1") ? arena_printf(r->a, " * (%s)", sk) : "");
-  }
-  return any ? bind_ix(r, b.p) : "0";
-}
-
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
   const Layout *pl = r->p->place ? r->p->place[n->id] : NULL;
-  const char *p = bufname(r, n), *i = pl ? ix_strided(r, ix, pl->st) : ix_flat(r, ix);
+  const char *p = bufname(r, n), *i = pl ? ix_at(r, ix, pl->st) : ix_flat(r, ix);
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
