@@ -202,11 +202,6 @@ static Dim dims_product(AD *a, const Shape *s, uint32_t axes) {
   return p;
 }
 
-static int is_one(const Dim *d) {
-  int64_t v;
-  return dim_is_const(d, &v) && v == 1;
-}
-
 /* x summed to shape s (s broadcasts to x's shape): over the leading dims x has
  * beyond s and the dims where s is 1 and x is not, keeping them, then
  * reshaped to s. The gradient of a broadcast operand. */
@@ -218,7 +213,7 @@ static Node *sum_to(AD *a, Node *x, const Shape *s) {
     die("sum_to: %s does not broadcast to %s", shape_str(a->g, s), shape_str(a->g, &x->shape));
   uint32_t axes = 0;
   for (int i = 0; i < x->shape.rank; i++)
-    if (i < lead || (is_one(&s->d[i - lead]) && !is_one(&x->shape.d[i])))
+    if (i < lead || (dim_is_one(&s->d[i - lead]) && !dim_is_one(&x->shape.d[i])))
       axes |= 1u << i;
   if (axes)
     x = reduce(a, OP_SUM, x, axes, 1, 0);

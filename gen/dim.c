@@ -125,6 +125,11 @@ int dim_eq(const Dim *a, const Dim *b) {
   return 1;
 }
 
+int dim_is_one(const Dim *a) {
+  int64_t v;
+  return dim_is_const(a, &v) && v == 1;
+}
+
 int dim_is_const(const Dim *a, int64_t *v) {
   if (a->n == 0) {
     *v = 0;

@@ -47,8 +47,6 @@ static double numel(const BPass *p, const Shape *s) {
 
 static double nbytes(const BPass *p, const Node *n) { return numel(p, &n->shape) * dtype_size(n->dtype); }
 
-static int is_view_of(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
-
 static int in_list(Node *const *v, int n, const Node *x) {
   for (int i = 0; i < n; i++)
     if (v[i] == x)
@@ -91,7 +89,7 @@ void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops) 
   double b = 0, f = 0;
   for (int i = 0; i < p->n; i++) {
     const Node *n = p->nodes[i];
-    if (!mark[i] || (is_view_of(n) && mark[n->in[0]->id])) /* an alias: its operand's bytes */
+    if (!mark[i] || (layout_view1(n) && mark[n->in[0]->id])) /* an alias: its operand's bytes */
       continue;
     b += k->anchor && k->anchor->op == OP_EMBEDDING && n == k->anchor->in[1] ? nbytes(p, k->anchor) : nbytes(p, n);
   }

@@ -45,11 +45,6 @@ int shape_eq(const Shape *a, const Shape *b) {
   return 1;
 }
 
-static int is_one(const Dim *d) {
-  int64_t v;
-  return dim_is_const(d, &v) && v == 1;
-}
-
 int broadcast_shapes(const Shape *a, const Shape *b, Shape *out) {
   int rank = a->rank > b->rank ? a->rank : b->rank;
   Shape s = {0};
@@ -57,9 +52,9 @@ int broadcast_shapes(const Shape *a, const Shape *b, Shape *out) {
   for (int i = 0; i < rank; i++) {
     int ia = a->rank - rank + i, ib = b->rank - rank + i;
     const Dim *da = ia >= 0 ? &a->d[ia] : NULL, *db = ib >= 0 ? &b->d[ib] : NULL;
-    if (!da || (is_one(da) && db))
+    if (!da || (dim_is_one(da) && db))
       s.d[i] = *db;
-    else if (!db || is_one(db) || dim_eq(da, db))
+    else if (!db || dim_is_one(db) || dim_eq(da, db))
       s.d[i] = *da;
     else
       return 0;
@@ -386,7 +381,7 @@ static void infer_squeeze(R *r) {
   if (x->shape.rank == 0)
     ERR(r->a[0].loc, "x is a scalar");
   int ax = axis_arg(r, 1, x);
-  if (!is_one(&x->shape.d[ax]))
+  if (!dim_is_one(&x->shape.d[ax]))
     ERR(r->a[1].loc, "dim %d of x has size %s, not 1 (x: %s)", ax, dstr(r, &x->shape.d[ax]), shp(r, x));
   n->axis = ax;
   n->shape.rank = x->shape.rank - 1;

@@ -59,6 +59,7 @@ Dim dim_div(Graph *g, Dim a, Dim b, Loc l); /* exact, or a derived symbol; stati
 extern const char *dim_context;
 int dim_eq(const Dim *a, const Dim *b);
 int dim_is_const(const Dim *a, int64_t *v);
+int dim_is_one(const Dim *a);
 const char *dim_str(const Graph *g, const Dim *a);
 /* Value for the given symbol values (vals[i] for symbol i; derived symbols are
  * computed). Returns 0 and sets *err on overflow or a quotient that does not
@@ -349,7 +350,12 @@ typedef struct LoadWalk {
 } LoadWalk;
 LoadWalk *walk_new(Arena *a, int n);
 void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w);
-/* layout.c. n's own buffer, contiguous. */
+/* layout.c. Is n a view of one operand (index arithmetic; a concat reads
+ * several)? */
+int layout_view1(const Node *n);
+/* n's bytes at the dims' maxima (p->sym). */
+int64_t layout_bytes(const BPass *p, const Node *n);
+/* n's own buffer, contiguous. */
 void layout_contig(const Node *n, Layout *l);
 /* l holds the layout of view v's operand: make it v's (layout_view), or,
  * l holding v's, its operand's (layout_unview: transposes, permutes and

@@ -22,13 +22,7 @@
 
 static const Loc noloc = {0, 0};
 
-static int is_one(const Dim *d) {
-  int64_t v;
-  return dim_is_const(d, &v) && v == 1;
-}
-
-/* A view of one operand (index arithmetic; concat reads several). */
-static int is_view1(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
+int layout_view1(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
 
 void layout_contig(const Node *n, Layout *l) {
   l->host = n;
@@ -49,6 +43,13 @@ static int64_t at_max(const BPass *p, const Dim *d) {
   return v;
 }
 
+int64_t layout_bytes(const BPass *p, const Node *n) {
+  int64_t v = n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype);
+  for (int k = 0; k < n->shape.rank; k++)
+    v *= at_max(p, &n->shape.d[k]);
+  return v;
+}
+
 /* l, strides over shape `from`, as strides over shape `to` (the same
  * elements in row-major order): dims are grouped where their products
  * agree, and a group's dims of `from` must be one run of memory (each
@@ -57,9 +58,9 @@ static int reshape_layout(const BPass *p, Layout *l, const Shape *from, const Sh
   Dim st[MAXRANK];
   int i = 0, j = 0;
   for (;;) {
-    while (i < from->rank && is_one(&from->d[i]))
+    while (i < from->rank && dim_is_one(&from->d[i]))
       i++;
-    while (j < to->rank && is_one(&to->d[j]))
+    while (j < to->rank && dim_is_one(&to->d[j]))
       st[j++] = dim_const(0);
     if (i == from->rank || j == to->rank)
       break;
@@ -76,7 +77,7 @@ static int reshape_layout(const BPass *p, Layout *l, const Shape *from, const Sh
     }
     int last = -1;
     for (int k = i; k < i2; k++)
-      if (!is_one(&from->d[k])) {
+      if (!dim_is_one(&from->d[k])) {
         if (last >= 0) {
           Dim run = dim_mul(l->st[k], from->d[k], noloc);
           if (!dim_eq(&l->st[last], &run))
@@ -126,7 +127,7 @@ static int through(const BPass *p, const Node *v, Layout *l, int back) {
       return 0;
     for (int k = 0; k < ys->rank; k++) {
       int kk = k - (ys->rank - xs->rank);
-      o.st[k] = kk < 0 || (is_one(&xs->d[kk]) && !is_one(&ys->d[k])) ? dim_const(0) : l->st[kk];
+      o.st[k] = kk < 0 || (dim_is_one(&xs->d[kk]) && !dim_is_one(&ys->d[k])) ? dim_const(0) : l->st[kk];
     }
     break;
   case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
@@ -149,7 +150,7 @@ int layout_stored(const BPass *p, const Node *n) {
   if (!p->realized[n->id])
     return 0;
   /* a stored view without a kernel of its own is an alias of its operand's bytes */
-  return !is_view1(n) || (p->kern && p->kern[n->id] >= 0) || (p->host && p->host[n->id]);
+  return !layout_view1(n) || (p->kern && p->kern[n->id] >= 0) || (p->host && p->host[n->id]);
 }
 
 int layout_of(const BPass *p, const Node *n, Layout *l) {
@@ -160,11 +161,11 @@ int layout_of(const BPass *p, const Node *n, Layout *l) {
       layout_contig(n, l);
     return 1;
   }
-  return is_view1(n) && layout_of(p, n->in[0], l) && layout_view(p, n, l);
+  return layout_view1(n) && layout_of(p, n->in[0], l) && layout_view(p, n, l);
 }
 
 int layout_alias(const BPass *p, const Node *n, Layout *l) {
-  if (!is_view1(n) || !layout_of(p, n->in[0], l) || !layout_view(p, n, l))
+  if (!layout_view1(n) || !layout_of(p, n->in[0], l) || !layout_view(p, n, l))
     return 0;
   Dim off = l->off;
   l->off = dim_const(0);
@@ -174,7 +175,7 @@ int layout_alias(const BPass *p, const Node *n, Layout *l) {
 }
 
 const Node *layout_base(const BPass *p, const Node *n) {
-  while (!layout_stored(p, n) && is_view1(n))
+  while (!layout_stored(p, n) && layout_view1(n))
     n = n->in[0];
   return n;
 }
@@ -184,9 +185,9 @@ int layout_rows(const BPass *p, const Node *n, const Layout *l) {
   int64_t v, lo, hi, dlo, dhi;
   if (r < 2)
     return 0;
-  if (!is_one(&n->shape.d[r - 1]) && !(dim_is_const(&l->st[r - 1], &v) && v == 1))
+  if (!dim_is_one(&n->shape.d[r - 1]) && !(dim_is_const(&l->st[r - 1], &v) && v == 1))
     return 0;
-  if (is_one(&n->shape.d[r - 2]))
+  if (dim_is_one(&n->shape.d[r - 2]))
     return 1;
   return dim_bounds(p->g, &l->st[r - 2], &lo, &hi) && dim_bounds(p->g, &n->shape.d[r - 1], &dlo, &dhi) && lo >= dhi;
 }
@@ -197,7 +198,7 @@ int layout_is_contig(const Node *n, const Layout *l) {
   if (!dim_eq(&l->off, &c.off))
     return 0;
   for (int k = 0; k < n->shape.rank; k++)
-    if (!is_one(&n->shape.d[k]) && !dim_eq(&l->st[k], &c.st[k]))
+    if (!dim_is_one(&n->shape.d[k]) && !dim_eq(&l->st[k], &c.st[k]))
       return 0;
   return 1;
 }

@@ -20,18 +20,6 @@
 
 #define ALIGN(n) (((n) + 255) & ~(int64_t)255)
 
-static int64_t bytes_at(const BPass *p, const Node *n) {
-  int64_t v = n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype);
-  for (int k = 0; k < n->shape.rank; k++) {
-    int64_t d;
-    const char *err;
-    if (!dim_eval(p->g, &n->shape.d[k], p->sym, &d, &err))
-      die("plan: %s", err);
-    v *= d;
-  }
-  return v;
-}
-
 /* A name a kernel's locals and parameters cannot take: the C names of
  * c_reserved, and the emitted code's own locals. */
 static int is_keyword(const char *s, const char *model) {
@@ -241,7 +229,7 @@ void plan(BPass *p) {
       continue;
     Buffer *b = &p->b[p->nb];
     b->node = n;
-    b->bytes = bytes_at(p, n);
+    b->bytes = layout_bytes(p, n);
     b->first = p->kern[i] >= 0 ? p->kern[i] : p->host[i] ? p->nk : 0; /* a host: from its first placed value's kernel */
     b->last = last[i] < b->first && !p->host[i] ? b->first : last[i];
     target[p->nb] = -1;

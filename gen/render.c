@@ -357,11 +357,6 @@ static const char *bind_ix(R *r, const char *e) { return bind_as(r, r->it, e, "i
 /* ---------------------------------------------------------------- indices */
 
 
-static int is_one(const Dim *d) {
-  int64_t v;
-  return dim_is_const(d, &v) && v == 1;
-}
-
 static const char *stride_c(R *r, const Shape *s, int k) {
   Dim st = dim_const(1);
   Loc none = {0, 0};
@@ -373,7 +368,7 @@ static const char *stride_c(R *r, const Shape *s, int k) {
 static const char *ix_dim(R *r, Ix *ix, int k) {
   if (ix->d[k])
     return ix->d[k];
-  if (is_one(&ix->sh->d[k]))
+  if (dim_is_one(&ix->sh->d[k]))
     return ix->d[k] = "0";
   if (!ix->flat)
     die("render: an index with neither form");
@@ -381,7 +376,7 @@ static const char *ix_dim(R *r, Ix *ix, int k) {
   const char *e = strcmp(st, "1") ? arena_printf(r->a, "%s / (%s)", ix->flat, st) : ix->flat;
   int all_before_one = 1;
   for (int j = 0; j < k; j++)
-    all_before_one &= is_one(&ix->sh->d[j]);
+    all_before_one &= dim_is_one(&ix->sh->d[j]);
   if (!all_before_one)
     e = arena_printf(r->a, "(%s) %% (%s)", e, c_dim(r->g, &ix->sh->d[k]));
   return ix->d[k] = bind_ix(r, e);
@@ -394,7 +389,7 @@ static const char *ix_at(R *r, Ix *ix, const Dim *st) {
   buf_init(&b, r->a);
   int any = 0;
   for (int k = 0; k < ix->sh->rank; k++) {
-    if (is_one(&ix->sh->d[k]))
+    if (dim_is_one(&ix->sh->d[k]))
       continue;
     const char *sk = st ? c_dim(r->g, &st[k]) : stride_c(r, ix->sh, k), *dk = ix_dim(r, ix, k);
     if (!strcmp(dk, "0"))
@@ -414,7 +409,7 @@ static const char *ix_key(R *r, const Ix *ix) {
   buf_init(&b, r->a);
   buf_printf(&b, "d");
   for (int k = 0; k < ix->sh->rank; k++)
-    buf_printf(&b, ":%s", ix->d[k] ? ix->d[k] : is_one(&ix->sh->d[k]) ? "0" : "?");
+    buf_printf(&b, ":%s", ix->d[k] ? ix->d[k] : dim_is_one(&ix->sh->d[k]) ? "0" : "?");
   return b.p;
 }
 
@@ -434,7 +429,7 @@ static Ix ix_bcast(R *r, Ix *ix, const Shape *to) {
   for (int k = 0; k < to->rank; k++) {
     if (!dim_eq(&to->d[k], &from->d[k + off]))
       suffix = 0;
-    known &= is_one(&to->d[k]) || ix->d[k + off] != NULL;
+    known &= dim_is_one(&to->d[k]) || ix->d[k + off] != NULL;
   }
   if (suffix && ix->flat && !known) { /* (the positions known: no division by the suffix's size) */
     Dim n = dim_const(1);
@@ -447,7 +442,7 @@ static Ix ix_bcast(R *r, Ix *ix, const Shape *to) {
     return o;
   }
   for (int k = 0; k < to->rank; k++)
-    o.d[k] = is_one(&to->d[k]) ? "0" : ix_dim(r, ix, k + off);
+    o.d[k] = dim_is_one(&to->d[k]) ? "0" : ix_dim(r, ix, k + off);
   return o;
 }
 
@@ -654,15 +649,15 @@ static const char *red_val(R *r, const Node *n, Ix *ix) {
   Ix o = ix_make(r->outer_sh, "o");
   int j = 0;
   for (int k = 0; k < n->shape.rank; k++) {
-    if (is_one(&n->shape.d[k]))
+    if (dim_is_one(&n->shape.d[k]))
       continue;
-    while (j < o.sh->rank && is_one(&o.sh->d[j]))
+    while (j < o.sh->rank && dim_is_one(&o.sh->d[j]))
       j++;
     if (j >= o.sh->rank || strcmp(ix_dim(r, ix, k), ix_dim(r, &o, j)))
       r->fail = 1;
     j++;
   }
-  while (j < o.sh->rank && is_one(&o.sh->d[j]))
+  while (j < o.sh->rank && dim_is_one(&o.sh->d[j]))
     j++;
   if (j != o.sh->rank || !acc_of(r, n))
     r->fail = 1;
@@ -1257,7 +1252,7 @@ static void column_tiles(R *r, const Shape *rsh) {
 
 /* Through views of one operand: the node a value is read from. */
 static const Node *unview(const Node *n) {
-  while (op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT)
+  while (layout_view1(n))
     n = n->in[0];
   return n;
 }

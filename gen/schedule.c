@@ -53,17 +53,6 @@ static int kidx(const S *s, int id) { return s->p->kern[id] < 0 ? -1 : s->idx_of
 #define MAX_KERNEL_VALUES 64
 
 static int is_leaf(const Node *n) { return n->op == OP_INPUT || n->op == OP_PARAM; }
-/* A view of one operand (index arithmetic; concat reads several from memory). */
-static int is_view1(const Node *n) { return op_info[n->op].cls == C_VIEW && n->op != OP_CONCAT; }
-
-/* n's bytes at the dims' maxima. */
-static int64_t node_bytes(const BPass *p, const Node *n) {
-  int64_t v = n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype), d;
-  const char *err;
-  for (int k = 0; k < n->shape.rank; k++)
-    v *= dim_eval(p->g, &n->shape.d[k], p->sym, &d, &err) ? d : 1;
-  return v;
-}
 static int is_reduce(const Node *n) { return op_info[n->op].cls == C_REDUCE; }
 /* A library call: its operands and result live in memory. */
 static int is_call(const Node *n) {
@@ -209,7 +198,7 @@ static void load(LoadWalk *w, int id) {
 static void mark_alias(const BPass *p, const Node *n, LoadWalk *w) {
   if (is_leaf(n) || p->realized[n->id])
     load(w, n->id);
-  while (!layout_stored(p, n) && is_view1(n)) {
+  while (!layout_stored(p, n) && layout_view1(n)) {
     n = n->in[0];
     if (is_leaf(n) || p->realized[n->id])
       load(w, n->id);
@@ -622,7 +611,7 @@ static int nusers(const S *s, const Node *n) { return s->uoff[n->id + 1] - s->uo
 static Node *chain_end(const S *s, const char *keep, Node *v) {
   while (nusers(s, v) == 1 && !keep[v->id]) {
     Node *c = s->users[s->uoff[v->id]];
-    if (!is_view1(c) || !bijective(c))
+    if (!bijective(c))
       break;
     v = c;
   }
@@ -653,7 +642,7 @@ static int place_concat(S *s, char *keep, const char *final, Node *c) {
   Loc none = {0, 0};
   for (int k = 0; k < c->nin; k++) {
     Node *x = c->in[k], *rk = x;
-    while (is_view1(rk) && bijective(rk) && (rk == x || (nusers(s, rk) == 1 && !keep[rk->id])))
+    while (bijective(rk) && (rk == x || (nusers(s, rk) == 1 && !keep[rk->id])))
       rk = rk->in[0]; /* down from the operand to the result its chain starts at */
     int ok = rk != x && strided_result(rk) && keep[rk->id] && !final[rk->id] && !p->place[rk->id] &&
              rk->dtype == c->dtype && strided_readers(s, rk) && nusers(s, x) == 1;
@@ -690,7 +679,7 @@ static void place_results(S *s, char *keep, const char *final) {
       continue;
     USERS(s, i) {
       Node *w0 = s->users[u_];
-      if (p->place[i] || !is_view1(w0) || !bijective(w0))
+      if (p->place[i] || !bijective(w0))
         continue;
       Node *w = chain_end(s, keep, w0);
       Node *c = nusers(s, w) == 1 ? s->users[s->uoff[w->id]] : NULL;
@@ -725,7 +714,7 @@ static void view_operands(S *s, const char *final) {
       Node *v = p->nodes[i];
       if (pass == 0) {
         Layout l;
-        if (!p->realized[i] || !is_view1(v) || final[i] || p->host[i] || !strided_readers(s, v))
+        if (!p->realized[i] || !layout_view1(v) || final[i] || p->host[i] || !strided_readers(s, v))
           continue;
         int call = 0, across = 0;
         USERS(s, i) {
@@ -738,10 +727,10 @@ static void view_operands(S *s, const char *final) {
           continue;
         cand[i] = 1 + across;
         if (across)
-          cross[b->id] += node_bytes(p, v);
+          cross[b->id] += layout_bytes(p, v);
       } else if (cand[i]) {
         const Node *b = layout_base(p, v);
-        if (cand[i] == 2 && cross[b->id] < node_bytes(p, b))
+        if (cand[i] == 2 && cross[b->id] < layout_bytes(p, b))
           continue;
         p->realized[i] = 0;
         p->why[i] = NULL;
