@@ -336,8 +336,8 @@ static void test_gemm(void) {
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0, 0}, 2);
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0}, 2);
   }
-  /* an activation's backward at aux (dact: DGELU for tanh-gelu, aligned, without a bias; else the epilogue
-   * kernel), and the sum over k of op(A) (bgrad: BGRADB alone, else its own kernel), GPT-2's weight-gradient
+  /* an activation's backward at aux (dact: always the epilogue kernel, lt_epilogue_for says why),
+   * and the sum over k of op(A) (bgrad: BGRADB alone, else its own kernel), GPT-2's weight-gradient
    * shape among them (M = N = 768, K = 2048, A transposed) */
   static const int64_t ds[][3] = {{64, 96, 128}, {130, 33, 7}, {7, 130, 520}, {768, 768, 2048}};
   for (int di = 0; di < 3; di++)
