@@ -2068,11 +2068,9 @@ static void view_decl(File *f, BPass *p, Buf *b, const char *nm, const Node *n, 
       die("render: %s (%%%d) is neither stored nor a view of a stored value", op_info[n->op].name, n->id);
     if (p->place[n->id] || l.host == n) { /* its own buffer (a placed one's includes the offset) */
       at = bname(p, n);
-      if (!p->place[n->id])
-        layout_contig(n, &l);
     } else {
       at = bname(p, l.host);
-      if (!(l.off.n == 0))
+      if (l.off.n)
         at = arena_printf(f->a, "%s + %s", at, c_dim(f->g, &l.off));
     }
     at = arena_printf(f->a, "(void *)(%s)", at);
