@@ -179,19 +179,24 @@ static int section_kept(E *e, const char *path, const char *words, size_t len) {
       if (strlen(name) == n && !strncmp(name, s, n))
         break;
     }
-    if (c == NLIBRARY)
+    if (n == 11 && !strncmp(s, "distributed", n))
+      kept |= e->o->distributed; /* the data-parallel path (--distributed nccl) */
+    else if (c == NLIBRARY)
       die("template %s: section names '%.*s', which is no library call", path, (int)n, s);
-    kept |= e->calls[c];
+    else
+      kept |= e->calls[c];
     s += n;
   }
   return kept;
 }
 
-/* A runtime template's text with its sections resolved. A section is the
- * lines between two marker lines, C comments holding "@uses NAMES@" and
- * "@end NAMES@" (the same NAMES, e.g. "attention matmul"), each comment alone
- * on its line: kept when the model calls one of the library functions NAMES
- * (ops, see library_ops), else dropped. The marker lines themselves are
+/* A template's text with its sections resolved. A section is the lines
+ * between two marker lines, C comments holding "@uses NAMES@" and "@end
+ * NAMES@" (the same NAMES, e.g. "attention matmul"), each comment alone on
+ * its line (in CMake files, "#@uses NAMES@" and "#@end NAMES@"): kept when
+ * the model calls one of the library functions NAMES (ops, see
+ * library_ops), or for the name "distributed" when the project is generated
+ * with --distributed nccl, else dropped. The marker lines themselves are
  * always dropped. Sections do not nest. */
 static const char *keep_sections(E *e, const char *path, const char *text) {
   Buf b;
@@ -204,15 +209,19 @@ static const char *keep_sections(E *e, const char *path, const char *text) {
     const char *eol = strchr(s, '\n');
     size_t len = eol ? (size_t)(eol - s) : strlen(s);
     const char *next = eol ? eol + 1 : s + len;
-    int marker = len > 3 && !strncmp(s + len - 3, "@*/", 3);
-    if (marker && len > 11 && !strncmp(s, "/*@uses ", 8)) {
+    /* "/" "*@uses NAMES@*" "/" (C) or "#@uses NAMES@" (CMake): the prefix's and suffix's lengths */
+    int c = len > 3 && !strncmp(s + len - 3, "@*/", 3) && s[0] == '/', hash = s[0] == '#' && len > 2 && s[len - 1] == '@';
+    size_t pre = c ? 2 : 1, suf = c ? 3 : 1;
+    int marker = c || hash;
+    if (marker && len > pre + suf + 5 && !strncmp(s + pre, "@uses ", 6)) {
       if (open)
-        die("template %s: section '%.*s' opened inside '%.*s'", path, (int)(len - 11), s + 8, (int)openlen, open);
-      open = s + 8;
-      openlen = len - 11;
+        die("template %s: section '%.*s' opened inside '%.*s'", path, (int)(len - pre - suf - 6), s + pre + 6,
+            (int)openlen, open);
+      open = s + pre + 6;
+      openlen = len - pre - suf - 6;
       keep = section_kept(e, path, open, openlen);
-    } else if (marker && len > 10 && !strncmp(s, "/*@end ", 7)) {
-      if (!open || len - 10 != openlen || strncmp(s + 7, open, openlen))
+    } else if (marker && len > pre + suf + 4 && !strncmp(s + pre, "@end ", 5)) {
+      if (!open || len - pre - suf - 5 != openlen || strncmp(s + pre + 5, open, openlen))
         die("template %s: '%.*s' closes no open section", path, (int)len, s);
       open = NULL;
       keep = 1;
@@ -799,7 +808,7 @@ static const char *readme(E *e, const char *golden_note) {
   Graph *g = e->g;
   Buf bb, *b = &bb;
   buf_init(b, e->a);
-  const char *t = instantiate(e, "project/README.md");
+  const char *t = keep_sections(e, "project/README.md", instantiate(e, "project/README.md"));
   Buf k;
   buf_init(&k, e->a);
   if (g->grads) { /* the partitioner's choice, in its own words */
@@ -1244,10 +1253,11 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   /* the project */
   add_file(e, MARKER, "This directory was written by tgen. Regenerating replaces the files listed below\n"
                       "(atomically) and keeps every other file (build/, checkpoints).\n");
-  add_file(e, "CMakeLists.txt", instantiate(e, "project/CMakeLists.txt"));
+  add_file(e, "CMakeLists.txt", keep_sections(e, "project/CMakeLists.txt", instantiate(e, "project/CMakeLists.txt")));
   add_file(e, "README.md", readme(e, note));
   add_file(e, arena_printf(e->a, "include/%s.h", e->name),
-           replace_section(e, instantiate(e, "project/tgm.h"), "API_TYPES", api_types(e)));
+           replace_section(e, keep_sections(e, "project/tgm.h", instantiate(e, "project/tgm.h")), "API_TYPES",
+                           api_types(e)));
   static const char *const runtime[][2] = {{"runtime/tgm_rt.h", "src/%s_rt.h"},
                                            {"runtime/tgm_model.c", "src/%s_model.c"},
                                            {"runtime/tgm_init.c", "src/%s_init.c"},
@@ -1263,9 +1273,14 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
                                            {"project/test_golden.c", "tests/%s_test_golden.c"},
                                            {"project/test_api.c", "tests/%s_test_api.c"},
                                            {"project/bench.c", "bench/%s_bench.c"}};
+  static const char *const distributed[][2] = {{"runtime/tgm_dist.c", "src/%s_dist.c"},
+                                               {"project/test_dist.c", "tests/%s_test_dist.c"}};
   for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
     add_file(e, arena_printf(e->a, runtime[i][1], e->name),
              keep_sections(e, runtime[i][0], instantiate(e, runtime[i][0])));
+  for (size_t i = 0; o->distributed && i < sizeof distributed / sizeof *distributed; i++)
+    add_file(e, arena_printf(e->a, distributed[i][1], e->name),
+             keep_sections(e, distributed[i][0], instantiate(e, distributed[i][0])));
   add_file(e, arena_printf(e->a, "src/%s_common.c", e->name), common_file(e));
   add_file(e, arena_printf(e->a, "src/%s_cpu.c", e->name), render_file(g, e->pass, 0, o->spec_name));
   add_file(e, arena_printf(e->a, "src/%s_cuda.cu", e->name), render_file(g, e->pass, 1, o->spec_name));

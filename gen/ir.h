@@ -421,6 +421,7 @@ typedef struct EmitOptions {
   double golden_budget;    /* flops the interpreter may spend on them */
   int64_t test_dim;        /* value of each dynamic dim in the emitted tests (capped by its max) */
   int fuse;                /* 0: one kernel per node (compile.fuse: false, --no-fuse) */
+  int distributed;         /* 1: data-parallel training through NCCL (compile.distributed, --distributed) */
 } EmitOptions;
 
 /* Print the project for g into directory `out` (atomically). 0, or -1 with err. */

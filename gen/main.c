@@ -12,7 +12,7 @@
 
 static const char usage[] =
     "usage: tgen MODEL.yaml -o OUT [--targets cpu,cuda] [--cuda-arch ARCH] [--no-golden] [--no-fuse] [--test-dim N]\n"
-    "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES]\n"
+    "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES] [--distributed nccl|none]\n"
     "       tgen check MODEL.yaml [--dump | --json] [--remat STRATEGY] [--memory-budget BYTES]\n"
     "       tgen explain MODEL.yaml [--dims B=4,T=64] [--json] [--no-fuse] [--remat STRATEGY]\n"
     "                 [--memory-budget BYTES]\n"
@@ -28,6 +28,8 @@ static const char usage[] =
     "          --test-dim sets the dynamic dims of the emitted tests (default 2);\n"
     "          --no-golden skips the golden vectors of the emitted tests;\n"
     "          --no-fuse prints one kernel per op (the baseline fusion is measured against);\n"
+    "          --distributed nccl adds data-parallel training across GPUs through\n"
+    "          NCCL (compile.distributed; the project then needs NCCL to build);\n"
     "          --remat and --memory-budget override compile.remat and\n"
     "          compile.memory_budget (BYTES: 1000000, 512MB, 2GiB or none)\n"
     "  check   validate a model spec and print a summary (dims, inputs, params,\n"
@@ -809,7 +811,7 @@ static const char *spec_display_name(const char *p) {
 
 /* tgen MODEL.yaml -o OUT ...: the whole pipeline, then the emitted project. */
 static int cmd_generate(int argc, char **argv) {
-  const char *path = NULL, *out = NULL, *targets = NULL, *arch = NULL;
+  const char *path = NULL, *out = NULL, *targets = NULL, *arch = NULL, *dist = NULL;
   int golden = 1, nofuse = 0, given = 0, r;
   long long test_dim = 2;
   Remat remat = REMAT_MIN_CUT;
@@ -819,12 +821,18 @@ static int cmd_generate(int argc, char **argv) {
     if ((r = remat_option(argc, argv, &i, &remat, &budget, &given)) != 1) {
       if (r)
         return r;
-    } else if (!strcmp(a, "-o") || !strcmp(a, "--targets") || !strcmp(a, "--cuda-arch") || !strcmp(a, "--test-dim")) {
+    } else if (!strcmp(a, "-o") || !strcmp(a, "--targets") || !strcmp(a, "--cuda-arch") || !strcmp(a, "--test-dim") ||
+               !strcmp(a, "--distributed")) {
       if (i + 1 >= argc)
         return usage_error("%s needs a value", a);
       const char *v = argv[++i];
       if (!strcmp(a, "-o"))
         out = v;
+      else if (!strcmp(a, "--distributed")) {
+        if (strcmp(v, "nccl") && strcmp(v, "none"))
+          return usage_error("--distributed: unknown backend '%s' (nccl, none)", v);
+        dist = v;
+      }
       else if (!strcmp(a, "--targets"))
         targets = v;
       else if (!strcmp(a, "--cuda-arch"))
@@ -881,7 +889,18 @@ static int cmd_generate(int argc, char **argv) {
     g->spec->compile.memory_budget = budget;
   EmitOptions o = {spec_display_name(path), tmask ? tmask : g->spec->compile.targets,
                    arch ? arch : g->spec->compile.cuda_arch, golden, 2e9, test_dim,
-                   nofuse ? 0 : g->spec->compile.fuse};
+                   nofuse ? 0 : g->spec->compile.fuse, dist ? !strcmp(dist, "nccl") : g->spec->compile.distributed};
+  if (o.distributed && (!g->spec->train.present || g->spec->train.opt == OPT_NONE)) {
+    fprintf(stderr, "tgen: error: --distributed nccl: model %s has no train: section with an optimizer to run in "
+                    "data parallel\n", g->spec->name);
+    arena_free(&a);
+    return 1;
+  }
+  if (o.distributed && !(o.targets & TARGET_CUDA)) {
+    fprintf(stderr, "tgen: error: distributed training through NCCL needs the cuda target (--targets has no cuda)\n");
+    arena_free(&a);
+    return 1;
+  }
   char err[1024];
   int rc = 0;
   if (emit_project(g, &o, out, err, sizeof err)) {

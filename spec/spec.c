@@ -510,8 +510,8 @@ static int64_t parse_bytes(const YNode *y) {
 static void parse_compile(Spec *s, const YNode *y) {
   Compile *c = &s->compile;
   want(y, Y_MAP, "'compile'");
-  static const char *const keys[] = {"targets", "mode", "remat", "memory_budget", "fuse", "cuda_arch"};
-  check_keys(y, keys, 6, "compile");
+  static const char *const keys[] = {"targets", "mode", "remat", "memory_budget", "fuse", "cuda_arch", "distributed"};
+  check_keys(y, keys, 7, "compile");
   const YNode *x;
   if ((x = get(y, "targets"))) {
     static const char *const names[] = {"cuda", "cpu"};
@@ -538,6 +538,11 @@ static void parse_compile(Spec *s, const YNode *y) {
     c->memory_budget = parse_bytes(x);
   if ((x = get(y, "fuse")))
     c->fuse = scalar_bool(x, "fuse");
+  if ((x = get(y, "distributed"))) {
+    static const char *const names[] = {"none", "nccl"};
+    c->distributed = pick(x, names, 2, "distributed backend");
+    c->distributed_loc = x->loc;
+  }
   if ((x = get(y, "cuda_arch"))) {
     const char *a = scalar_str(x, "cuda_arch");
     int ok = !strcmp(a, "native") || !strcmp(a, "all") || !strcmp(a, "all-major");
@@ -572,7 +577,7 @@ static Spec *parse_top(const char *file, const YNode *y) {
   Spec *s = arena_alloc(diag->arena, sizeof(Spec));
   s->file = file;
   s->dtype = DT_F32;
-  s->compile = (Compile){TARGET_CUDA | TARGET_CPU, MODE_DEFAULT, REMAT_MIN_CUT, -1, 1, "native"};
+  s->compile = (Compile){TARGET_CUDA | TARGET_CPU, MODE_DEFAULT, REMAT_MIN_CUT, -1, 1, "native", 0, {0}};
   if (y->kind != Y_MAP)
     error_at(y->loc, "a model spec must be a mapping with keys like name, dims, inputs, params, graph; found %s", kind_name(y));
   check_keys(y, top_keys, (int)(sizeof top_keys / sizeof *top_keys), "top level");
@@ -629,6 +634,11 @@ static Spec *parse_top(const char *file, const YNode *y) {
     parse_train(s, x);
   if ((x = get(y, "compile")) && !is_none(x))
     parse_compile(s, x);
+  if (s->compile.distributed && (!s->train.present || s->train.opt == OPT_NONE))
+    error_at(s->compile.distributed_loc,
+             "distributed: nccl trains across GPUs, so the model needs a train: section with an optimizer");
+  if (s->compile.distributed && !(s->compile.targets & TARGET_CUDA))
+    error_at(s->compile.distributed_loc, "distributed: nccl needs the cuda target (NCCL runs on GPUs)");
   return s;
 }
 

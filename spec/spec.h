@@ -228,6 +228,8 @@ typedef struct Compile {
   int64_t memory_budget; /* bytes; -1 = none */
   int fuse;
   const char *cuda_arch; /* "native", "90", "80;90", ... */
+  int distributed;       /* 1: data-parallel training across GPUs through NCCL (compile.distributed: nccl) */
+  Loc distributed_loc;
 } Compile;
 
 typedef struct Spec {

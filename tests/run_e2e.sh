@@ -31,6 +31,8 @@ if command -v nvcc >/dev/null 2>&1; then
   cuda="-DCMAKE_CUDA_ARCHITECTURES=90"
 else
   cuda="-D${MODEL}_CUDA=OFF"
+  # a --distributed nccl project needs the CUDA path for its multi-GPU one
+  if grep -q "option(${MODEL}_NCCL" "$out/CMakeLists.txt"; then cuda="$cuda -D${MODEL}_NCCL=OFF"; fi
 fi
 cmake -S "$out" -B "$out-build" $cuda $args >"$work/$name.configure.log" 2>&1 || { cat "$work/$name.configure.log"; exit 1; }
 grep -E "tgm|CPU GEMM|CUDA path" "$work/$name.configure.log" | sed 's/^-- //' || true

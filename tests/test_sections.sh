@@ -81,9 +81,32 @@ marker 'philox4x32' $drop
 check gemm 1
 check cast 1
 grep -q "^int ${name}_cuda_fill(" "$cuda" || { echo "FAIL: $spec: no ${name}_cuda_fill"; bad=1; }
-if grep -rn '^/\*@\(uses\|end\) ' "$out"; then
+if grep -rn '^\(/\*\|#\)@\(uses\|end\) ' "$out"; then
   echo "FAIL: $spec: section markers left in the output"
   bad=1
+fi
+# the data-parallel path (section "distributed"): nowhere without --distributed nccl; with it (a
+# model that trains with an optimizer), its files, API, CMake option and test, and no marker left
+if grep -rniq 'nccl\|_dist_' "$out"; then
+  echo "FAIL: $spec: the data-parallel path is in a project generated without --distributed:"
+  grep -rnil 'nccl\|_dist_' "$out"
+  bad=1
+fi
+if "$tgen" check "$spec" | grep -q '^train:.*\(adamw\|sgd\) lr'; then
+  rm -rf "$out.dist"
+  "$tgen" "$spec" -o "$out.dist" --no-golden --distributed nccl >/dev/null || { echo "FAIL: tgen --distributed nccl"; exit 1; }
+  NAME=$(echo "$name" | tr '[:lower:]' '[:upper:]')
+  for f in "src/${name}_dist.c" "tests/${name}_test_dist.c"; do
+    [ -f "$out.dist/$f" ] || { echo "FAIL: $spec: --distributed nccl wrote no $f"; bad=1; }
+  done
+  grep -q "^${name}_status ${name}_dist_init(" "$out.dist/include/${name}.h" || { echo "FAIL: no ${name}_dist_init"; bad=1; }
+  grep -q "option(${NAME}_NCCL" "$out.dist/CMakeLists.txt" || { echo "FAIL: no ${NAME}_NCCL option"; bad=1; }
+  grep -q "NAME dist_cuda" "$out.dist/CMakeLists.txt" || { echo "FAIL: no dist_cuda test"; bad=1; }
+  if grep -rn '^\(/\*\|#\)@\(uses\|end\) ' "$out.dist"; then
+    echo "FAIL: $spec: section markers left in the --distributed output"
+    bad=1
+  fi
+  rm -rf "$out.dist"
 fi
 [ $bad = 0 ] && echo "ok: $name (ops: $(echo $ops | tr '\n' ' '))"
 exit $bad

@@ -67,7 +67,8 @@ typedef struct mlp_outputs {
   float *logits; /* f32[B, 10] */
 } mlp_outputs;
 
-/* Create a model on "cpu" or "cuda" (the current CUDA device). Params are
+/* Create a model on "cpu", "cuda" (the current CUDA device) or "cuda:N"
+ * (device N, made the calling thread's current device). Params are
  * zero until initialised or loaded. On failure *out is NULL and err (may be
  * NULL) holds the reason. */
 mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t errlen);

@@ -994,6 +994,22 @@ int gemm_via_scratch(mlp_cuda_ctx *cx, const mlp_gemm *g) {
  * handle bound to it (workspace set, reduced-precision split-K reductions
  * off), a cuBLASLt handle (sharing that workspace; the plan cache starts
  * empty), the d_bad cell. */
+int mlp_cuda_use_device(int device, char *err, size_t errlen) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && device >= n)
+    e = cudaErrorInvalidDevice;
+  if (e == cudaSuccess)
+    e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    if (err && errlen)
+      snprintf(err, errlen, "CUDA device %d: %s (%d device%s visible)", device, cudaGetErrorString(e), n,
+               n == 1 ? "" : "s");
+    cudaGetLastError();
+  }
+  return (int)e;
+}
+
 int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
   int n = 0, dev = 0;
   cudaError_t e;

@@ -100,8 +100,18 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
     return MLP_EINVAL;
   }
   *out = NULL;
-  if (!device || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
-    set_err(err, errlen, "mlp_create: device must be \"cpu\" or \"cuda\", not \"%s\"", device ? device : "(null)");
+  int gpu = -1; /* "cuda:N": device N */
+  if (device && !strncmp(device, "cuda:", 5)) {
+    char *end;
+    long v = strtol(device + 5, &end, 10);
+    if (end == device + 5 || *end || v < 0 || v > 1023) {
+      set_err(err, errlen, "mlp_create: \"%s\" is no device (\"cuda:N\" with N a device number)", device);
+      return MLP_EINVAL;
+    }
+    gpu = (int)v;
+  } else if (!device || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
+    set_err(err, errlen, "mlp_create: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"%s\"",
+            device ? device : "(null)");
     return MLP_EINVAL;
   }
   mlp_model *m = calloc(1, sizeof *m);
@@ -110,11 +120,12 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
     return MLP_ENOMEM;
   }
   m->master_stale = 1;
-  if (!strcmp(device, "cuda")) {
+  m->state_hi = mlp_info.state_elems;
+  if (strcmp(device, "cpu")) {
 #ifdef MLP_HAVE_CUDA
     m->device = 1;
     char cerr[256];
-    if (mlp_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
+    if ((gpu >= 0 && mlp_cuda_use_device(gpu, cerr, sizeof cerr)) || mlp_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
       set_err(err, errlen, "mlp_create: %s", cerr);
       free(m);
       return MLP_EDEVICE;
@@ -187,7 +198,7 @@ mlp_status mlp_set_params(mlp_model *m, const void *host, size_t bytes) {
 
 /* Fresh training: optimizer state zero, step 0 (after init or load). */
 static int reset_train_state(mlp_model *m) {
-  size_t fb = (size_t)mlp_info.state_elems * sizeof(float);
+  size_t fb = (size_t)(m->state_hi - m->state_lo) * sizeof(float);
   float *bufs[2] = {m->opt_m, m->opt_v};
   m->step = 0;
   m->step_dirty = 1;
@@ -199,7 +210,7 @@ static int reset_train_state(mlp_model *m) {
       continue;
     }
 #ifdef MLP_HAVE_CUDA
-    if (mlp_cuda_fill(m->cx, MLP_F32, bufs[i], mlp_info.state_elems, 0) || mlp_cuda_sync(m->cx))
+    if (mlp_cuda_fill(m->cx, MLP_F32, bufs[i], m->state_hi - m->state_lo, 0) || mlp_cuda_sync(m->cx))
       return mlp_fail(m, MLP_EDEVICE, "clearing the optimizer state: %s", mlp_cuda_ctx_error(m->cx));
 #endif
   }
@@ -580,7 +591,7 @@ static int need_train(mlp_model *m, const char *what) {
 
 /* Allocate the gradient buffer and the optimizer state on first use. */
 static int train_state(mlp_model *m) {
-  size_t fb = (size_t)mlp_info.state_elems * sizeof(float);
+  size_t fb = (size_t)(m->state_hi - m->state_lo) * sizeof(float);
   if (!m->grads && !(m->grads = dev_zalloc(m, (size_t)mlp_info.param_bytes)))
     return mlp_fail(m, MLP_ENOMEM, "out of memory for the gradients (%lld bytes)", (long long)mlp_info.param_bytes);
   if (mlp_info.need_master && !m->master && !(m->master = dev_zalloc(m, fb)))
@@ -698,18 +709,50 @@ mlp_status mlp_get_loss(mlp_model *m, float *loss) {
   return (mlp_status)settle(m, loss);
 }
 
+/* Run i's elements in the slice [lo, hi) of the flat optimizer state: the
+ * count (0: none), and in *e0 the first one's index within the run. */
+static int64_t run_slice(int i, int64_t lo, int64_t hi, int64_t *e0) {
+  const mlp_param_run *r = &mlp_info.runs[i];
+  int64_t a = r->f > lo ? r->f : lo, b = r->f + r->n < hi ? r->f + r->n : hi;
+  *e0 = a - r->f;
+  return b > a ? b - a : 0;
+}
+
+/* The optimizer's operands for run i's part of the state this model keeps
+ * (all of the run, except on a data-parallel rank): n elements; w the f32
+ * values it updates (the master copy, or the f32 params themselves), lowp
+ * the bf16/f16 params it rounds them into (NULL for f32), the moments and
+ * the gradient. */
+typedef struct run_operands {
+  int64_t n;
+  float *w, *mm, *vv;
+  void *lowp;
+  const void *g;
+} run_operands;
+
+static run_operands operands(mlp_model *m, int i) {
+  const mlp_param_run *r = &mlp_info.runs[i];
+  int64_t e0, n = run_slice(i, m->state_lo, m->state_hi, &e0), s = r->f + e0 - m->state_lo;
+  int64_t b = r->b0 + e0 * mlp_dtype_sizes[r->dt];
+  int low = r->dt != MLP_F32;
+  run_operands o = {n, low ? m->master + s : (float *)(void *)(m->params + b), m->opt_m ? m->opt_m + s : NULL,
+                    m->opt_v ? m->opt_v + s : NULL, low ? m->params + b : NULL, m->grads + b};
+  return o;
+}
+
 /* The f32 master copy from the params (after init, load or set). */
 static int refresh_master(mlp_model *m) {
   const mlp_param_run *r = mlp_info.runs;
   if (!m->master || !m->master_stale)
     return MLP_OK;
   for (int i = 0; i < mlp_info.nruns; i++) {
-    if (r[i].dt == MLP_F32)
+    run_operands a = operands(m, i);
+    if (r[i].dt == MLP_F32 || !a.n)
       continue;
     if (m->device == 0)
-      mlp_cpu_cast(r[i].dt, MLP_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n);
+      mlp_cpu_cast(r[i].dt, MLP_F32, a.lowp, a.w, a.n);
 #ifdef MLP_HAVE_CUDA
-    else if (mlp_cuda_cast(m->cx, r[i].dt, MLP_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n))
+    else if (mlp_cuda_cast(m->cx, r[i].dt, MLP_F32, a.lowp, a.w, a.n))
       return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
 #endif
   }
@@ -734,16 +777,12 @@ static int optimizer_step_cpu(mlp_model *m) {
   double scale = o->grad_clip > 0 ? mlp_clip_factor(ss, o->grad_clip) : 1;
   int64_t t = m->step + 1;
   for (int i = 0; i < o->nruns; i++) {
-    int low = r[i].dt != MLP_F32;
-    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
-    void *lowp = low ? m->params + r[i].b0 : NULL;
-    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
-    const void *g = m->grads + r[i].b0;
+    run_operands a = operands(m, i);
     if (o->optimizer == 2)
-      mlp_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                    t, scale);
+      mlp_cpu_adamw(a.w, a.g, r[i].dt, a.mm, a.vv, a.lowp, r[i].dt, a.n, o->lr, o->beta1, o->beta2, o->eps,
+                    o->weight_decay, t, scale);
     else
-      mlp_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
+      mlp_cpu_sgd(a.w, a.g, r[i].dt, a.mm, a.lowp, r[i].dt, a.n, o->lr, o->momentum, o->weight_decay, t, scale);
   }
   m->step = t;
   return MLP_OK;
@@ -760,18 +799,17 @@ static int optimizer_enqueue(mlp_model *m) {
   const mlp_model_info *o = &mlp_info;
   mlp_opt_hyper h = {o->optimizer, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->momentum, o->grad_clip};
   int e = 0;
-  for (int i = 0; i < o->nruns && !e; i++)
-    e = mlp_cuda_opt_sum_squares(m->cx, m->opt, o->nruns, i, m->grads + r[i].b0, r[i].dt, r[i].n);
+  for (int i = 0; i < o->nruns && !e; i++) {
+    run_operands a = operands(m, i);
+    e = mlp_cuda_opt_sum_squares(m->cx, m->opt, o->nruns, i, a.g, r[i].dt, a.n);
+  }
   if (!e)
     e = mlp_cuda_opt_prepare(m->cx, m->opt, o->nruns, &h);
   for (int i = 0; i < o->nruns && !e; i++) {
-    int low = r[i].dt != MLP_F32;
-    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
-    void *lowp = low ? m->params + r[i].b0 : NULL;
-    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
-    const void *g = m->grads + r[i].b0;
-    e = o->optimizer == 2 ? mlp_cuda_opt_adamw(m->cx, m->opt, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n)
-                          : mlp_cuda_opt_sgd(m->cx, m->opt, w, g, r[i].dt, mm, o->momentum != 0, lowp, r[i].dt, r[i].n);
+    run_operands a = operands(m, i);
+    e = o->optimizer == 2
+            ? mlp_cuda_opt_adamw(m->cx, m->opt, a.w, a.g, r[i].dt, a.mm, a.vv, a.lowp, r[i].dt, a.n)
+            : mlp_cuda_opt_sgd(m->cx, m->opt, a.w, a.g, r[i].dt, a.mm, o->momentum != 0, a.lowp, r[i].dt, a.n);
   }
   if (e)
     return mlp_fail(m, MLP_EDEVICE, "optimizer: %s", mlp_cuda_ctx_error(m->cx));
@@ -822,6 +860,12 @@ static const char *state_name(int kind) {
 
 static float *state_buf(mlp_model *m, int kind) { return kind == 0 ? m->master : kind == 1 ? m->opt_m : m->opt_v; }
 
+/* State buffer `kind` into dst, the whole flat state's place (on a
+ * data-parallel rank: every rank's slice into rank 0's dst). */
+static int state_to_host(mlp_model *m, int kind, float *dst) {
+  return dev_copy(m, dst + m->state_lo, state_buf(m, kind), (size_t)(m->state_hi - m->state_lo) * sizeof(float), 1);
+}
+
 mlp_status mlp_save_checkpoint(mlp_model *m, const char *path) {
   if (!m)
     return MLP_EINVAL;
@@ -848,7 +892,7 @@ mlp_status mlp_save_checkpoint(mlp_model *m, const char *path) {
   if ((rc = dev_copy(m, h, m->params, pb, 1)))
     goto done;
   for (int kind = 0; kind < 3; kind++)
-    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 1)))
+    if (state_buf(m, kind) && (rc = state_to_host(m, kind, st + (size_t)kind * (size_t)n)))
       goto done;
   for (int k = 0; k < mlp_info.nparams; k++) {
     const mlp_param_info *p = &mlp_info.params[k];
@@ -937,8 +981,9 @@ mlp_status mlp_load_checkpoint(mlp_model *m, const char *path) {
   }
   if ((rc = mlp_load_params(m, path))) /* checks and loads the params (all or nothing) */
     goto done;
-  for (int kind = 0; kind < 3; kind++)
-    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 0)))
+  for (int kind = 0; kind < 3; kind++) /* the slice of the state this model keeps */
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n + m->state_lo, state_buf(m, kind),
+                                             (size_t)(m->state_hi - m->state_lo) * sizeof(float), 0)))
       goto done;
   if (m->master)
     m->master_stale = 0; /* the checkpoint's master copy, not the rounded params */

@@ -280,6 +280,7 @@ double mlp_clip_factor(double sum_squares, double max_norm);
  * checked by the caller after synchronising. */
 typedef struct mlp_cuda_ctx mlp_cuda_ctx;
 int mlp_cuda_ctx_create(mlp_cuda_ctx **cx, char *err, size_t errlen); /* picks the current device */
+int mlp_cuda_use_device(int device, char *err, size_t errlen);        /* makes device current (cudaSetDevice) */
 void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx);
 const char *mlp_cuda_ctx_error(const mlp_cuda_ctx *cx);
 int mlp_cuda_sync(mlp_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
@@ -463,6 +464,8 @@ struct mlp_model {
   unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
   unsigned char *igrad;    /* train.wrt: where the input gradients go when the caller gives no buffers */
   int64_t igrad_bytes;
+  int64_t state_lo, state_hi; /* the optimizer state kept here: elements [lo, hi) of the flat state (all of it,
+                                 except on a data-parallel rank) */
   mlp_cuda_ctx *cx;
   void *opt;               /* cuda: the device-driven optimizer's state (mlp_cuda_opt_new) */
   int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */

@@ -8,6 +8,11 @@
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode); --autotune 1 times
  * cuBLASLt's candidates for each GEMM in the warm-up (tgm_set_autotune, choices in memory only). */
+/*@uses distributed@*/
+/* --nproc N (with --train 1): N ranks on GPUs 0..N-1 of this host train in data parallel, each on
+ * its own batch at --dims (the global batch is N times it); rank 0 prints the times, and every rank
+ * its GPU memory in use. */
+/*@end distributed@*/
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
 
@@ -30,6 +35,10 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
   int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1;
+/*@uses distributed@*/
+  int nproc = 0, rank = 0;
+  char rdv[4200];
+/*@end distributed@*/
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
@@ -38,6 +47,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
+/*@uses distributed@*/
+    else if (!strcmp(argv[i], "--nproc")) nproc = atoi(argv[i + 1]);
+/*@end distributed@*/
     else return fprintf(stderr, "tgm_bench: unknown option '%s'\n", argv[i]), 1;
   }
   if (iters < 1 || iters > 100000)
@@ -50,9 +62,27 @@ int main(int argc, char **argv) {
   if (tgm_parse_dims(dims, dyn, given, err, sizeof err) || tgm_compute_syms(dyn, sym, err, sizeof err))
     return fprintf(stderr, "tgm_bench: %s\n", err), 1;
   tgm_model *m;
+/*@uses distributed@*/
+  char gpu[32];
+  if (nproc) {
+    if (!train || nproc < 1 || nproc > 1024)
+      return fprintf(stderr, "tgm_bench: --nproc N (1 to 1024) times train_step (--train 1)\n"), 1;
+    int rc = tgm_fork_ranks(nproc, &rank, rdv, sizeof rdv);
+    if (rc >= 0)
+      return rc ? 1 : 0;
+    snprintf(gpu, sizeof gpu, "cuda:%d", rank);
+    device = gpu;
+    if (rank && !freopen("/dev/null", "w", stdout))
+      return 1;
+  }
+/*@end distributed@*/
   if (tgm_create(device, &m, err, sizeof err))
     return fprintf(stderr, "tgm_bench: %s\n", err), 1;
   tgm_init_params(m, tgm_info.seed);
+/*@uses distributed@*/
+  if (nproc && tgm_dist_init(m, rank, nproc, rdv))
+    return fprintf(stderr, "tgm_bench: rank %d: %s\n", rank, tgm_error(m)), 1;
+/*@end distributed@*/
   if ((graphs >= 0 && tgm_set_graphs(m, graphs)) || (tune >= 0 && tgm_set_autotune(m, tune, "")))
     return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
   tgm_host in[64], out[64];
@@ -110,6 +140,14 @@ int main(int argc, char **argv) {
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB\n",
          t[iters / 2], t[0], t[iters - 1], iters, m->device == 1 ? "CUDA events" : "wall clock", w[iters / 2],
          m->graphs ? "on" : "off", (double)tgm_pass_arena[train ? TGM_PASS_TRAIN : TGM_PASS_FORWARD] / 1048576.0);
+/*@uses distributed@*/
+  if (nproc) {
+    printf("data parallel: %d ranks, each on the dims above\n", nproc);
+    fflush(stdout);
+    fprintf(stderr, "rank %d of %d: GPU memory in use %.0f MiB (every process on the GPU)\n", rank, nproc,
+            tgm_gpu_mib_used());
+  }
+/*@end distributed@*/
   free(t);
   free(w);
   tgm_destroy(m);

@@ -24,6 +24,13 @@ int main(int argc, char **argv) {
 
   check(tgm_create("tpu", &m, err, sizeof err) == TGM_EINVAL && !m && contains(err, "device"), "unknown device refused", err);
   check(tgm_create(NULL, &m, err, sizeof err) == TGM_EINVAL, "NULL device refused", err);
+  check(tgm_create("cuda:x", &m, err, sizeof err) == TGM_EINVAL && !m && contains(err, "cuda:N"),
+        "cuda:x refused", err);
+  check(tgm_create("cuda:-1", &m, err, sizeof err) == TGM_EINVAL && !m && contains(err, "cuda:N"),
+        "cuda:-1 refused", err);
+  check(tgm_create("cuda:", &m, err, sizeof err) == TGM_EINVAL && !m, "cuda: refused", err);
+  /* a device number past the last GPU: no CUDA path, no GPU, or no such device; never a model */
+  check(tgm_create("cuda:1023", &m, err, sizeof err) == TGM_EDEVICE && !m, "cuda:1023 refused", err);
   check(tgm_create("cpu", NULL, err, sizeof err) == TGM_EINVAL, "NULL out refused", err);
   check(tgm_forward_v(NULL, NULL, NULL, NULL) == TGM_EINVAL, "forward on NULL model refused", "");
   if (tgm_create("cpu", &m, err, sizeof err)) {

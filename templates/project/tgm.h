@@ -68,7 +68,8 @@ typedef struct tgm_outputs {
 } tgm_outputs;
 /*@END API_TYPES@*/
 
-/* Create a model on "cpu" or "cuda" (the current CUDA device). Params are
+/* Create a model on "cpu", "cuda" (the current CUDA device) or "cuda:N"
+ * (device N, made the calling thread's current device). Params are
  * zero until initialised or loaded. On failure *out is NULL and err (may be
  * NULL) holds the reason. */
 tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t errlen);
@@ -182,6 +183,52 @@ tgm_status tgm_set_step(tgm_model *m, int64_t step);
  * the CPU). tgm_load_params also accepts a checkpoint (params only). */
 tgm_status tgm_save_checkpoint(tgm_model *m, const char *path);
 tgm_status tgm_load_checkpoint(tgm_model *m, const char *path);
+/*@uses distributed@*/
+
+/* ---- Data-parallel training across GPUs (generated with --distributed nccl)
+ *
+ * One process per GPU, each with its own model on its own device; every
+ * rank calls the same functions in the same order with its shard of the
+ * batch (the same dims on every rank):
+ *
+ *     tgm_create("cuda:0", &m, err, sizeof err);      // this process's GPU
+ *     tgm_init_params(m, seed);                        // (rank 0's params are
+ *     tgm_dist_init(m, rank, nranks, "file:/tmp/id");  //  shared by dist_init)
+ *     for (...) tgm_train_step(m, &dims, &my_shard, &loss);
+ *     tgm_save_checkpoint(m, "ckpt.safetensors");     // on every rank
+ *
+ * dist_init joins the ranks (NCCL; rendezvous "file:PATH": rank 0 writes
+ * the NCCL id into PATH, which must not exist yet, on a filesystem every
+ * rank sees, and the others wait up to 10 minutes for it; "tcp:HOST:PORT":
+ * rank 0 listens on PORT and the others connect to HOST:PORT), gives every
+ * rank rank 0's params, and splits the optimizer state: each rank keeps
+ * AdamW's (or SGD's) state and the f32 master copy of its 1/nranks slice
+ * of the flat params (ZeRO-1). Call it after create and init/load, before
+ * the first training call. dist_new_id and dist_init_id are the same for
+ * callers with a launcher of their own (MPI: broadcast the id from rank 0).
+ *
+ * Then loss, forward_backward and train_step return the loss averaged over
+ * the ranks; forward_backward leaves the gradient averaged over the ranks
+ * in every rank's gradient buffer; train_step averages each slice of the
+ * gradient into the rank that owns it (its gradient buffer then holds that
+ * slice averaged and the rest as this rank computed it), updates the slice
+ * and gathers the updated params to every rank, so every rank holds the
+ * same params after each step. Averaging gradients equals one step on the
+ * whole batch when the loss is a mean over the batch and every shard has
+ * the same size (as PyTorch's DistributedDataParallel). The global
+ * gradient norm (grad_clip, and the refusal of a NaN or inf step) is over
+ * the whole gradient. save_checkpoint is collective: rank 0 writes the
+ * whole params and optimizer state into one file (atomically) and every
+ * rank returns its result; load_checkpoint on every rank reads the file
+ * and keeps its slice, so training resumes on any number of GPUs. forward
+ * is local. */
+tgm_status tgm_dist_init(tgm_model *m, int rank, int nranks, const char *rendezvous);
+tgm_status tgm_dist_new_id(void *id, size_t bytes); /* bytes: 128 */
+tgm_status tgm_dist_init_id(tgm_model *m, int rank, int nranks, const void *id, size_t bytes);
+/* This model's rank and the number of ranks (0 and 1 before dist_init). */
+int tgm_dist_rank(const tgm_model *m);
+int tgm_dist_nranks(const tgm_model *m);
+/*@end distributed@*/
 
 #ifdef __cplusplus
 }

@@ -109,6 +109,72 @@ static inline int tgm_parse_dims(const char *s, int64_t *dyn, int *given, char *
   return 0;
 }
 
+/*@uses distributed@*/
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* One process per rank on this host (the runner's and the bench's --nproc,
+ * the multi-GPU test): n children, forked before anything starts CUDA. In a
+ * child: returns -1 with *rank set, and rdv holds the rendezvous
+ * ("file:PATH" in a fresh directory). In the parent: waits for every child
+ * and returns 0 when all exited 0, 77 when some exited 77 (skipped) and
+ * none failed, else 1; a failing rank stops the others (which would wait
+ * for it in NCCL for ever) and the parent says so on stderr. */
+static inline int tgm_fork_ranks(int n, int *rank, char *rdv, size_t rdvlen) {
+  const char *tmp = getenv("TMPDIR");
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/tgm_ranks.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir))
+    return fprintf(stderr, "cannot make a directory in %s: %s\n", tmp && *tmp ? tmp : "/tmp", strerror(errno)), 1;
+  snprintf(rdv, rdvlen, "file:%s/nccl_id", dir);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid[1024];
+  int bad = n < 1 || n > 1024, skip = 0;
+  for (int r = 0; !bad && r < n; r++) {
+    if ((pid[r] = fork()) == 0) {
+      *rank = r;
+      return -1;
+    }
+    if (pid[r] < 0) {
+      fprintf(stderr, "fork: %s\n", strerror(errno));
+      for (int q = 0; q < r; q++)
+        kill(pid[q], SIGTERM);
+      n = r, bad = 1;
+    }
+  }
+  for (int left = bad ? 0 : n; left > 0; left--) {
+    int st;
+    pid_t w = wait(&st);
+    int code = w > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+    if (code && code != 77 && !bad) {
+      fprintf(stderr, "a rank exited with status %d%s\n", code, skip ? "" : "; stopping the others");
+      for (int r = 0; r < n && !skip; r++)
+        if (pid[r] != w)
+          kill(pid[r], SIGTERM);
+    }
+    skip |= code == 77;
+    bad |= code != 0 && code != 77;
+  }
+  unlink(rdv + 5);
+  rmdir(dir);
+  return bad ? 1 : skip ? 77 : 0;
+}
+
+#ifdef TGM_HAVE_CUDA
+#include <cuda_runtime.h>
+/* This process's GPU memory in use (every process on the GPU: what nvidia-smi shows), MiB; -1 if unknown. */
+static inline double tgm_gpu_mib_used(void) {
+  size_t fr = 0, tot = 0;
+  return cudaMemGetInfo(&fr, &tot) == cudaSuccess ? (double)(tot - fr) / 1048576.0 : -1;
+}
+#else
+static inline double tgm_gpu_mib_used(void) { return -1; }
+#endif
+
+/*@end distributed@*/
 /* A test case: the golden file's dims, seed and inputs (or, without the
  * file, dims of 2 (capped by max), the spec's seed and the fixed fill), with
  * the params initialised from the seed and the inputs on the device. */

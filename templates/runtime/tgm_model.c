@@ -15,6 +15,18 @@
 /* compile.mode max-autotune: where the GEMM choices are kept (the working
  * directory; tgm_set_autotune names another file) */
 #define TGM_TUNE_FILE "tgm_autotune.txt"
+/*@uses distributed@*/
+
+/* data parallel: how long a rank waits for the others at the rendezvous */
+#define TGM_RENDEZVOUS_S 600.0
+static void dist_free(struct tgm_model *m);
+static int dist_state_to_host(struct tgm_model *m, int kind, float *dst);
+static int dist_write(struct tgm_model *m, const char *path, const tgm_tensor_desc *t, int nt);
+#ifdef TGM_HAVE_CUDA
+static int dist_sum_squares(struct tgm_model *m);
+static int dist_gather_params(struct tgm_model *m);
+#endif
+/*@end distributed@*/
 
 int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...) {
   va_list ap;
@@ -100,8 +112,18 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
     return TGM_EINVAL;
   }
   *out = NULL;
-  if (!device || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
-    set_err(err, errlen, "tgm_create: device must be \"cpu\" or \"cuda\", not \"%s\"", device ? device : "(null)");
+  int gpu = -1; /* "cuda:N": device N */
+  if (device && !strncmp(device, "cuda:", 5)) {
+    char *end;
+    long v = strtol(device + 5, &end, 10);
+    if (end == device + 5 || *end || v < 0 || v > 1023) {
+      set_err(err, errlen, "tgm_create: \"%s\" is no device (\"cuda:N\" with N a device number)", device);
+      return TGM_EINVAL;
+    }
+    gpu = (int)v;
+  } else if (!device || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
+    set_err(err, errlen, "tgm_create: device must be \"cpu\", \"cuda\" or \"cuda:N\", not \"%s\"",
+            device ? device : "(null)");
     return TGM_EINVAL;
   }
   tgm_model *m = calloc(1, sizeof *m);
@@ -110,11 +132,12 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
     return TGM_ENOMEM;
   }
   m->master_stale = 1;
-  if (!strcmp(device, "cuda")) {
+  m->state_hi = tgm_info.state_elems;
+  if (strcmp(device, "cpu")) {
 #ifdef TGM_HAVE_CUDA
     m->device = 1;
     char cerr[256];
-    if (tgm_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
+    if ((gpu >= 0 && tgm_cuda_use_device(gpu, cerr, sizeof cerr)) || tgm_cuda_ctx_create(&m->cx, cerr, sizeof cerr)) {
       set_err(err, errlen, "tgm_create: %s", cerr);
       free(m);
       return TGM_EDEVICE;
@@ -147,6 +170,9 @@ void tgm_destroy(tgm_model *m) {
   void *bufs[] = {m->params, m->ws, m->grads, m->master, m->opt_m, m->opt_v, m->loss, m->opt, m->igrad};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     dev_free(m, bufs[i]);
+/*@uses distributed@*/
+  dist_free(m);
+/*@end distributed@*/
 #ifdef TGM_HAVE_CUDA
   for (int i = 0; i < TGM_GRAPHS; i++)
     tgm_cuda_graph_free(m->graph[i].exec);
@@ -187,7 +213,7 @@ tgm_status tgm_set_params(tgm_model *m, const void *host, size_t bytes) {
 
 /* Fresh training: optimizer state zero, step 0 (after init or load). */
 static int reset_train_state(tgm_model *m) {
-  size_t fb = (size_t)tgm_info.state_elems * sizeof(float);
+  size_t fb = (size_t)(m->state_hi - m->state_lo) * sizeof(float);
   float *bufs[2] = {m->opt_m, m->opt_v};
   m->step = 0;
   m->step_dirty = 1;
@@ -199,7 +225,7 @@ static int reset_train_state(tgm_model *m) {
       continue;
     }
 #ifdef TGM_HAVE_CUDA
-    if (tgm_cuda_fill(m->cx, TGM_F32, bufs[i], tgm_info.state_elems, 0) || tgm_cuda_sync(m->cx))
+    if (tgm_cuda_fill(m->cx, TGM_F32, bufs[i], m->state_hi - m->state_lo, 0) || tgm_cuda_sync(m->cx))
       return tgm_fail(m, TGM_EDEVICE, "clearing the optimizer state: %s", tgm_cuda_ctx_error(m->cx));
 #endif
   }
@@ -377,10 +403,17 @@ static int run_pass(tgm_model *m, int pass, const int64_t *sym, const void *cons
 static int optimizer_enqueue(tgm_model *m);
 static int optimizer_step_cpu(tgm_model *m);
 static int refresh_master(tgm_model *m);
+/*@uses distributed@*/
+static int dist_reduce(tgm_model *m, int pass, int opt);
+/*@end distributed@*/
 
 /* One call's work: the pass, then (train_step) the optimizer. */
 static int enqueue(tgm_model *m, int pass, int opt, const int64_t *sym, const void *const *in, void *const *out) {
   int rc = run_pass(m, pass, sym, in, out);
+/*@uses distributed@*/
+  if (!rc && m->dist && pass != TGM_PASS_FORWARD)
+    rc = dist_reduce(m, pass, opt); /* the loss and the gradients averaged over the ranks */
+/*@end distributed@*/
   return rc || !opt ? rc : optimizer_enqueue(m);
 }
 
@@ -580,7 +613,7 @@ static int need_train(tgm_model *m, const char *what) {
 
 /* Allocate the gradient buffer and the optimizer state on first use. */
 static int train_state(tgm_model *m) {
-  size_t fb = (size_t)tgm_info.state_elems * sizeof(float);
+  size_t fb = (size_t)(m->state_hi - m->state_lo) * sizeof(float);
   if (!m->grads && !(m->grads = dev_zalloc(m, (size_t)tgm_info.param_bytes)))
     return tgm_fail(m, TGM_ENOMEM, "out of memory for the gradients (%lld bytes)", (long long)tgm_info.param_bytes);
   if (tgm_info.need_master && !m->master && !(m->master = dev_zalloc(m, fb)))
@@ -698,18 +731,50 @@ tgm_status tgm_get_loss(tgm_model *m, float *loss) {
   return (tgm_status)settle(m, loss);
 }
 
+/* Run i's elements in the slice [lo, hi) of the flat optimizer state: the
+ * count (0: none), and in *e0 the first one's index within the run. */
+static int64_t run_slice(int i, int64_t lo, int64_t hi, int64_t *e0) {
+  const tgm_param_run *r = &tgm_info.runs[i];
+  int64_t a = r->f > lo ? r->f : lo, b = r->f + r->n < hi ? r->f + r->n : hi;
+  *e0 = a - r->f;
+  return b > a ? b - a : 0;
+}
+
+/* The optimizer's operands for run i's part of the state this model keeps
+ * (all of the run, except on a data-parallel rank): n elements; w the f32
+ * values it updates (the master copy, or the f32 params themselves), lowp
+ * the bf16/f16 params it rounds them into (NULL for f32), the moments and
+ * the gradient. */
+typedef struct run_operands {
+  int64_t n;
+  float *w, *mm, *vv;
+  void *lowp;
+  const void *g;
+} run_operands;
+
+static run_operands operands(tgm_model *m, int i) {
+  const tgm_param_run *r = &tgm_info.runs[i];
+  int64_t e0, n = run_slice(i, m->state_lo, m->state_hi, &e0), s = r->f + e0 - m->state_lo;
+  int64_t b = r->b0 + e0 * tgm_dtype_sizes[r->dt];
+  int low = r->dt != TGM_F32;
+  run_operands o = {n, low ? m->master + s : (float *)(void *)(m->params + b), m->opt_m ? m->opt_m + s : NULL,
+                    m->opt_v ? m->opt_v + s : NULL, low ? m->params + b : NULL, m->grads + b};
+  return o;
+}
+
 /* The f32 master copy from the params (after init, load or set). */
 static int refresh_master(tgm_model *m) {
   const tgm_param_run *r = tgm_info.runs;
   if (!m->master || !m->master_stale)
     return TGM_OK;
   for (int i = 0; i < tgm_info.nruns; i++) {
-    if (r[i].dt == TGM_F32)
+    run_operands a = operands(m, i);
+    if (r[i].dt == TGM_F32 || !a.n)
       continue;
     if (m->device == 0)
-      tgm_cpu_cast(r[i].dt, TGM_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n);
+      tgm_cpu_cast(r[i].dt, TGM_F32, a.lowp, a.w, a.n);
 #ifdef TGM_HAVE_CUDA
-    else if (tgm_cuda_cast(m->cx, r[i].dt, TGM_F32, m->params + r[i].b0, m->master + r[i].f, r[i].n))
+    else if (tgm_cuda_cast(m->cx, r[i].dt, TGM_F32, a.lowp, a.w, a.n))
       return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
 #endif
   }
@@ -734,16 +799,12 @@ static int optimizer_step_cpu(tgm_model *m) {
   double scale = o->grad_clip > 0 ? tgm_clip_factor(ss, o->grad_clip) : 1;
   int64_t t = m->step + 1;
   for (int i = 0; i < o->nruns; i++) {
-    int low = r[i].dt != TGM_F32;
-    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
-    void *lowp = low ? m->params + r[i].b0 : NULL;
-    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
-    const void *g = m->grads + r[i].b0;
+    run_operands a = operands(m, i);
     if (o->optimizer == 2)
-      tgm_cpu_adamw(w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                    t, scale);
+      tgm_cpu_adamw(a.w, a.g, r[i].dt, a.mm, a.vv, a.lowp, r[i].dt, a.n, o->lr, o->beta1, o->beta2, o->eps,
+                    o->weight_decay, t, scale);
     else
-      tgm_cpu_sgd(w, g, r[i].dt, mm, lowp, r[i].dt, r[i].n, o->lr, o->momentum, o->weight_decay, t, scale);
+      tgm_cpu_sgd(a.w, a.g, r[i].dt, a.mm, a.lowp, r[i].dt, a.n, o->lr, o->momentum, o->weight_decay, t, scale);
   }
   m->step = t;
   return TGM_OK;
@@ -760,21 +821,28 @@ static int optimizer_enqueue(tgm_model *m) {
   const tgm_model_info *o = &tgm_info;
   tgm_opt_hyper h = {o->optimizer, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->momentum, o->grad_clip};
   int e = 0;
-  for (int i = 0; i < o->nruns && !e; i++)
-    e = tgm_cuda_opt_sum_squares(m->cx, m->opt, o->nruns, i, m->grads + r[i].b0, r[i].dt, r[i].n);
+  for (int i = 0; i < o->nruns && !e; i++) {
+    run_operands a = operands(m, i);
+    e = tgm_cuda_opt_sum_squares(m->cx, m->opt, o->nruns, i, a.g, r[i].dt, a.n);
+  }
+/*@uses distributed@*/
+  if (!e && m->dist && (e = dist_sum_squares(m))) /* every rank's parts: the global norm */
+    return e;
+/*@end distributed@*/
   if (!e)
     e = tgm_cuda_opt_prepare(m->cx, m->opt, o->nruns, &h);
   for (int i = 0; i < o->nruns && !e; i++) {
-    int low = r[i].dt != TGM_F32;
-    float *w = low ? m->master + r[i].f : (float *)(void *)(m->params + r[i].b0);
-    void *lowp = low ? m->params + r[i].b0 : NULL;
-    float *mm = m->opt_m ? m->opt_m + r[i].f : NULL, *vv = m->opt_v ? m->opt_v + r[i].f : NULL;
-    const void *g = m->grads + r[i].b0;
-    e = o->optimizer == 2 ? tgm_cuda_opt_adamw(m->cx, m->opt, w, g, r[i].dt, mm, vv, lowp, r[i].dt, r[i].n)
-                          : tgm_cuda_opt_sgd(m->cx, m->opt, w, g, r[i].dt, mm, o->momentum != 0, lowp, r[i].dt, r[i].n);
+    run_operands a = operands(m, i);
+    e = o->optimizer == 2
+            ? tgm_cuda_opt_adamw(m->cx, m->opt, a.w, a.g, r[i].dt, a.mm, a.vv, a.lowp, r[i].dt, a.n)
+            : tgm_cuda_opt_sgd(m->cx, m->opt, a.w, a.g, r[i].dt, a.mm, o->momentum != 0, a.lowp, r[i].dt, a.n);
   }
   if (e)
     return tgm_fail(m, TGM_EDEVICE, "optimizer: %s", tgm_cuda_ctx_error(m->cx));
+/*@uses distributed@*/
+  if (m->dist)
+    return dist_gather_params(m); /* each rank's updated params to every rank */
+/*@end distributed@*/
   return TGM_OK;
 #else
   return tgm_fail(m, TGM_EDEVICE, "no CUDA path in this build");
@@ -822,6 +890,16 @@ static const char *state_name(int kind) {
 
 static float *state_buf(tgm_model *m, int kind) { return kind == 0 ? m->master : kind == 1 ? m->opt_m : m->opt_v; }
 
+/* State buffer `kind` into dst, the whole flat state's place (on a
+ * data-parallel rank: every rank's slice into rank 0's dst). */
+static int state_to_host(tgm_model *m, int kind, float *dst) {
+/*@uses distributed@*/
+  if (m->dist)
+    return dist_state_to_host(m, kind, dst);
+/*@end distributed@*/
+  return dev_copy(m, dst + m->state_lo, state_buf(m, kind), (size_t)(m->state_hi - m->state_lo) * sizeof(float), 1);
+}
+
 tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
   if (!m)
     return TGM_EINVAL;
@@ -848,7 +926,7 @@ tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
   if ((rc = dev_copy(m, h, m->params, pb, 1)))
     goto done;
   for (int kind = 0; kind < 3; kind++)
-    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 1)))
+    if (state_buf(m, kind) && (rc = state_to_host(m, kind, st + (size_t)kind * (size_t)n)))
       goto done;
   for (int k = 0; k < tgm_info.nparams; k++) {
     const tgm_param_info *p = &tgm_info.params[k];
@@ -864,6 +942,12 @@ tgm_status tgm_save_checkpoint(tgm_model *m, const char *path) {
   }
   int32_t stepv[2] = {(int32_t)(uint32_t)m->step, (int32_t)(uint32_t)((uint64_t)m->step >> 32)};
   t[nt++] = (tgm_tensor_desc){"optim.step", TGM_I32, 1, {2}, stepv};
+/*@uses distributed@*/
+  if (m->dist) { /* rank 0 writes; every rank returns what that gave */
+    rc = dist_write(m, path, t, nt);
+    goto done;
+  }
+/*@end distributed@*/
   if (tgm_st_write_checked(path, t, nt, m->err, sizeof m->err))
     rc = TGM_EIO;
 done:
@@ -937,8 +1021,9 @@ tgm_status tgm_load_checkpoint(tgm_model *m, const char *path) {
   }
   if ((rc = tgm_load_params(m, path))) /* checks and loads the params (all or nothing) */
     goto done;
-  for (int kind = 0; kind < 3; kind++)
-    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n, state_buf(m, kind), fb, 0)))
+  for (int kind = 0; kind < 3; kind++) /* the slice of the state this model keeps */
+    if (state_buf(m, kind) && (rc = dev_copy(m, st + (size_t)kind * (size_t)n + m->state_lo, state_buf(m, kind),
+                                             (size_t)(m->state_hi - m->state_lo) * sizeof(float), 0)))
       goto done;
   if (m->master)
     m->master_stale = 0; /* the checkpoint's master copy, not the rounded params */
@@ -949,3 +1034,213 @@ done:
   tgm_st_free(&f);
   return (tgm_status)rc;
 }
+/*@uses distributed@*/
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* A buffer in the params' layout (the params or the gradients) as NCCL
+ * parts: each run's part in each rank's slice, that rank its root
+ * (by_owner), or each run whole with root 0. out has room for nruns x
+ * nranks parts; returns the count. */
+static int dist_parts(const tgm_model *m, unsigned char *base, int by_owner, tgm_nccl_part *out) {
+  const tgm_dist *d = m->dist;
+  int np = 0;
+  for (int q = 0; q < (by_owner ? d->nranks : 1); q++) {
+    int64_t lo = 0, hi = tgm_info.state_elems;
+    if (by_owner)
+      tgm_shard(tgm_info.state_elems, d->nranks, q, &lo, &hi);
+    for (int i = 0; i < tgm_info.nruns; i++) {
+      const tgm_param_run *r = &tgm_info.runs[i];
+      int64_t e0, n = run_slice(i, lo, hi, &e0);
+      if (n)
+        out[np++] = (tgm_nccl_part){base + r->b0 + e0 * tgm_dtype_sizes[r->dt], n, r->dt, q};
+    }
+  }
+  return np;
+}
+
+/* One collective over a buffer in the params' layout: 0 all-reduce
+ * (average), 1 reduce each rank's slice into it (average), 2 broadcast each
+ * rank's slice from it, 3 broadcast all of rank 0's. */
+static int dist_params_op(tgm_model *m, unsigned char *base, int op, const char *what) {
+  tgm_dist *d = m->dist;
+  tgm_nccl_part *parts = malloc(sizeof *parts * (size_t)(tgm_info.nruns * d->nranks + 1));
+  if (!parts)
+    return tgm_fail(m, TGM_ENOMEM, "%s: out of memory", what);
+  int np = dist_parts(m, base, op == 1 || op == 2, parts);
+  int e = op == 0   ? tgm_nccl_all_reduce(m->cx, d->comm, parts, np, 1)
+          : op == 1 ? tgm_nccl_reduce_avg(m->cx, d->comm, parts, np)
+                    : tgm_nccl_broadcast(m->cx, d->comm, parts, np);
+  free(parts);
+  return e ? tgm_fail(m, TGM_EDEVICE, "%s: %s", what, tgm_cuda_ctx_error(m->cx)) : TGM_OK;
+}
+
+/* After a loss or train pass: the loss averaged over the ranks; the
+ * gradients averaged into every rank (forward_backward) or into the rank
+ * that owns each slice (train_step: the optimizer reads only its own). A
+ * simulated rank exchanges nothing. */
+static int dist_reduce(tgm_model *m, int pass, int opt) {
+  tgm_dist *d = m->dist;
+  if (!d->comm)
+    return TGM_OK;
+  tgm_nccl_part loss = {m->loss, 1, tgm_info.loss_dtype, 0};
+  if (tgm_nccl_all_reduce(m->cx, d->comm, &loss, 1, 1))
+    return tgm_fail(m, TGM_EDEVICE, "averaging the loss over the ranks: %s", tgm_cuda_ctx_error(m->cx));
+  if (pass != TGM_PASS_TRAIN)
+    return TGM_OK;
+  return dist_params_op(m, m->grads, opt ? 1 : 0, "averaging the gradients over the ranks");
+}
+
+#ifdef TGM_HAVE_CUDA
+/* The per-run sums of squares of every rank's slice, summed: the global
+ * gradient norm, the same on every rank (so every rank clips, or refuses
+ * the step, alike). */
+static int dist_sum_squares(tgm_model *m) {
+  tgm_nccl_part p = {tgm_cuda_opt_sums(m->opt), tgm_info.nruns, TGM_NCCL_F64, 0};
+  if (tgm_nccl_all_reduce(m->cx, m->dist->comm, &p, 1, 0))
+    return tgm_fail(m, TGM_EDEVICE, "summing the gradient norm over the ranks: %s", tgm_cuda_ctx_error(m->cx));
+  return TGM_OK;
+}
+
+/* After the update: each rank's slice of the params to every rank. */
+static int dist_gather_params(tgm_model *m) {
+  return dist_params_op(m, m->params, 2, "gathering the updated params");
+}
+#endif
+
+/* Optimizer state buffer `kind` of every rank into rank 0's dst (the whole
+ * flat state); the other ranks send theirs. */
+static int dist_state_to_host(tgm_model *m, int kind, float *dst) {
+  tgm_dist *d = m->dist;
+  if (!d->comm)
+    return tgm_fail(m, TGM_EINVAL, "save_checkpoint: a simulated rank keeps only its slice of the optimizer state");
+  int64_t E = tgm_info.state_elems;
+  float *all = NULL;
+  tgm_nccl_part *parts = calloc((size_t)d->nranks, sizeof *parts);
+  int rc = parts ? TGM_OK : tgm_fail(m, TGM_ENOMEM, "save_checkpoint: out of memory");
+  if (!rc && d->rank == 0 && !(all = dev_zalloc(m, (size_t)E * sizeof(float))))
+    rc = tgm_fail(m, TGM_ENOMEM, "save_checkpoint: out of device memory for the optimizer state (%lld bytes)",
+                  (long long)E * 4);
+  for (int q = 0; !rc && q < d->nranks; q++) {
+    int64_t lo, hi;
+    tgm_shard(E, d->nranks, q, &lo, &hi);
+    parts[q] = (tgm_nccl_part){all ? all + lo : NULL, hi - lo, TGM_F32, q};
+  }
+  if (!rc && tgm_nccl_gather(m->cx, d->comm, d->rank, state_buf(m, kind), parts, d->nranks))
+    rc = tgm_fail(m, TGM_EDEVICE, "save_checkpoint: gathering the optimizer state: %s", tgm_cuda_ctx_error(m->cx));
+  if (!rc && all)
+    rc = dev_copy(m, dst, all, (size_t)E * sizeof(float), 1);
+  dev_free(m, all);
+  free(parts);
+  return rc;
+}
+
+/* Rank 0 writes the checkpoint; every rank returns what that gave. */
+static int dist_write(tgm_model *m, const char *path, const tgm_tensor_desc *t, int nt) {
+  int32_t bad = m->dist->rank == 0 && tgm_st_write_checked(path, t, nt, m->err, sizeof m->err);
+  int32_t *flag = dev_zalloc(m, sizeof bad);
+  tgm_nccl_part p = {flag, 1, TGM_I32, 0};
+  if (!flag || dev_copy(m, &bad, flag, sizeof bad, 0) || tgm_nccl_broadcast(m->cx, m->dist->comm, &p, 1) ||
+      dev_copy(m, &bad, flag, sizeof bad, 1)) {
+    dev_free(m, flag);
+    return tgm_fail(m, TGM_EDEVICE, "save_checkpoint: agreeing on the result: %s", tgm_cuda_ctx_error(m->cx));
+  }
+  dev_free(m, flag);
+  if (bad && m->dist->rank != 0)
+    return tgm_fail(m, TGM_EIO, "save_checkpoint: rank 0 could not write %s (its error says why)", path);
+  return bad ? TGM_EIO : TGM_OK;
+}
+
+static void dist_free(tgm_model *m) {
+  if (m->dist)
+    tgm_nccl_free(m->dist->comm);
+  free(m->dist);
+  m->dist = NULL;
+}
+
+/* The checks before a model becomes a rank; then its slice of the state. */
+static int dist_begin(tgm_model *m, const char *what, int rank, int nranks) {
+  if (need_train(m, what))
+    return TGM_EINVAL;
+  if (!tgm_info.optimizer)
+    return tgm_fail(m, TGM_EINVAL, "%s: model %s has no optimizer", what, tgm_info.name);
+  if (nranks < 1 || nranks > 65536 || rank < 0 || rank >= nranks)
+    return tgm_fail(m, TGM_EINVAL, "%s: rank %d of %d ranks (need 0 <= rank < nranks, 1 <= nranks <= 65536)", what,
+                    rank, nranks);
+  if (m->dist)
+    return tgm_fail(m, TGM_EINVAL, "%s: the model is already rank %d of %d", what, m->dist->rank, m->dist->nranks);
+  if (m->grads)
+    return tgm_fail(m, TGM_EINVAL, "%s: call it before the first training call or load_checkpoint (the optimizer "
+                                   "state is already allocated whole)", what);
+  if (!(m->dist = calloc(1, sizeof *m->dist)))
+    return tgm_fail(m, TGM_ENOMEM, "%s: out of memory", what);
+  m->dist->rank = rank;
+  m->dist->nranks = nranks;
+  tgm_shard(tgm_info.state_elems, nranks, rank, &m->state_lo, &m->state_hi);
+  return TGM_OK;
+}
+
+int tgm_dist_simulate(tgm_model *m, int rank, int nranks) {
+  if (!m)
+    return TGM_EINVAL;
+  if (m->device != 0)
+    return tgm_fail(m, TGM_EINVAL, "dist_simulate: only a model on the cpu simulates a rank");
+  return dist_begin(m, "dist_simulate", rank, nranks);
+}
+
+tgm_status tgm_dist_new_id(void *id, size_t bytes) {
+  char err[256];
+  if (!id || bytes != TGM_NCCL_ID_BYTES)
+    return TGM_EINVAL;
+  return tgm_nccl_new_id(id, err, sizeof err) ? TGM_EDEVICE : TGM_OK;
+}
+
+tgm_status tgm_dist_init_id(tgm_model *m, int rank, int nranks, const void *id, size_t bytes) {
+  if (!m)
+    return TGM_EINVAL;
+  if (m->device != 1)
+    return tgm_fail(m, TGM_EINVAL, "dist_init: the model must be on \"cuda\" (NCCL runs on GPUs)");
+  if (!id || bytes != TGM_NCCL_ID_BYTES)
+    return tgm_fail(m, TGM_EINVAL, "dist_init: the id must be %d bytes (tgm_dist_new_id), got %zu%s",
+                    TGM_NCCL_ID_BYTES, bytes, id ? "" : " (NULL)");
+  if (!tgm_nccl_available())
+    return tgm_fail(m, TGM_EDEVICE, "dist_init: this build has no NCCL path (configured with -DTGM_NCCL=OFF)");
+  int rc = dist_begin(m, "dist_init", rank, nranks);
+  if (rc)
+    return (tgm_status)rc;
+  if (tgm_nccl_init(m->cx, &m->dist->comm, rank, nranks, id)) {
+    rc = tgm_fail(m, TGM_EDEVICE, "dist_init: %s", tgm_cuda_ctx_error(m->cx));
+    dist_free(m);
+    m->state_lo = 0, m->state_hi = tgm_info.state_elems;
+    return (tgm_status)rc;
+  }
+  m->master_stale = 1;
+  /* every rank starts from rank 0's params */
+  if ((rc = dist_params_op(m, m->params, 3, "dist_init: sharing rank 0's params")))
+    return (tgm_status)rc;
+  return (tgm_status)settle(m, NULL);
+}
+
+tgm_status tgm_dist_init(tgm_model *m, int rank, int nranks, const char *rendezvous) {
+  if (!m)
+    return TGM_EINVAL;
+  if (!rendezvous)
+    return tgm_fail(m, TGM_EINVAL, "dist_init: rendezvous is NULL (\"file:PATH\" or \"tcp:HOST:PORT\")");
+  if (m->device != 1)
+    return tgm_fail(m, TGM_EINVAL, "dist_init: the model must be on \"cuda\" (NCCL runs on GPUs)");
+  if (rank < 0 || rank >= nranks)
+    return tgm_fail(m, TGM_EINVAL, "dist_init: rank %d of %d ranks (need 0 <= rank < nranks)", rank, nranks);
+  if (!tgm_nccl_available())
+    return tgm_fail(m, TGM_EDEVICE, "dist_init: this build has no NCCL path (configured with -DTGM_NCCL=OFF)");
+  unsigned char id[TGM_NCCL_ID_BYTES];
+  if (tgm_rendezvous(rendezvous, rank, nranks, TGM_RENDEZVOUS_S, id, m->err, sizeof m->err))
+    return TGM_EIO;
+  tgm_status rc = tgm_dist_init_id(m, rank, nranks, id, sizeof id);
+  if (!rc)
+    tgm_rendezvous_done(rendezvous, rank);
+  return rc;
+}
+
+int tgm_dist_rank(const tgm_model *m) { return m && m->dist ? m->dist->rank : 0; }
+int tgm_dist_nranks(const tgm_model *m) { return m && m->dist ? m->dist->nranks : 1; }
+/*@end distributed@*/

@@ -507,6 +507,10 @@ int tgm_cuda_opt_sgd(tgm_cuda_ctx *cx, const void *state, float *w, const void *
            : 0;
 }
 
+/*@uses distributed@*/
+double *tgm_cuda_opt_sums(void *state) { return ((OptDev *)state)->ss; }
+
+/*@end distributed@*/
 int tgm_cuda_opt_set_step(tgm_cuda_ctx *cx, void *state, int64_t step) {
   k_opt_set_step<<<1, 1, 0, tgm_cuda_ctx_stream(cx, "tgm_cuda_opt_set_step")>>>((OptDev *)state, step);
   return cuopt_launched(cx, "k_opt_set_step");

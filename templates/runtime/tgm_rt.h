@@ -346,6 +346,7 @@ double tgm_clip_factor(double sum_squares, double max_norm);
  * checked by the caller after synchronising. */
 typedef struct tgm_cuda_ctx tgm_cuda_ctx;
 int tgm_cuda_ctx_create(tgm_cuda_ctx **cx, char *err, size_t errlen); /* picks the current device */
+int tgm_cuda_use_device(int device, char *err, size_t errlen);        /* makes device current (cudaSetDevice) */
 void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx);
 const char *tgm_cuda_ctx_error(const tgm_cuda_ctx *cx);
 int tgm_cuda_sync(tgm_cuda_ctx *cx);                 /* waits; reports asynchronous errors */
@@ -546,6 +547,64 @@ extern const uint64_t tgm_pass_inputs[TGM_NPASS];
 extern const int tgm_graphs_default;
 extern const int tgm_tune_default; /* compile.mode max-autotune */
 
+/*@uses distributed@*/
+/* ---------------------------------------------------------------- data parallel (tgm_dist.cu) */
+
+/* ZeRO-1 over nranks GPUs: the flat optimizer state's E f32 elements (the
+ * state indices of tgm_param_run) in slices of S = ceil(E / nranks)
+ * rounded up to 64 elements, so that a slice's params and gradients start
+ * 128-byte aligned (runs start at multiples of 64 elements); rank r owns
+ * [min(r S, E), min(r S + S, E)). */
+static inline void tgm_shard(int64_t E, int nranks, int r, int64_t *lo, int64_t *hi) {
+  int64_t S = ((E + nranks - 1) / nranks + 63) / 64 * 64;
+  *lo = (int64_t)r * S < E ? (int64_t)r * S : E;
+  *hi = *lo + S < E ? *lo + S : E;
+}
+
+/* A data-parallel rank: its place, the slice of the state it keeps and
+ * updates, and its NCCL communicator (NULL: a simulated rank, which keeps and
+ * updates only its slice but exchanges nothing: the CPU test of the
+ * sharded arithmetic, tgm_dist_simulate). */
+typedef struct tgm_dist {
+  int rank, nranks;
+  void *comm;
+} tgm_dist;
+struct tgm_model;
+int tgm_dist_simulate(struct tgm_model *m, int rank, int nranks); /* before the first training call */
+
+/* NCCL, enqueued on the context's stream (each returns 0, or an error with
+ * its message in the context). A part is n elements of dtype dt (a TGM_*
+ * float dtype, or TGM_NCCL_F64) at p; root is the rank that owns it. */
+enum { TGM_NCCL_F64 = 16 };
+typedef struct tgm_nccl_part {
+  void *p;
+  int64_t n;
+  int dt, root;
+} tgm_nccl_part;
+#define TGM_NCCL_ID_BYTES 128
+int tgm_nccl_available(void); /* 0: built without NCCL (-DTGM_NCCL=OFF) */
+int tgm_nccl_new_id(void *id, char *err, size_t errlen); /* TGM_NCCL_ID_BYTES bytes */
+int tgm_nccl_init(tgm_cuda_ctx *cx, void **comm, int rank, int nranks, const void *id);
+void tgm_nccl_free(void *comm);
+/* every part summed over the ranks (avg: then divided by nranks), in place on every rank */
+int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg);
+/* each part averaged over the ranks into its root's copy (the others' copies are left as they were) */
+int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts);
+/* each part copied from its root to every rank */
+int tgm_nccl_broadcast(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts);
+/* rank 0 receives part q (f32) from rank q; rank q sends `mine` (its part q's length) */
+int tgm_nccl_gather(tgm_cuda_ctx *cx, void *comm, int rank, const float *mine, const tgm_nccl_part *parts,
+                    int nparts);
+/* The NCCL unique id from a rendezvous: "file:PATH" (rank 0 creates the id
+ * and writes PATH, which must not exist yet, atomically; the others wait for
+ * it) or "tcp:HOST:PORT" (rank 0 listens on PORT; the others connect to
+ * HOST:PORT). Waits up to timeout_s seconds for the other ranks. Host only. */
+int tgm_rendezvous(const char *how, int rank, int nranks, double timeout_s, void *id, char *err, size_t errlen);
+void tgm_rendezvous_done(const char *how, int rank); /* every rank joined: rank 0 removes the file */
+/* The device optimizer's per-run sums of squares (device memory, nruns doubles). */
+double *tgm_cuda_opt_sums(void *state);
+
+/*@end distributed@*/
 #define TGM_GRAPHS 8    /* CUDA graphs kept per model (round robin) */
 #define TGM_GRAPH_IO 16 /* models with more inputs or outputs run without graphs */
 struct tgm_model {
@@ -563,6 +622,8 @@ struct tgm_model {
   unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
   unsigned char *igrad;    /* train.wrt: where the input gradients go when the caller gives no buffers */
   int64_t igrad_bytes;
+  int64_t state_lo, state_hi; /* the optimizer state kept here: elements [lo, hi) of the flat state (all of it,
+                                 except on a data-parallel rank) */
   tgm_cuda_ctx *cx;
   void *opt;               /* cuda: the device-driven optimizer's state (tgm_cuda_opt_new) */
   int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */
@@ -577,6 +638,9 @@ struct tgm_model {
   } graph[TGM_GRAPHS];
   int graph_clock;
   unsigned ws_gen;         /* workspace reallocations */
+/*@uses distributed@*/
+  struct tgm_dist *dist;   /* data parallel (tgm_dist_init); NULL: one GPU */
+/*@end distributed@*/
   char err[512];
 };
 int tgm_fail(struct tgm_model *m, int code, const char *fmt, ...)

@@ -5,6 +5,9 @@
  *           [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]
  *           [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]
  *           [--save-params P] [--save-checkpoint C]
+/*@uses distributed@*/
+ *           [--nproc N | --rendezvous file:PATH|tcp:HOST:PORT [--rank R --nranks N --local-rank L]]
+/*@end distributed@*/
  *
  * Device: cpu (default), cuda, or auto (cuda when the build has it and a GPU
  * answers, else cpu). Params: loaded from --params (a params file or a checkpoint), from a
@@ -26,6 +29,24 @@
  *   --eval-inputs E  after training (or alone): the loss on E and, when the
  *                    loss is cross_entropy of an output against an input, the
  *                    accuracy of the argmax
+/*@uses distributed@*/
+ *
+ * Data parallel (one process per GPU; the inputs are the global batch, and
+ * rank r takes the r-th of nranks equal parts of every input's first dim):
+ *   --nproc N        N ranks on GPUs 0..N-1 of this host: the runner forks
+ *                    one process per GPU (rendezvous through a file in a
+ *                    fresh directory under $TMPDIR or /tmp)
+ *   --rendezvous X   this process is one rank of a run started by a launcher
+ *                    (mpirun, srun, torchrun, or by hand): rank, count and
+ *                    GPU from --rank/--nranks/--local-rank, else from the
+ *                    launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK;
+ *                    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK; PMI_RANK,
+ *                    PMI_SIZE, MPI_LOCALRANKID); X is file:PATH (a new file
+ *                    every rank sees) or tcp:HOST:PORT (rank 0's host)
+ * Rank 0 prints and writes --out and --save-params; every rank takes part in
+ * --save-checkpoint (rank 0 writes it). Each rank prints its GPU memory in
+ * use at the end.
+/*@end distributed@*/
  * Errors go to stderr with exit status 1. */
 #include "tgm_io.h"
 
@@ -62,7 +83,41 @@ static const char *usage =
     "usage: tgm_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]\n"
     "               [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]\n"
     "               [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]\n"
+/*@uses distributed@*/
+    "               [--nproc N | --rendezvous file:PATH|tcp:HOST:PORT [--rank R --nranks N --local-rank L]]\n"
+/*@end distributed@*/
     "               [--save-params P] [--save-checkpoint C]\n";
+/*@uses distributed@*/
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* this process's rank and the number of ranks (1: no ranks) */
+static int rank_ = 0, nranks_ = 1;
+
+/* Rank r's part of a host input: the r-th of nranks equal parts of its first dim. */
+static int shard_input(tgm_host *h, const char *name) {
+  if (h->rank < 1 || h->shape[0] % nranks_)
+    return fprintf(stderr, "tgm_run: input '%s': its first dim (%lld) does not split into %d equal parts\n", name,
+                   (long long)(h->rank ? h->shape[0] : 0), nranks_), 1;
+  size_t part = (size_t)(h->numel / nranks_) * (size_t)tgm_dtype_sizes[h->dtype];
+  memmove(h->data, (unsigned char *)h->data + part * (size_t)rank_, part);
+  h->shape[0] /= nranks_;
+  h->numel /= nranks_;
+  return 0;
+}
+
+/* The first of the variables that is set, as an int (-1: none). */
+static int env_int(const char *a, const char *b, const char *c) {
+  const char *n[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    const char *v = n[i] ? getenv(n[i]) : NULL;
+    if (v && *v)
+      return atoi(v);
+  }
+  return -1;
+}
+
+/*@end distributed@*/
 
 /* A batch: the inputs of one file (or the fill) at its dims, on the device. */
 typedef struct batch {
@@ -112,6 +167,18 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
       b->dyn[s] = 1;
   if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
     return die_("%s%s", err, "");
+/*@uses distributed@*/
+  int batch = -1; /* the dyn dim that is every input's first: the one the ranks split */
+  for (int s = 0; s < tgm_info.ndyn && nranks_ > 1 && batch < 0; s++) {
+    int all = tgm_info.ninputs > 0;
+    for (int k = 0; k < tgm_info.ninputs; k++)
+      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[s]);
+    batch = all ? s : -1;
+  }
+  if (nranks_ > 1 && batch < 0)
+    return die_("data parallel: the ranks split the batch, the first dim of every input, but model %s's inputs do "
+                "not all start with the same dynamic dim%s", tgm_info.name, "");
+/*@end distributed@*/
   for (int k = 0; k < tgm_info.ninputs; k++) {
     tgm_host *h = &b->in[k];
     if (tgm_host_alloc(h, 0, k, b->sym))
@@ -133,9 +200,20 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
     } else {
       tgm_host_fill(h, tgm_info.inputs[k].name);
     }
+/*@uses distributed@*/
+    if (nranks_ > 1 && shard_input(h, tgm_info.inputs[k].name))
+      return 1;
+/*@end distributed@*/
     if (tgm_to_device(m, h, &b->din[k]))
       return die_("copying input '%s' to the device%s", tgm_info.inputs[k].name, "");
   }
+/*@uses distributed@*/
+  if (nranks_ > 1) { /* this rank's dims */
+    b->dyn[batch] /= nranks_;
+    if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
+      return die_("%s%s", err, "");
+  }
+/*@end distributed@*/
   return 0;
 }
 
@@ -204,6 +282,10 @@ static int evaluate(tgm_model *m, batch *b, const char *what) {
     }
     printf(", accuracy %.2f%% (%lld of %lld)", counted ? 100.0 * (double)right / (double)counted : 0.0,
            (long long)right, (long long)counted);
+/*@uses distributed@*/
+    if (nranks_ > 1)
+      printf(" on rank 0's part of the batch");
+/*@end distributed@*/
     for (int k = 0; k < tgm_info.noutputs; k++)
       free(out[k].data);
   }
@@ -232,6 +314,10 @@ int main(int argc, char **argv) {
   unsigned long long seed = tgm_info.seed;
   long long train = -1, log_every = 0;
   int have_seed = 0, grad = 0;
+/*@uses distributed@*/
+  const char *rdv = NULL;
+  long long nproc = 0, rank = -1, nranks = -1, local = -1;
+/*@end distributed@*/
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -255,6 +341,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--eval-inputs")) eval = v;
     else if (!strcmp(a, "--out")) outp = v;
     else if (!strcmp(a, "--dims")) dims = v;
+/*@uses distributed@*/
+    else if (!strcmp(a, "--rendezvous")) rdv = v;
+    else if (!strcmp(a, "--nproc") || !strcmp(a, "--rank") || !strcmp(a, "--nranks") || !strcmp(a, "--local-rank")) {
+      if (parse_count(a, v, &n))
+        return 1;
+      *(!strcmp(a, "--nproc") ? &nproc : !strcmp(a, "--rank") ? &rank : !strcmp(a, "--nranks") ? &nranks : &local) = n;
+    }
+/*@end distributed@*/
     else if (!strcmp(a, "--train-steps")) {
       if (parse_count(a, v, &train))
         return 1;
@@ -280,6 +374,46 @@ int main(int argc, char **argv) {
   if (check_writable("--save-params", save) || check_writable("--save-checkpoint", save_ckpt) ||
       check_writable("--out", outp))
     return 1;
+/*@uses distributed@*/
+  char rdvbuf[4200];
+  if (nproc && rdv)
+    return die_("give --nproc (ranks on this host) or --rendezvous (a rank started by a launcher), not both%s%s", "",
+                "");
+  if (nproc > 1024)
+    return die_("--nproc: at most 1024 ranks%s%s", "", "");
+  if (nproc) { /* the parent returns the ranks' status; each child goes on as its rank */
+    int rc = tgm_fork_ranks((int)nproc, &rank_, rdvbuf, sizeof rdvbuf);
+    if (rc >= 0)
+      return rc ? 1 : 0;
+    rdv = rdvbuf;
+    nranks_ = (int)nproc;
+    local = rank_;
+  } else if (rdv) {
+    rank_ = (int)(rank >= 0 ? rank : env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"));
+    nranks_ = (int)(nranks >= 0 ? nranks : env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"));
+    if (local < 0)
+      local = env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID");
+    if (local < 0)
+      local = 0;
+    if (rank_ < 0 || nranks_ < 1 || rank_ >= nranks_)
+      return die_("--rendezvous: no rank and rank count (--rank/--nranks, or a launcher's RANK/WORLD_SIZE, "
+                  "OMPI_COMM_WORLD_RANK/_SIZE or PMI_RANK/PMI_SIZE)%s%s", "", "");
+  }
+  if (rdv) {
+    if (!tgm_info.loss_name || !tgm_info.optimizer || !(train >= 0 || grad))
+      return die_("data parallel: runs --train-steps or --grad of a model with an optimizer%s%s", "", "");
+    for (int i = 1; i + 1 < argc; i++)
+      if (!strcmp(argv[i], "--device") && strcmp(argv[i + 1], "cuda"))
+        return die_("data parallel runs on GPUs, not --device %s (each rank takes GPU --local-rank)%s", argv[i + 1], "");
+    snprintf(rdvbuf + 4100, 100, "cuda:%lld", local);
+    device = rdvbuf + 4100;
+    if (rank_ != 0) { /* rank 0 speaks and writes for all */
+      if (!freopen("/dev/null", "w", stdout))
+        return die_("cannot silence rank %s's output%s", "N", "");
+      outp = save = NULL;
+    }
+  }
+/*@end distributed@*/
 
   char err[512];
   tgm_model *m;
@@ -291,6 +425,11 @@ int main(int argc, char **argv) {
   }
   if (tgm_create(device, &m, err, sizeof err))
     return die_("%s%s", err, "");
+/*@uses distributed@*/
+  /* the ranks join before a checkpoint is loaded: each keeps its slice of the optimizer state */
+  if (rdv && (tgm_init_params(m, seed) || tgm_dist_init(m, rank_, nranks_, rdv)))
+    return fprintf(stderr, "tgm_run: rank %d: %s\n", rank_, tgm_error(m)), 1;
+/*@end distributed@*/
   int rc = ckpt ? tgm_load_checkpoint(m, ckpt) : params ? tgm_load_params(m, params) : tgm_init_params(m, seed);
   if (rc)
     return die_("%s%s", tgm_error(m), "");
@@ -416,6 +555,11 @@ int main(int argc, char **argv) {
       free(out[k].data);
   for (int j = 0; j < tgm_info.nwrt; j++)
     free(ig[j].data);
+/*@uses distributed@*/
+  if (rdv) /* every rank says its own */
+    fprintf(stderr, "rank %d of %d: GPU memory in use %.0f MiB (every process on the GPU)\n", rank_, nranks_,
+            tgm_gpu_mib_used());
+/*@end distributed@*/
   free(gbuf);
   free(losses);
   free(t);

@@ -10,6 +10,8 @@
 #                   the device with carry: [".dev/gpu"])
 #   --with-opspecs  also the op-coverage specs tests/gpu/oracle_specs/*.yaml
 #   --with-e2e      also the end-to-end specs tests/e2e/*.yaml and tests/data/gpt2_tiny.yaml
+#   --with-dist     also gpt2_tiny and gpt2 generated with --distributed nccl into DEST/dist/
+#                   (for check_dist.sh on a machine with 2 or more GPUs)
 #   --tgen PATH     the tgen binary (default: build/tgen)
 #   --no-clean      keep what DEST already holds (default: empty it first)
 #
@@ -22,11 +24,13 @@ DEST=
 TGEN=$ROOT/build/tgen
 OPSPECS=0
 E2E=0
+DIST=0
 CLEAN=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --with-opspecs) OPSPECS=1 ;;
     --with-e2e) E2E=1 ;;
+    --with-dist) DIST=1 ;;
     --tgen) TGEN=$2; shift ;;
     --no-clean) CLEAN=0 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
@@ -46,7 +50,8 @@ if [ $CLEAN = 1 ] && [ -d "$DEST" ]; then
     n=$(basename "$j" .json)
     rm -rf "${DEST:?}/$n" "$j"
   done
-  rm -f "$DEST/torch_oracle.py" "$DEST/parity.py" "$DEST/check_examples.sh" "$DEST/prepare.log"
+  rm -f "$DEST/torch_oracle.py" "$DEST/parity.py" "$DEST/check_examples.sh" "$DEST/check_dist.sh" "$DEST/prepare.log"
+  rm -rf "${DEST:?}/dist"
 fi
 mkdir -p "$DEST"
 DEST=$(cd "$DEST" && pwd)
@@ -73,6 +78,18 @@ for s in "${specs[@]}"; do
     echo "$log" | tail -3 | sed 's/^/    /'
   fi
 done
+if [ $DIST = 1 ]; then
+  for s in tests/data/gpt2_tiny.yaml spec/examples/gpt2.yaml; do
+    n=$(basename "$s" .yaml)
+    if "$TGEN" "$s" -o "$DEST/dist/$n" --distributed nccl >> "$DEST/prepare.log" 2>&1; then
+      printf '%-22s %s\n' "dist/$n" "$(du -sh "$DEST/dist/$n" | cut -f1)"
+    else
+      bad=$((bad + 1))
+      echo "dist/$n: FAILED"
+    fi
+  done
+  cp tests/gpu/check_dist.sh "$DEST/"
+fi
 cp tests/gpu/torch_oracle.py tests/gpu/parity.py tests/gpu/check_examples.sh "$DEST/"
 chmod +x "$DEST/check_examples.sh"
 
