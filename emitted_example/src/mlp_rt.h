@@ -463,6 +463,7 @@ struct mlp_model {
   unsigned char *loss;     /* the loss pass's and train pass's loss (the loss dtype; device memory on cuda) */
   unsigned char *igrad;    /* train.wrt: where the input gradients go when the caller gives no buffers */
   int64_t igrad_bytes;
+  int threads;             /* OpenMP threads of the model's host work (mlp_set_threads; 0: OpenMP's default) */
   mlp_cuda_ctx *cx;
   void *opt;               /* cuda: the device-driven optimizer's state (mlp_cuda_opt_new) */
   int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */
