@@ -7,8 +7,9 @@ command -v cc >/dev/null 2>&1 || missing="$missing gcc"
 command -v make >/dev/null 2>&1 || missing="$missing make"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 pkg-config --exists yaml-0.1 2>/dev/null || missing="$missing libyaml-dev"
-# a CBLAS for the CPU GEMMs: OpenBLAS (the reference BLAS that Debian's
-# libblas-dev brings would do, but is 3x slower over the whole suite)
+# a CBLAS for the CPU GEMMs: OpenBLAS (the emitted projects never link the
+# reference BLAS that Debian's libblas-dev brings unless forced: their
+# built-in GEMM is faster; without OpenBLAS they use that one)
 if command -v dpkg >/dev/null 2>&1; then
   dpkg -s libopenblas-dev >/dev/null 2>&1 || missing="$missing libopenblas-dev"
 else

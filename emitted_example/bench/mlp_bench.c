@@ -1,5 +1,6 @@
 /* mlp_bench: times the forward pass, or the training step.
  *   mlp_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
+ *             [--threads N]
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
@@ -7,11 +8,15 @@
  * (forward, backward, optimizer) on a fixed batch; for a model without an
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (mlp_set_graphs; default: the spec's compile.mode); --autotune 1 times
- * cuBLASLt's candidates for each GEMM in the warm-up (mlp_set_autotune, choices in memory only). */
+ * cuBLASLt's candidates for each GEMM in the warm-up (mlp_set_autotune, choices in memory only); --threads N
+ * runs the CPU's work on N OpenMP threads (mlp_set_threads; default: OpenMP's, OMP_NUM_THREADS). */
 #define _POSIX_C_SOURCE 200809L
 #include "mlp_io.h"
 
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #ifdef MLP_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -29,7 +34,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
-  int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1;
+  int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
@@ -38,6 +43,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else return fprintf(stderr, "mlp_bench: unknown option '%s'\n", argv[i]), 1;
   }
   if (iters < 1 || iters > 100000)
@@ -53,7 +59,8 @@ int main(int argc, char **argv) {
   if (mlp_create(device, &m, err, sizeof err))
     return fprintf(stderr, "mlp_bench: %s\n", err), 1;
   mlp_init_params(m, mlp_info.seed);
-  if ((graphs >= 0 && mlp_set_graphs(m, graphs)) || (tune >= 0 && mlp_set_autotune(m, tune, "")))
+  if ((graphs >= 0 && mlp_set_graphs(m, graphs)) || (tune >= 0 && mlp_set_autotune(m, tune, "")) ||
+      mlp_set_threads(m, threads))
     return fprintf(stderr, "mlp_bench: %s\n", mlp_error(m)), 1;
   mlp_host in[64], out[64];
   void *din[64], *dout[64];
@@ -107,9 +114,17 @@ int main(int argc, char **argv) {
   printf("mlp %s on %s:", train ? (mlp_info.optimizer ? "train_step" : "forward_backward") : "forward", device);
   for (int k = 0; k < mlp_info.ndyn; k++)
     printf(" %s=%lld", mlp_info.sym_names[k], (long long)dyn[k]);
-  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB\n",
+  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB",
          t[iters / 2], t[0], t[iters - 1], iters, m->device == 1 ? "CUDA events" : "wall clock", w[iters / 2],
          m->graphs ? "on" : "off", (double)mlp_pass_arena[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD] / 1048576.0);
+  if (m->device == 0) {
+#ifdef _OPENMP
+    printf("  threads %d", threads ? threads : omp_get_max_threads());
+#else
+    printf("  threads 1 (no OpenMP)");
+#endif
+  }
+  printf("\n");
   free(t);
   free(w);
   mlp_destroy(m);

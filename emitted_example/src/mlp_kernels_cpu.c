@@ -6,13 +6,15 @@
  *
  * Template: copied into every emitted project with "mlp_" renamed. Plain C11
  * plus OpenMP pragmas (ignored without -fopenmp); needs libm, and a CBLAS when
- * built with -DMLP_HAVE_CBLAS. Only the sections of the library calls a
- * model makes are copied (mlp_rt.h, "Sections"). The dtype conversions
- * (mlp_bf16_to_f32, ...) live in mlp_init.c; the hot loops use the inline
- * copies of mlp_rt.h (mlp_ld_bf16, mlp_st_bf16, mlp_ld_f16, mlp_st_f16,
- * shared with mlp_optim_cpu.c), written so that loops over them vectorise,
- * bit-identical to those (round to nearest even; the unit test checks every
- * half and a sweep of floats). exp and gelu are mlp_math.h's (the generated
+ * built with -DMLP_HAVE_CBLAS (the emitted CMakeLists.txt defines it for
+ * OpenBLAS, MKL, BLIS or a CBLAS asked for; for Netlib's reference BLAS,
+ * slower than the built-in GEMM, only when forced). Only the sections of the
+ * library calls a model makes are copied (mlp_rt.h, "Sections"). The dtype
+ * conversions (mlp_bf16_to_f32, ...) live in mlp_init.c; the hot loops use
+ * the inline copies of mlp_rt.h (mlp_ld_bf16, mlp_st_bf16, mlp_ld_f16,
+ * mlp_st_f16, shared with mlp_optim_cpu.c), written so that loops over them
+ * vectorise, bit-identical to those (round to nearest even; the unit test
+ * checks every half and a sweep of floats). exp and gelu are mlp_math.h's (the generated
  * kernels'), vectorisable polynomials.
  *
  * Numerics: floating ops compute in f32 (bf16/f16 are loaded to f32 and the
@@ -46,7 +48,11 @@
 #include <omp.h>
 #endif
 #ifdef MLP_HAVE_CBLAS
+#ifdef MLP_MKL_CBLAS_H /* MKL without a cblas.h (CMakeLists.txt) */
+#include <mkl_cblas.h>
+#else
 #include <cblas.h>
+#endif
 #endif
 
 /* ---------------------------------------------------------------- helpers */

@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* compile.mode max-autotune: where the GEMM choices are kept (the working
  * directory; mlp_set_autotune names another file) */
@@ -217,6 +220,43 @@ static int reset_train_state(mlp_model *m) {
   return MLP_OK;
 }
 
+/* The model's thread count (mlp_set_threads) around a call's host work (a
+ * CPU pass, the CPU optimizer step, the params' init): threads_begin sets it
+ * for the calling thread's parallel regions (an OpenMP setting is per
+ * thread) and returns the caller's, which threads_end gives back. Nothing
+ * without OpenMP or with the default (0). */
+static int threads_begin(const mlp_model *m) {
+#ifdef _OPENMP
+  int was = omp_get_max_threads();
+  if (m->threads > 0 && m->threads != was)
+    omp_set_num_threads(m->threads);
+  return was;
+#else
+  (void)m;
+  return 1;
+#endif
+}
+
+static void threads_end(const mlp_model *m, int was) {
+#ifdef _OPENMP
+  if (m->threads > 0 && m->threads != was)
+    omp_set_num_threads(was);
+#else
+  (void)m;
+  (void)was;
+#endif
+}
+
+mlp_status mlp_set_threads(mlp_model *m, int n) {
+  if (!m)
+    return MLP_EINVAL;
+  if (n < 0 || n > MLP_MAX_THREADS)
+    return mlp_fail(m, MLP_EINVAL, "set_threads: n must be 1 to %d, or 0 for OpenMP's default, not %d",
+                    MLP_MAX_THREADS, n);
+  m->threads = n;
+  return MLP_OK;
+}
+
 mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   if (!m)
     return MLP_EINVAL;
@@ -224,13 +264,17 @@ mlp_status mlp_init_params(mlp_model *m, uint64_t seed) {
   unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   if (!h)
     return mlp_fail(m, MLP_ENOMEM, "mlp_init_params: out of memory (%zu bytes)", n);
+  int was = threads_begin(m);
   for (int k = 0; k < mlp_info.nparams; k++) {
     const mlp_param_info *p = &mlp_info.params[k];
     void *dst = h + p->offset;
+#ifdef _OPENMP
 #pragma omp parallel for schedule(static)
+#endif
     for (int64_t i = 0; i < p->numel; i++)
       mlp_put(dst, p->dtype, i, mlp_init_value(p->name, p->init, p->a, p->b, p->dtype, p->rank, p->shape, seed, i));
   }
+  threads_end(m, was);
   int rc = params_copy(m, h, 0);
   free(h);
   return (mlp_status)(rc ? rc : reset_train_state(m));
@@ -375,8 +419,11 @@ static int check_call(mlp_model *m, const char *what, int pass, const int64_t *d
 
 static int run_pass(mlp_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
   static const mlp_pass_fn cpu[MLP_NPASS] = {mlp_forward_cpu, mlp_loss_cpu, mlp_train_cpu};
-  if (m->device == 0)
-    return cpu[pass](m, sym, in, out);
+  if (m->device == 0) {
+    int was = threads_begin(m), rc = cpu[pass](m, sym, in, out);
+    threads_end(m, was);
+    return rc;
+  }
 #ifdef MLP_HAVE_CUDA
   static const mlp_pass_fn cuda[MLP_NPASS] = {mlp_forward_cuda, mlp_loss_cuda, mlp_train_cuda};
   return cuda[pass](m, sym, in, out);
@@ -749,8 +796,11 @@ static int refresh_master(mlp_model *m) {
     run_operands a = operands(m, i);
     if (r[i].dt == MLP_F32 || !a.n)
       continue;
-    if (m->device == 0)
+    if (m->device == 0) {
+      int was = threads_begin(m);
       mlp_cpu_cast(r[i].dt, MLP_F32, a.lowp, a.w, a.n);
+      threads_end(m, was);
+    }
 #ifdef MLP_HAVE_CUDA
     else if (mlp_cuda_cast(m->cx, r[i].dt, MLP_F32, a.lowp, a.w, a.n))
       return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx));
@@ -767,13 +817,16 @@ static int optimizer_step_cpu(mlp_model *m) {
   const mlp_param_run *r = mlp_info.runs;
   const mlp_model_info *o = &mlp_info;
   double ss = 0;
+  int was = threads_begin(m);
   for (int i = 0; i < o->nruns; i++) /* in a fixed order: deterministic */
     ss += mlp_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
-  if (!isfinite(ss))
+  if (!isfinite(ss)) {
+    threads_end(m, was);
     return mlp_fail(m, MLP_EDATA,
                     "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
                     "step unchanged)",
                     isnan(ss) ? "NaN" : "inf", (long long)(m->step + 1));
+  }
   double scale = o->grad_clip > 0 ? mlp_clip_factor(ss, o->grad_clip) : 1;
   int64_t t = m->step + 1;
   for (int i = 0; i < o->nruns; i++) {
@@ -784,6 +837,7 @@ static int optimizer_step_cpu(mlp_model *m) {
     else
       mlp_cpu_sgd(a.w, a.g, r[i].dt, a.mm, a.lowp, r[i].dt, a.n, o->lr, o->momentum, o->weight_decay, t, scale);
   }
+  threads_end(m, was);
   m->step = t;
   return MLP_OK;
 }

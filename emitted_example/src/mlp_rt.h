@@ -466,6 +466,7 @@ struct mlp_model {
   int64_t igrad_bytes;
   int64_t state_lo, state_hi; /* the optimizer state kept here: elements [lo, hi) of the flat state (all of it,
                                  except on a data-parallel rank) */
+  int threads;             /* OpenMP threads of the model's host work (mlp_set_threads; 0: OpenMP's default) */
   mlp_cuda_ctx *cx;
   void *opt;               /* cuda: the device-driven optimizer's state (mlp_cuda_opt_new) */
   int step_dirty;          /* cuda: m->step was set on the host; the device's count must follow */

@@ -4,14 +4,15 @@
  *   mlp_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]
  *           [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]
  *           [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]
- *           [--save-params P] [--save-checkpoint C]
+ *           [--save-params P] [--save-checkpoint C] [--threads N]
  *
  * Device: cpu (default), cuda, or auto (cuda when the build has it and a GPU
  * answers, else cpu). Params: loaded from --params (a params file or a checkpoint), from a
  * training checkpoint with its optimizer state (--checkpoint), or initialised
  * from --seed (default: the spec's seed). Inputs: tensor names = input names;
  * without --inputs a fixed pseudo-random fill. Dynamic dims come from --dims,
- * else from the input shapes, else 1.
+ * else from the input shapes, else 1. --threads N: the CPU's OpenMP threads
+ * (mlp_set_threads; default 0, OpenMP's own: OMP_NUM_THREADS, else a core each).
  *
  * What runs:
  *   default          the forward pass; --out gets the outputs by name
@@ -62,7 +63,7 @@ static const char *usage =
     "usage: mlp_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]\n"
     "               [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]\n"
     "               [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]\n"
-    "               [--save-params P] [--save-checkpoint C]\n";
+    "               [--save-params P] [--save-checkpoint C] [--threads N]\n";
 
 /* A batch: the inputs of one file (or the fill) at its dims, on the device. */
 typedef struct batch {
@@ -230,7 +231,7 @@ int main(int argc, char **argv) {
   const char *device = "cpu", *params = NULL, *ckpt = NULL, *save = NULL, *save_ckpt = NULL, *inputs = NULL,
              *outp = NULL, *dims = NULL, *eval = NULL;
   unsigned long long seed = mlp_info.seed;
-  long long train = -1, log_every = 0;
+  long long train = -1, log_every = 0, threads = 0;
   int have_seed = 0, grad = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -261,6 +262,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--log-every")) {
       if (parse_count(a, v, &log_every))
         return 1;
+    } else if (!strcmp(a, "--threads")) {
+      if (parse_count(a, v, &threads))
+        return 1;
+      if (threads > MLP_MAX_THREADS)
+        return fprintf(stderr, "mlp_run: --threads: %lld is above %d\n", threads, MLP_MAX_THREADS), 1;
     } else if (!strcmp(a, "--seed")) {
       if (parse_count(a, v, &n))
         return 1;
@@ -291,6 +297,8 @@ int main(int argc, char **argv) {
   }
   if (mlp_create(device, &m, err, sizeof err))
     return die_("%s%s", err, "");
+  if (mlp_set_threads(m, (int)threads))
+    return die_("%s%s", mlp_error(m), "");
   int rc = ckpt ? mlp_load_checkpoint(m, ckpt) : params ? mlp_load_params(m, params) : mlp_init_params(m, seed);
   if (rc)
     return die_("%s%s", mlp_error(m), "");

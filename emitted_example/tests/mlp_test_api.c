@@ -1,9 +1,14 @@
 /* mlp_test_api: bad arguments, bad dims and bad checkpoints are refused with
  * a status and a message; nothing aborts; a failed load leaves the params as
- * they were; save + load round-trips exactly. Usage: mlp_test_api TMPDIR
+ * they were; save + load round-trips exactly; the thread count
+ * (mlp_set_threads) changes no result. Usage: mlp_test_api TMPDIR [GOLDEN]
  * (the files it writes there are removed at the end: at GPT-2 size they are
- * gigabytes). */
+ * gigabytes; GOLDEN: the golden test's dims, seed and inputs). */
 #include "mlp_io.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static int passed, failed;
 
@@ -17,8 +22,108 @@ static void check(int cond, const char *what, const char *detail) {
 
 static int contains(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
+/* What one thread count computes on the case: the outputs, then (train:)
+ * the loss and the gradient buffer, as host bytes. */
+typedef struct results {
+  int n;
+  void *data[66];
+  size_t bytes[66];
+  int dtype[66];
+  const char *name[66];
+} results;
+
+static void results_free(results *r) {
+  for (int i = 0; i < r->n; i++)
+    free(r->data[i]);
+  r->n = 0;
+}
+
+/* The case's forward pass (and forward_backward) with `threads` threads
+ * (-1: the model's default); 0, or -1 with the message in err. */
+static int run_threads(mlp_model *m, mlp_case *c, int threads, results *r, char *err, size_t errlen) {
+  memset(r, 0, sizeof *r);
+  if (threads >= 0 && mlp_set_threads(m, threads))
+    return snprintf(err, errlen, "set_threads(%d): %s", threads, mlp_error(m)), -1;
+  mlp_host out[64];
+  void *dout[64] = {0};
+  int rc = 0;
+  for (int k = 0; k < mlp_info.noutputs; k++, r->n++) {
+    if (mlp_host_alloc(&out[k], 1, k, c->sym) || mlp_to_device(m, &out[k], &dout[k]))
+      return snprintf(err, errlen, "allocating output '%s'", mlp_info.outputs[k].name), -1;
+    r->data[k] = out[k].data;
+    r->bytes[k] = (size_t)out[k].numel * (size_t)mlp_dtype_sizes[out[k].dtype];
+    r->dtype[k] = out[k].dtype;
+    r->name[k] = mlp_info.outputs[k].name;
+  }
+  rc = mlp_forward_v(m, c->dyn, (const void *const *)c->din, dout);
+  if (!rc)
+    rc = mlp_sync(m);
+  for (int k = 0; k < mlp_info.noutputs; k++) {
+    if (!rc && mlp_from_device(m, &out[k], dout[k]))
+      rc = MLP_EDEVICE;
+    if (dout[k] && dout[k] != out[k].data)
+      mlp_device_free(m, dout[k]);
+  }
+  if (rc)
+    return snprintf(err, errlen, "forward with %d threads: %s", threads, mlp_error(m)), -1;
+  if (mlp_info.loss_name) {
+    float *loss = malloc(sizeof *loss);
+    size_t nb = mlp_param_bytes();
+    unsigned char *g = malloc(nb ? nb : 1);
+    r->data[r->n] = loss, r->bytes[r->n] = sizeof *loss, r->dtype[r->n] = MLP_F32, r->name[r->n++] = mlp_info.loss_name;
+    r->data[r->n] = g, r->bytes[r->n] = nb, r->dtype[r->n] = -1, r->name[r->n++] = "gradients";
+    if (!loss || !g || mlp_forward_backward_v(m, c->dyn, (const void *const *)c->din, loss) || mlp_get_grads(m, g, nb))
+      return snprintf(err, errlen, "forward_backward with %d threads: %s", threads, mlp_error(m)), -1;
+  }
+  return 0;
+}
+
+/* The golden test's tolerance for a dtype: max|got - want| / max|want|. */
+static double tolerance(int dt) { return dt == MLP_BF16 ? 3e-2 : dt == MLP_F16 ? 5e-3 : 1e-4; }
+
+/* got against want, tensor by tensor (the gradients param by param): 1 when
+ * bit-identical, 0 when within the tolerance, -1 when not; what differs
+ * most goes into detail. */
+static int compare(const results *got, const results *want, char *detail, size_t n) {
+  int same = 1, ok = 1;
+  double worst = 0;
+  const char *where = "";
+  snprintf(detail, n, "bit-identical");
+  for (int i = 0; i < want->n; i++) {
+    if (!memcmp(got->data[i], want->data[i], want->bytes[i]))
+      continue;
+    same = 0;
+    int np = want->dtype[i] < 0 ? mlp_info.nparams : 1;
+    for (int k = 0; k < np; k++) {
+      int dt = want->dtype[i] < 0 ? mlp_info.params[k].dtype : want->dtype[i];
+      size_t off = want->dtype[i] < 0 ? (size_t)mlp_info.params[k].offset : 0;
+      int64_t numel = want->dtype[i] < 0 ? mlp_info.params[k].numel : (int64_t)(want->bytes[i] / (size_t)mlp_dtype_sizes[dt]);
+      float *ref = malloc((size_t)(numel + 1) * sizeof *ref);
+      if (!ref)
+        return -1;
+      for (int64_t j = 0; j < numel; j++)
+        ref[j] = (float)mlp_get((const unsigned char *)want->data[i] + off, dt, j);
+      double maxref;
+      int finite;
+      double e = mlp_rel_err((const unsigned char *)got->data[i] + off, dt, ref, numel, &maxref, &finite);
+      free(ref);
+      if (!finite)
+        e = INFINITY;
+      if (e > tolerance(dt))
+        ok = 0;
+      if (e >= worst) {
+        worst = e;
+        where = want->dtype[i] < 0 ? mlp_info.params[k].ckpt : want->name[i];
+      }
+    }
+  }
+  if (!same)
+    snprintf(detail, n, "not bit-identical; relative error at most %.3g (%s)", worst, where);
+  return same ? 1 : ok ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
-  const char *dir = argc > 1 ? argv[1] : ".";
+  const char *dir = argc > 1 ? argv[1] : ".", *golden = argc > 2 ? argv[2] : NULL;
   char err[512] = "", path[1024], bad[1024], tmp[1024];
   mlp_model *m = NULL;
 
@@ -114,6 +219,12 @@ int main(int argc, char **argv) {
             mlp_set_autotune(NULL, 0, NULL) == MLP_EINVAL,
         "set_autotune takes 0 or 1 (on the cpu it does nothing)", mlp_error(m));
   check(mlp_sync(m) == MLP_OK && mlp_sync(NULL) == MLP_EINVAL, "sync", mlp_error(m));
+  check(mlp_set_threads(NULL, 1) == MLP_EINVAL, "set_threads on NULL model refused", "");
+  check(mlp_set_threads(m, -1) == MLP_EINVAL && contains(mlp_error(m), "set_threads") &&
+            mlp_set_threads(m, MLP_MAX_THREADS + 1) == MLP_EINVAL && contains(mlp_error(m), "set_threads"),
+        "set_threads refuses a negative count and one above MLP_MAX_THREADS", mlp_error(m));
+  check(mlp_set_threads(m, 1) == MLP_OK && mlp_set_threads(m, MLP_MAX_THREADS) == MLP_OK && mlp_set_threads(m, 0) == MLP_OK,
+        "set_threads takes 1 to MLP_MAX_THREADS, and 0 (OpenMP's default)", "");
 
   /* training calls */
   float loss;
@@ -217,6 +328,43 @@ int main(int argc, char **argv) {
         mlp_device_free(m, dout[k]);
       free(out[k].data);
     }
+    mlp_case_close(m, &c);
+  }
+  /* the same results with 1, 2 and 3 threads as with the default count: bit for bit with the built-in
+   * GEMM (its sums, like the generated kernels', are formed in one order for any thread count); within
+   * the golden test's tolerance with a CBLAS. The caller's own OpenMP setting is left as it was. */
+  if (m->device == 0) {
+    mlp_case c;
+    results base = {0}, r;
+    char cerr[512], detail[512];
+    int ok = !mlp_case_open(m, golden, &c, cerr, sizeof cerr) && !run_threads(m, &c, -1, &base, cerr, sizeof cerr);
+    check(ok, "threads: the default count's results", cerr);
+    for (int t = 1; ok && t <= 3; t++) {
+#ifdef _OPENMP
+      int before = omp_get_max_threads();
+#endif
+      if (run_threads(m, &c, t, &r, cerr, sizeof cerr)) {
+        check(0, "threads", cerr);
+        results_free(&r);
+        break;
+      }
+#ifdef _OPENMP
+      check(omp_get_max_threads() == before, "set_threads leaves the caller's OpenMP thread count as it was", "");
+#endif
+      int cmp = compare(&r, &base, detail, sizeof detail);
+      char what[128];
+#ifdef MLP_TEST_CBLAS
+      snprintf(what, sizeof what, "%d thread%s: the default count's results (a CBLAS: within the tolerance)", t,
+               t == 1 ? "" : "s");
+      check(cmp >= 0, what, detail);
+#else
+      snprintf(what, sizeof what, "%d thread%s: the default count's results bit for bit", t, t == 1 ? "" : "s");
+      check(cmp == 1, what, detail);
+#endif
+      results_free(&r);
+    }
+    results_free(&base);
+    mlp_set_threads(m, 0);
     mlp_case_close(m, &c);
   }
   free(a);

@@ -1,5 +1,6 @@
 /* tgm_bench: times the forward pass, or the training step.
  *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
+ *             [--threads N]
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
@@ -7,7 +8,8 @@
  * (forward, backward, optimizer) on a fixed batch; for a model without an
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode); --autotune 1 times
- * cuBLASLt's candidates for each GEMM in the warm-up (tgm_set_autotune, choices in memory only). */
+ * cuBLASLt's candidates for each GEMM in the warm-up (tgm_set_autotune, choices in memory only); --threads N
+ * runs the CPU's work on N OpenMP threads (tgm_set_threads; default: OpenMP's, OMP_NUM_THREADS). */
 /*@uses distributed@*/
 /* --nproc N (with --train 1): N ranks on GPUs 0..N-1 of this host train in data parallel, each on
  * its own batch at --dims (the global batch is N times it); rank 0 prints the times, and every rank
@@ -17,6 +19,9 @@
 #include "tgm_io.h"
 
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #ifdef TGM_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -34,7 +39,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
-  int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1;
+  int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1, threads = 0;
 /*@uses distributed@*/
   int nproc = 0, rank = 0;
   char rdv[4200];
@@ -47,6 +52,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
 /*@uses distributed@*/
     else if (!strcmp(argv[i], "--nproc")) nproc = atoi(argv[i + 1]);
 /*@end distributed@*/
@@ -83,7 +89,8 @@ int main(int argc, char **argv) {
   if (nproc && tgm_dist_init(m, rank, nproc, rdv))
     return fprintf(stderr, "tgm_bench: rank %d: %s\n", rank, tgm_error(m)), 1;
 /*@end distributed@*/
-  if ((graphs >= 0 && tgm_set_graphs(m, graphs)) || (tune >= 0 && tgm_set_autotune(m, tune, "")))
+  if ((graphs >= 0 && tgm_set_graphs(m, graphs)) || (tune >= 0 && tgm_set_autotune(m, tune, "")) ||
+      tgm_set_threads(m, threads))
     return fprintf(stderr, "tgm_bench: %s\n", tgm_error(m)), 1;
   tgm_host in[64], out[64];
   void *din[64], *dout[64];
@@ -137,9 +144,17 @@ int main(int argc, char **argv) {
   printf("tgm %s on %s:", train ? (tgm_info.optimizer ? "train_step" : "forward_backward") : "forward", device);
   for (int k = 0; k < tgm_info.ndyn; k++)
     printf(" %s=%lld", tgm_info.sym_names[k], (long long)dyn[k]);
-  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB\n",
+  printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB",
          t[iters / 2], t[0], t[iters - 1], iters, m->device == 1 ? "CUDA events" : "wall clock", w[iters / 2],
          m->graphs ? "on" : "off", (double)tgm_pass_arena[train ? TGM_PASS_TRAIN : TGM_PASS_FORWARD] / 1048576.0);
+  if (m->device == 0) {
+#ifdef _OPENMP
+    printf("  threads %d", threads ? threads : omp_get_max_threads());
+#else
+    printf("  threads 1 (no OpenMP)");
+#endif
+  }
+  printf("\n");
 /*@uses distributed@*/
   if (nproc) {
     printf("data parallel: %d ranks, each on the dims above\n", nproc);

@@ -117,6 +117,19 @@ tgm_status tgm_set_graphs(tgm_model *m, int on);
  * nothing. */
 tgm_status tgm_set_autotune(tgm_model *m, int on, const char *file);
 
+/* CPU threads: the OpenMP threads of this model's work on the host (on
+ * "cpu" its passes and the optimizer step; tgm_init_params on either
+ * device): n from 1 to TGM_MAX_THREADS, or 0 (where a model starts) for
+ * OpenMP's default, which is the calling thread's omp_set_num_threads, else
+ * the OMP_NUM_THREADS environment variable, else one per core. It holds for
+ * the model's calls only: the calling thread's OpenMP setting is set back
+ * when each call returns. Results do not depend on it with the built-in GEMM
+ * (every sum is formed in the same order for any thread count: bit-identical
+ * results); with a CBLAS they may differ by rounding. In a build without
+ * OpenMP (one thread), n is checked and kept but changes nothing. */
+#define TGM_MAX_THREADS 1024
+tgm_status tgm_set_threads(tgm_model *m, int n);
+
 /* The forward pass: outputs from inputs for the given dims (NULL when the
  * model has no dynamic dims). */
 tgm_status tgm_forward(tgm_model *m, const tgm_dims *dims, const tgm_inputs *in, tgm_outputs *out);

@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* compile.mode max-autotune: where the GEMM choices are kept (the working
  * directory; tgm_set_autotune names another file) */
@@ -232,6 +235,43 @@ static int reset_train_state(tgm_model *m) {
   return TGM_OK;
 }
 
+/* The model's thread count (tgm_set_threads) around a call's host work (a
+ * CPU pass, the CPU optimizer step, the params' init): threads_begin sets it
+ * for the calling thread's parallel regions (an OpenMP setting is per
+ * thread) and returns the caller's, which threads_end gives back. Nothing
+ * without OpenMP or with the default (0). */
+static int threads_begin(const tgm_model *m) {
+#ifdef _OPENMP
+  int was = omp_get_max_threads();
+  if (m->threads > 0 && m->threads != was)
+    omp_set_num_threads(m->threads);
+  return was;
+#else
+  (void)m;
+  return 1;
+#endif
+}
+
+static void threads_end(const tgm_model *m, int was) {
+#ifdef _OPENMP
+  if (m->threads > 0 && m->threads != was)
+    omp_set_num_threads(was);
+#else
+  (void)m;
+  (void)was;
+#endif
+}
+
+tgm_status tgm_set_threads(tgm_model *m, int n) {
+  if (!m)
+    return TGM_EINVAL;
+  if (n < 0 || n > TGM_MAX_THREADS)
+    return tgm_fail(m, TGM_EINVAL, "set_threads: n must be 1 to %d, or 0 for OpenMP's default, not %d",
+                    TGM_MAX_THREADS, n);
+  m->threads = n;
+  return TGM_OK;
+}
+
 tgm_status tgm_init_params(tgm_model *m, uint64_t seed) {
   if (!m)
     return TGM_EINVAL;
@@ -239,13 +279,17 @@ tgm_status tgm_init_params(tgm_model *m, uint64_t seed) {
   unsigned char *h = calloc(1, n ? n : 1); /* padding between params stays zero */
   if (!h)
     return tgm_fail(m, TGM_ENOMEM, "tgm_init_params: out of memory (%zu bytes)", n);
+  int was = threads_begin(m);
   for (int k = 0; k < tgm_info.nparams; k++) {
     const tgm_param_info *p = &tgm_info.params[k];
     void *dst = h + p->offset;
+#ifdef _OPENMP
 #pragma omp parallel for schedule(static)
+#endif
     for (int64_t i = 0; i < p->numel; i++)
       tgm_put(dst, p->dtype, i, tgm_init_value(p->name, p->init, p->a, p->b, p->dtype, p->rank, p->shape, seed, i));
   }
+  threads_end(m, was);
   int rc = params_copy(m, h, 0);
   free(h);
   return (tgm_status)(rc ? rc : reset_train_state(m));
@@ -390,8 +434,11 @@ static int check_call(tgm_model *m, const char *what, int pass, const int64_t *d
 
 static int run_pass(tgm_model *m, int pass, const int64_t *sym, const void *const *in, void *const *out) {
   static const tgm_pass_fn cpu[TGM_NPASS] = {tgm_forward_cpu, tgm_loss_cpu, tgm_train_cpu};
-  if (m->device == 0)
-    return cpu[pass](m, sym, in, out);
+  if (m->device == 0) {
+    int was = threads_begin(m), rc = cpu[pass](m, sym, in, out);
+    threads_end(m, was);
+    return rc;
+  }
 #ifdef TGM_HAVE_CUDA
   static const tgm_pass_fn cuda[TGM_NPASS] = {tgm_forward_cuda, tgm_loss_cuda, tgm_train_cuda};
   return cuda[pass](m, sym, in, out);
@@ -771,8 +818,11 @@ static int refresh_master(tgm_model *m) {
     run_operands a = operands(m, i);
     if (r[i].dt == TGM_F32 || !a.n)
       continue;
-    if (m->device == 0)
+    if (m->device == 0) {
+      int was = threads_begin(m);
       tgm_cpu_cast(r[i].dt, TGM_F32, a.lowp, a.w, a.n);
+      threads_end(m, was);
+    }
 #ifdef TGM_HAVE_CUDA
     else if (tgm_cuda_cast(m->cx, r[i].dt, TGM_F32, a.lowp, a.w, a.n))
       return tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
@@ -789,13 +839,16 @@ static int optimizer_step_cpu(tgm_model *m) {
   const tgm_param_run *r = tgm_info.runs;
   const tgm_model_info *o = &tgm_info;
   double ss = 0;
+  int was = threads_begin(m);
   for (int i = 0; i < o->nruns; i++) /* in a fixed order: deterministic */
     ss += tgm_cpu_sum_squares(m->grads + r[i].b0, r[i].dt, r[i].n);
-  if (!isfinite(ss))
+  if (!isfinite(ss)) {
+    threads_end(m, was);
     return tgm_fail(m, TGM_EDATA,
                     "train_step: gradient norm is %s at step %lld; no update applied (params, optimizer state and "
                     "step unchanged)",
                     isnan(ss) ? "NaN" : "inf", (long long)(m->step + 1));
+  }
   double scale = o->grad_clip > 0 ? tgm_clip_factor(ss, o->grad_clip) : 1;
   int64_t t = m->step + 1;
   for (int i = 0; i < o->nruns; i++) {
@@ -806,6 +859,7 @@ static int optimizer_step_cpu(tgm_model *m) {
     else
       tgm_cpu_sgd(a.w, a.g, r[i].dt, a.mm, a.lowp, r[i].dt, a.n, o->lr, o->momentum, o->weight_decay, t, scale);
   }
+  threads_end(m, was);
   m->step = t;
   return TGM_OK;
 }

@@ -4,7 +4,7 @@
  *   tgm_run [--device cpu|cuda|auto] [--params P | --checkpoint C | --seed N]
  *           [--inputs I.safetensors] [--dims B=4,T=64] [--out O.safetensors]
  *           [--grad] [--train-steps N] [--log-every K] [--eval-inputs E.safetensors]
- *           [--save-params P] [--save-checkpoint C]
+ *           [--save-params P] [--save-checkpoint C] [--threads N]
 /*@uses distributed@*/
  *           [--nproc N | --rendezvous file:PATH|tcp:HOST:PORT [--rank R --nranks N --local-rank L]]
 /*@end distributed@*/
@@ -14,7 +14,8 @@
  * training checkpoint with its optimizer state (--checkpoint), or initialised
  * from --seed (default: the spec's seed). Inputs: tensor names = input names;
  * without --inputs a fixed pseudo-random fill. Dynamic dims come from --dims,
- * else from the input shapes, else 1.
+ * else from the input shapes, else 1. --threads N: the CPU's OpenMP threads
+ * (tgm_set_threads; default 0, OpenMP's own: OMP_NUM_THREADS, else a core each).
  *
  * What runs:
  *   default          the forward pass; --out gets the outputs by name
@@ -86,7 +87,7 @@ static const char *usage =
 /*@uses distributed@*/
     "               [--nproc N | --rendezvous file:PATH|tcp:HOST:PORT [--rank R --nranks N --local-rank L]]\n"
 /*@end distributed@*/
-    "               [--save-params P] [--save-checkpoint C]\n";
+    "               [--save-params P] [--save-checkpoint C] [--threads N]\n";
 /*@uses distributed@*/
 
 /* ---------------------------------------------------------------- data parallel */
@@ -312,7 +313,7 @@ int main(int argc, char **argv) {
   const char *device = "cpu", *params = NULL, *ckpt = NULL, *save = NULL, *save_ckpt = NULL, *inputs = NULL,
              *outp = NULL, *dims = NULL, *eval = NULL;
   unsigned long long seed = tgm_info.seed;
-  long long train = -1, log_every = 0;
+  long long train = -1, log_every = 0, threads = 0;
   int have_seed = 0, grad = 0;
 /*@uses distributed@*/
   const char *rdv = NULL;
@@ -355,6 +356,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--log-every")) {
       if (parse_count(a, v, &log_every))
         return 1;
+    } else if (!strcmp(a, "--threads")) {
+      if (parse_count(a, v, &threads))
+        return 1;
+      if (threads > TGM_MAX_THREADS)
+        return fprintf(stderr, "tgm_run: --threads: %lld is above %d\n", threads, TGM_MAX_THREADS), 1;
     } else if (!strcmp(a, "--seed")) {
       if (parse_count(a, v, &n))
         return 1;
@@ -430,6 +436,8 @@ int main(int argc, char **argv) {
   if (rdv && (tgm_init_params(m, seed) || tgm_dist_init(m, rank_, nranks_, rdv)))
     return fprintf(stderr, "tgm_run: rank %d: %s\n", rank_, tgm_error(m)), 1;
 /*@end distributed@*/
+  if (tgm_set_threads(m, (int)threads))
+    return die_("%s%s", tgm_error(m), "");
   int rc = ckpt ? tgm_load_checkpoint(m, ckpt) : params ? tgm_load_params(m, params) : tgm_init_params(m, seed);
   if (rc)
     return die_("%s%s", tgm_error(m), "");
