@@ -896,6 +896,7 @@ static int cmd_generate(int argc, char **argv) {
     arena_free(&a);
     return 1;
   }
+  g->spec->compile.distributed = o.distributed; /* the command line wins (render.c reads it) */
   if (o.distributed && !(o.targets & TARGET_CUDA)) {
     fprintf(stderr, "tgen: error: distributed training through NCCL needs the cuda target (--targets has no cuda)\n");
     arena_free(&a);

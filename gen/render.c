@@ -2186,6 +2186,24 @@ static const char *bytes_c(File *f, const Node *n) {
                       n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype));
 }
 
+/* Data parallel (compile.distributed): the kernel after which each param's
+ * gradient is final, its last writer (-1: none; the pass's end), so that
+ * the ranks start averaging it while the backward goes on. */
+static int *grad_last_writers(File *f, BPass *p) {
+  int *last = arena_alloc(f->a, sizeof(int) * (size_t)(f->g->nparams + 1));
+  for (int k = 0; k < f->g->nparams; k++)
+    last[k] = -1;
+  for (int i = 0; i < p->nk; i++)
+    for (int j = 0; j < p->k[i]->nouts; j++) {
+      int bi = p->buf[p->k[i]->outs[j]->id];
+      while (bi >= 0 && p->b[bi].home == HOME_ALIAS)
+        bi = p->b[bi].index;
+      if (bi >= 0 && p->b[bi].home == HOME_GRAD)
+        last[p->b[bi].index] = i;
+    }
+  return last;
+}
+
 /* One pass as a C function NAME_<pass>_<dialect>(m, sym, in, out). */
 static void pass_fn(File *f, BPass *p, Buf *b) {
   Graph *g = f->g;
@@ -2233,6 +2251,7 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     buf_printf(b, " */\n");
   }
   buf_printf(b, "\n");
+  int *last = cuda && p->kind == PASS_TRAIN && g->spec->compile.distributed ? grad_last_writers(f, p) : NULL;
   for (int i = 0; i < p->nk; i++) {
     Kernel *k = p->k[i];
     if (k->kind == K_LOOP) {
@@ -2242,6 +2261,15 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     } else {
       call_kernel(f, p, k, i, b);
     }
+    Buf ready; /* data parallel: the params whose gradients this kernel finished */
+    int nready = 0;
+    buf_init(&ready, f->a);
+    for (int q = 0; last && q < g->nparams; q++)
+      if (last[q] == i)
+        buf_printf(&ready, "%s%d", nready++ ? ", " : "", q);
+    if (nready)
+      buf_printf(b, "  CK(%s_dist_ready(m, (const int[]){%s}, %d));  /* final gradients: the ranks may average them */\n",
+                 f->name, ready.p, nready);
   }
   /* finals not written in place (the loss of the loss and train passes is final 0, at out[0]) */
   for (int k = 0; k < p->nfinals; k++) {

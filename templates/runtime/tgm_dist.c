@@ -213,6 +213,15 @@ void tgm_rendezvous_done(const char *how, int rank) {
 #ifdef TGM_HAVE_NCCL
 cudaStream_t tgm_cuda_ctx_stream(tgm_cuda_ctx *cx, const char *op);
 
+/* A rank's NCCL state: the communicator, and a side stream (with the events
+ * that fork it from the model's stream and join it back) on which the
+ * gradients of a training step are averaged while the backward goes on. */
+typedef struct nccl {
+  ncclComm_t comm;
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+} nccl;
+
 _Static_assert(sizeof(ncclUniqueId) == TGM_NCCL_ID_BYTES, "the NCCL id's size");
 
 int tgm_nccl_available(void) { return 1; }
@@ -245,27 +254,72 @@ int tgm_nccl_new_id(void *id, char *err, size_t errlen) {
   return 0;
 }
 
+void tgm_nccl_free(void *comm) {
+  nccl *c = comm;
+  if (!c)
+    return;
+  if (c->comm)
+    ncclCommDestroy(c->comm);
+  if (c->side)
+    cudaStreamDestroy(c->side);
+  if (c->fork)
+    cudaEventDestroy(c->fork);
+  if (c->join)
+    cudaEventDestroy(c->join);
+  free(c);
+}
+
 int tgm_nccl_init(tgm_cuda_ctx *cx, void **comm, int rank, int nranks, const void *id) {
   ncclUniqueId u;
-  ncclComm_t c = NULL;
+  nccl *c = calloc(1, sizeof *c);
   memcpy(&u, id, sizeof u);
   *comm = NULL;
-  if (nccl_check(cx, NULL, ncclCommInitRank(&c, nranks, u, rank), "ncclCommInitRank"))
+  if (!c)
+    return tgm_cuda_ctx_fail(cx, (int)cudaErrorMemoryAllocation, "out of host memory");
+  cudaError_t e = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    tgm_nccl_free(c);
+    return tgm_cuda_ctx_fail(cx, (int)e, "the side stream for NCCL: %s", cudaGetErrorString(e));
+  }
+  if (nccl_check(cx, NULL, ncclCommInitRank(&c->comm, nranks, u, rank), "ncclCommInitRank")) {
+    tgm_nccl_free(c);
     return -1;
+  }
   *comm = c;
   return 0;
 }
 
-void tgm_nccl_free(void *comm) {
-  if (comm)
-    ncclCommDestroy((ncclComm_t)comm);
+/* The stream a collective runs on: the model's, or (side) the side stream
+ * once it has waited for the work enqueued so far on the model's. */
+static cudaStream_t pick_stream(tgm_cuda_ctx *cx, nccl *c, int side, const char *what) {
+  cudaStream_t st = tgm_cuda_ctx_stream(cx, what);
+  if (!side)
+    return st;
+  if (cudaEventRecord(c->fork, st) != cudaSuccess || cudaStreamWaitEvent(c->side, c->fork, 0) != cudaSuccess)
+    return NULL;
+  return c->side;
+}
+
+int tgm_nccl_join(tgm_cuda_ctx *cx, void *comm) {
+  nccl *c = comm;
+  cudaStream_t st = tgm_cuda_ctx_stream(cx, "joining the side stream");
+  cudaError_t e = cudaEventRecord(c->join, c->side);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(st, c->join, 0);
+  return e == cudaSuccess ? 0 : tgm_cuda_ctx_fail(cx, (int)e, "joining the side stream: %s", cudaGetErrorString(e));
 }
 
 /* op: 0 all-reduce, 1 reduce to the part's root, 2 broadcast from it */
 static int grouped(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int op, ncclRedOp_t red,
-                   const char *what) {
-  cudaStream_t st = tgm_cuda_ctx_stream(cx, what);
-  ncclComm_t c = (ncclComm_t)comm;
+                   int side, const char *what) {
+  cudaStream_t st = pick_stream(cx, comm, side, what);
+  ncclComm_t c = ((nccl *)comm)->comm;
+  if (!st)
+    return tgm_cuda_ctx_fail(cx, (int)cudaErrorUnknown, "%s: forking the side stream failed", what);
   ncclResult_t r = ncclGroupStart();
   for (int i = 0; i < nparts && r == ncclSuccess; i++) {
     const tgm_nccl_part *p = &parts[i];
@@ -276,25 +330,25 @@ static int grouped(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int
                   : ncclBroadcast(p->p, p->p, n, t, p->root, c, st);
   }
   ncclResult_t r2 = ncclGroupEnd();
-  return nccl_check(cx, comm, r != ncclSuccess ? r : r2, what);
+  return nccl_check(cx, c, r != ncclSuccess ? r : r2, what);
 }
 
-int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg) {
-  return grouped(cx, comm, parts, nparts, 0, avg ? ncclAvg : ncclSum, "ncclAllReduce");
+int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg, int side) {
+  return grouped(cx, comm, parts, nparts, 0, avg ? ncclAvg : ncclSum, side, "ncclAllReduce");
 }
 
-int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts) {
-  return grouped(cx, comm, parts, nparts, 1, ncclAvg, "ncclReduce");
+int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int side) {
+  return grouped(cx, comm, parts, nparts, 1, ncclAvg, side, "ncclReduce");
 }
 
 int tgm_nccl_broadcast(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts) {
-  return grouped(cx, comm, parts, nparts, 2, ncclSum, "ncclBroadcast");
+  return grouped(cx, comm, parts, nparts, 2, ncclSum, 0, "ncclBroadcast");
 }
 
 int tgm_nccl_gather(tgm_cuda_ctx *cx, void *comm, int rank, const float *mine, const tgm_nccl_part *parts,
                     int nparts) {
   cudaStream_t st = tgm_cuda_ctx_stream(cx, "ncclSend/ncclRecv");
-  ncclComm_t c = (ncclComm_t)comm;
+  ncclComm_t c = ((nccl *)comm)->comm;
   if (rank == 0 && parts[0].n) {
     cudaError_t e = cudaMemcpyAsync(parts[0].p, mine, sizeof(float) * (size_t)parts[0].n, cudaMemcpyDeviceToDevice, st);
     if (e != cudaSuccess)
@@ -310,7 +364,7 @@ int tgm_nccl_gather(tgm_cuda_ctx *cx, void *comm, int rank, const float *mine, c
       r = ncclSend(mine, (size_t)parts[q].n, ncclFloat32, 0, c, st);
   }
   ncclResult_t r2 = ncclGroupEnd();
-  return nccl_check(cx, comm, r != ncclSuccess ? r : r2, "ncclSend/ncclRecv");
+  return nccl_check(cx, c, r != ncclSuccess ? r : r2, "ncclSend/ncclRecv");
 }
 
 #else /* built without NCCL: every collective fails (tgm_dist_init refuses first) */
@@ -331,13 +385,18 @@ int tgm_nccl_init(tgm_cuda_ctx *cx, void **comm, int rank, int nranks, const voi
 
 void tgm_nccl_free(void *comm) { (void)comm; }
 
-int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg) {
-  (void)cx, (void)comm, (void)parts, (void)nparts, (void)avg;
+int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg, int side) {
+  (void)cx, (void)comm, (void)parts, (void)nparts, (void)avg, (void)side;
   return -1;
 }
 
-int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts) {
-  (void)cx, (void)comm, (void)parts, (void)nparts;
+int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int side) {
+  (void)cx, (void)comm, (void)parts, (void)nparts, (void)side;
+  return -1;
+}
+
+int tgm_nccl_join(tgm_cuda_ctx *cx, void *comm) {
+  (void)cx, (void)comm;
   return -1;
 }
 

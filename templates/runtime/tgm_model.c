@@ -451,15 +451,20 @@ static int optimizer_enqueue(tgm_model *m);
 static int optimizer_step_cpu(tgm_model *m);
 static int refresh_master(tgm_model *m);
 /*@uses distributed@*/
-static int dist_reduce(tgm_model *m, int pass, int opt);
+static int dist_reduce(tgm_model *m, int pass);
+static void dist_pass_begin(tgm_model *m, int pass, int opt);
 /*@end distributed@*/
 
 /* One call's work: the pass, then (train_step) the optimizer. */
 static int enqueue(tgm_model *m, int pass, int opt, const int64_t *sym, const void *const *in, void *const *out) {
+/*@uses distributed@*/
+  if (m->dist)
+    dist_pass_begin(m, pass, opt);
+/*@end distributed@*/
   int rc = run_pass(m, pass, sym, in, out);
 /*@uses distributed@*/
   if (!rc && m->dist && pass != TGM_PASS_FORWARD)
-    rc = dist_reduce(m, pass, opt); /* the loss and the gradients averaged over the ranks */
+    rc = dist_reduce(m, pass); /* the loss and the gradients averaged over the ranks */
 /*@end distributed@*/
   return rc || !opt ? rc : optimizer_enqueue(m);
 }
@@ -1113,36 +1118,97 @@ static int dist_parts(const tgm_model *m, unsigned char *base, int by_owner, tgm
   return np;
 }
 
-/* One collective over a buffer in the params' layout: 0 all-reduce
- * (average), 1 reduce each rank's slice into it (average), 2 broadcast each
- * rank's slice from it, 3 broadcast all of rank 0's. */
-static int dist_params_op(tgm_model *m, unsigned char *base, int op, const char *what) {
+/* A broadcast over a buffer in the params' layout: each rank's slice from
+ * it (by_owner), or all of rank 0's. */
+static int dist_broadcast(tgm_model *m, unsigned char *base, int by_owner, const char *what) {
   tgm_dist *d = m->dist;
   tgm_nccl_part *parts = malloc(sizeof *parts * (size_t)(tgm_info.nruns * d->nranks + 1));
   if (!parts)
     return tgm_fail(m, TGM_ENOMEM, "%s: out of memory", what);
-  int np = dist_parts(m, base, op == 1 || op == 2, parts);
-  int e = op == 0   ? tgm_nccl_all_reduce(m->cx, d->comm, parts, np, 1)
-          : op == 1 ? tgm_nccl_reduce_avg(m->cx, d->comm, parts, np)
-                    : tgm_nccl_broadcast(m->cx, d->comm, parts, np);
+  int np = dist_parts(m, base, by_owner, parts);
+  int e = tgm_nccl_broadcast(m->cx, d->comm, parts, np);
   free(parts);
   return e ? tgm_fail(m, TGM_EDEVICE, "%s: %s", what, tgm_cuda_ctx_error(m->cx)) : TGM_OK;
 }
 
+/* Before a pass: a train pass's gradients will be averaged (mode 1: into
+ * every rank, forward_backward; 2: into the rank that owns each slice,
+ * train_step: the optimizer reads only its own); none sent yet. */
+static void dist_pass_begin(tgm_model *m, int pass, int opt) {
+  tgm_dist *d = m->dist;
+  d->mode = d->comm && pass == TGM_PASS_TRAIN ? (opt ? 2 : 1) : 0;
+  d->nbucket = 0;
+  d->bucket_bytes = 0;
+  memset(d->sent, 0, (size_t)tgm_info.nparams + 1);
+}
+
+/* The bucket's gradients averaged over the ranks on the side stream (after
+ * the kernels enqueued so far): each param whole (mode 1), or its part in
+ * each rank's slice into that rank (mode 2). */
+static int dist_send_bucket(tgm_model *m) {
+  tgm_dist *d = m->dist;
+  if (!d->nbucket)
+    return TGM_OK;
+  tgm_nccl_part *parts = malloc(sizeof *parts * (size_t)(d->nbucket * d->nranks + 1));
+  if (!parts)
+    return tgm_fail(m, TGM_ENOMEM, "averaging the gradients: out of memory");
+  int np = 0;
+  for (int i = 0; i < d->nbucket; i++) {
+    const tgm_param_info *p = &tgm_info.params[d->bucket[i]];
+    for (int q = 0; q < (d->mode == 2 ? d->nranks : 1); q++) {
+      int64_t lo = 0, hi = tgm_info.state_elems;
+      if (d->mode == 2)
+        tgm_shard(tgm_info.state_elems, d->nranks, q, &lo, &hi);
+      int64_t a = p->state > lo ? p->state : lo, b = p->state + p->numel < hi ? p->state + p->numel : hi;
+      if (b > a)
+        parts[np++] = (tgm_nccl_part){m->grads + p->offset + (a - p->state) * tgm_dtype_sizes[p->dtype], b - a,
+                                      p->dtype, q};
+    }
+  }
+  int e = d->mode == 2 ? tgm_nccl_reduce_avg(m->cx, d->comm, parts, np, 1)
+                       : tgm_nccl_all_reduce(m->cx, d->comm, parts, np, 1, 1);
+  free(parts);
+  d->nbucket = 0;
+  d->bucket_bytes = 0;
+  return e ? tgm_fail(m, TGM_EDEVICE, "averaging the gradients over the ranks: %s", tgm_cuda_ctx_error(m->cx))
+           : TGM_OK;
+}
+
+int tgm_dist_ready(tgm_model *m, const int *ks, int n) {
+  tgm_dist *d = m->dist;
+  if (!d || !d->mode)
+    return TGM_OK;
+  for (int i = 0; i < n; i++) {
+    const tgm_param_info *p = &tgm_info.params[ks[i]];
+    if (d->sent[ks[i]])
+      continue;
+    d->sent[ks[i]] = 1;
+    d->bucket[d->nbucket++] = ks[i];
+    d->bucket_bytes += p->numel * tgm_dtype_sizes[p->dtype];
+  }
+  return d->bucket_bytes >= TGM_BUCKET_BYTES ? dist_send_bucket(m) : TGM_OK;
+}
+
 /* After a loss or train pass: the loss averaged over the ranks; the
- * gradients averaged into every rank (forward_backward) or into the rank
- * that owns each slice (train_step: the optimizer reads only its own). A
- * simulated rank exchanges nothing. */
-static int dist_reduce(tgm_model *m, int pass, int opt) {
+ * gradients the pass did not hand over yet sent as the last bucket, and
+ * the model's stream waits for them. A simulated rank exchanges nothing. */
+static int dist_reduce(tgm_model *m, int pass) {
   tgm_dist *d = m->dist;
   if (!d->comm)
     return TGM_OK;
+  int rc = TGM_OK;
+  if (pass == TGM_PASS_TRAIN) {
+    for (int k = 0; k < tgm_info.nparams; k++)
+      if (!d->sent[k])
+        tgm_dist_ready(m, &k, 1);
+    if ((rc = dist_send_bucket(m)) || tgm_nccl_join(m->cx, d->comm))
+      rc = rc ? rc : tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
+    d->mode = 0;
+  }
   tgm_nccl_part loss = {m->loss, 1, tgm_info.loss_dtype, 0};
-  if (tgm_nccl_all_reduce(m->cx, d->comm, &loss, 1, 1))
-    return tgm_fail(m, TGM_EDEVICE, "averaging the loss over the ranks: %s", tgm_cuda_ctx_error(m->cx));
-  if (pass != TGM_PASS_TRAIN)
-    return TGM_OK;
-  return dist_params_op(m, m->grads, opt ? 1 : 0, "averaging the gradients over the ranks");
+  if (!rc && tgm_nccl_all_reduce(m->cx, d->comm, &loss, 1, 1, 0))
+    rc = tgm_fail(m, TGM_EDEVICE, "averaging the loss over the ranks: %s", tgm_cuda_ctx_error(m->cx));
+  return rc;
 }
 
 #ifdef TGM_HAVE_CUDA
@@ -1151,14 +1217,14 @@ static int dist_reduce(tgm_model *m, int pass, int opt) {
  * the step, alike). */
 static int dist_sum_squares(tgm_model *m) {
   tgm_nccl_part p = {tgm_cuda_opt_sums(m->opt), tgm_info.nruns, TGM_NCCL_F64, 0};
-  if (tgm_nccl_all_reduce(m->cx, m->dist->comm, &p, 1, 0))
+  if (tgm_nccl_all_reduce(m->cx, m->dist->comm, &p, 1, 0, 0))
     return tgm_fail(m, TGM_EDEVICE, "summing the gradient norm over the ranks: %s", tgm_cuda_ctx_error(m->cx));
   return TGM_OK;
 }
 
 /* After the update: each rank's slice of the params to every rank. */
 static int dist_gather_params(tgm_model *m) {
-  return dist_params_op(m, m->params, 2, "gathering the updated params");
+  return dist_broadcast(m, m->params, 1, "gathering the updated params");
 }
 #endif
 
@@ -1206,8 +1272,11 @@ static int dist_write(tgm_model *m, const char *path, const tgm_tensor_desc *t, 
 }
 
 static void dist_free(tgm_model *m) {
-  if (m->dist)
+  if (m->dist) {
     tgm_nccl_free(m->dist->comm);
+    free(m->dist->sent);
+    free(m->dist->bucket);
+  }
   free(m->dist);
   m->dist = NULL;
 }
@@ -1226,8 +1295,11 @@ static int dist_begin(tgm_model *m, const char *what, int rank, int nranks) {
   if (m->grads)
     return tgm_fail(m, TGM_EINVAL, "%s: call it before the first training call or load_checkpoint (the optimizer "
                                    "state is already allocated whole)", what);
-  if (!(m->dist = calloc(1, sizeof *m->dist)))
+  if (!(m->dist = calloc(1, sizeof *m->dist)) || !(m->dist->sent = calloc((size_t)tgm_info.nparams + 1, 1)) ||
+      !(m->dist->bucket = calloc((size_t)tgm_info.nparams + 1, sizeof(int)))) {
+    dist_free(m);
     return tgm_fail(m, TGM_ENOMEM, "%s: out of memory", what);
+  }
   m->dist->rank = rank;
   m->dist->nranks = nranks;
   tgm_shard(tgm_info.state_elems, nranks, rank, &m->state_lo, &m->state_hi);
@@ -1270,7 +1342,7 @@ tgm_status tgm_dist_init_id(tgm_model *m, int rank, int nranks, const void *id, 
   }
   m->master_stale = 1;
   /* every rank starts from rank 0's params */
-  if ((rc = dist_params_op(m, m->params, 3, "dist_init: sharing rank 0's params")))
+  if ((rc = dist_broadcast(m, m->params, 0, "dist_init: sharing rank 0's params")))
     return (tgm_status)rc;
   return (tgm_status)settle(m, NULL);
 }

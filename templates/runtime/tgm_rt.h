@@ -568,9 +568,21 @@ static inline void tgm_shard(int64_t E, int nranks, int r, int64_t *lo, int64_t 
 typedef struct tgm_dist {
   int rank, nranks;
   void *comm;
+  /* the training step's gradients, averaged in buckets as the backward
+   * finishes them (tgm_dist_ready): mode 0 none, 1 all-reduce (forward_backward),
+   * 2 reduce into each slice's owner (train_step); per param, 1 once enqueued */
+  int mode;
+  unsigned char *sent;
+  int *bucket, nbucket;
+  int64_t bucket_bytes;
 } tgm_dist;
 struct tgm_model;
 int tgm_dist_simulate(struct tgm_model *m, int rank, int nranks); /* before the first training call */
+/* Called by the generated train pass after the kernel that finishes the
+ * gradients of params ks[0..n): on a rank, once a bucket's worth is final
+ * (TGM_BUCKET_BYTES), the ranks start averaging it on the side stream. */
+int tgm_dist_ready(struct tgm_model *m, const int *ks, int n);
+#define TGM_BUCKET_BYTES ((int64_t)32 << 20)
 
 /* NCCL, enqueued on the context's stream (each returns 0, or an error with
  * its message in the context). A part is n elements of dtype dt (a TGM_*
@@ -584,12 +596,16 @@ typedef struct tgm_nccl_part {
 #define TGM_NCCL_ID_BYTES 128
 int tgm_nccl_available(void); /* 0: built without NCCL (-DTGM_NCCL=OFF) */
 int tgm_nccl_new_id(void *id, char *err, size_t errlen); /* TGM_NCCL_ID_BYTES bytes */
+/* comm: the communicator and a side stream (tgm_nccl_init; freed by tgm_nccl_free) */
 int tgm_nccl_init(tgm_cuda_ctx *cx, void **comm, int rank, int nranks, const void *id);
 void tgm_nccl_free(void *comm);
-/* every part summed over the ranks (avg: then divided by nranks), in place on every rank */
-int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg);
+/* every part summed over the ranks (avg: then divided by nranks), in place on every rank; side: on the side
+ * stream, after the work enqueued so far on the context's stream (tgm_nccl_join waits for it there) */
+int tgm_nccl_all_reduce(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int avg, int side);
 /* each part averaged over the ranks into its root's copy (the others' copies are left as they were) */
-int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts);
+int tgm_nccl_reduce_avg(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts, int side);
+/* the context's stream waits for what the side stream has been given */
+int tgm_nccl_join(tgm_cuda_ctx *cx, void *comm);
 /* each part copied from its root to every rank */
 int tgm_nccl_broadcast(tgm_cuda_ctx *cx, void *comm, const tgm_nccl_part *parts, int nparts);
 /* rank 0 receives part q (f32) from rank q; rank q sends `mine` (its part q's length) */
