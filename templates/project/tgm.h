@@ -223,8 +223,9 @@ tgm_status tgm_load_checkpoint(tgm_model *m, const char *path);
  * Then loss, forward_backward and train_step return the loss averaged over
  * the ranks; forward_backward leaves the gradient averaged over the ranks
  * in every rank's gradient buffer; train_step averages each slice of the
- * gradient into the rank that owns it (its gradient buffer then holds that
- * slice averaged and the rest as this rank computed it), updates the slice
+ * gradient into the rank that owns it (in buckets, while the backward goes
+ * on; its gradient buffer then holds that slice averaged and the rest as
+ * this rank computed it or partly averaged), updates the slice
  * and gathers the updated params to every rank, so every rank holds the
  * same params after each step. Averaging gradients equals one step on the
  * whole batch when the loss is a mean over the batch and every shard has
