@@ -225,7 +225,7 @@ tgm_status tgm_load_checkpoint(tgm_model *m, const char *path);
  * in every rank's gradient buffer; train_step averages each slice of the
  * gradient into the rank that owns it (in buckets, while the backward goes
  * on; its gradient buffer then holds that slice averaged and the rest as
- * this rank computed it or partly averaged), updates the slice
+ * this rank computed it), updates the slice
  * and gathers the updated params to every rank, so every rank holds the
  * same params after each step. Averaging gradients equals one step on the
  * whole batch when the loss is a mean over the batch and every shard has
