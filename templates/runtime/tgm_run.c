@@ -14,7 +14,10 @@
  * training checkpoint with its optimizer state (--checkpoint), or initialised
  * from --seed (default: the spec's seed). Inputs: tensor names = input names;
  * without --inputs a fixed pseudo-random fill. Dynamic dims come from --dims,
- * else from the input shapes, else 1. --threads N: the CPU's OpenMP threads
+ * else from the input shapes, else 1. Several batches: when every input's
+ * first dim is the same dynamic dim, --dims gives it, and the file's is N
+ * times that, the file holds N batches; --train-steps trains step s on
+ * batch s mod N (the others use the first). --threads N: the CPU's OpenMP threads
  * (tgm_set_threads; default 0, OpenMP's own: OMP_NUM_THREADS, else a core each).
  *
  * What runs:
@@ -95,18 +98,6 @@ static const char *usage =
 /* this process's rank and the number of ranks (1: no ranks) */
 static int rank_ = 0, nranks_ = 1;
 
-/* Rank r's part of a host input: the r-th of nranks equal parts of its first dim. */
-static int shard_input(tgm_host *h, const char *name) {
-  if (h->rank < 1 || h->shape[0] % nranks_)
-    return fprintf(stderr, "tgm_run: input '%s': its first dim (%lld) does not split into %d equal parts\n", name,
-                   (long long)(h->rank ? h->shape[0] : 0), nranks_), 1;
-  size_t part = (size_t)(h->numel / nranks_) * (size_t)tgm_dtype_sizes[h->dtype];
-  memmove(h->data, (unsigned char *)h->data + part * (size_t)rank_, part);
-  h->shape[0] /= nranks_;
-  h->numel /= nranks_;
-  return 0;
-}
-
 /* The first of the variables that is set, as an int (-1: none). */
 static int env_int(const char *a, const char *b, const char *c) {
   const char *n[3] = {a, b, c};
@@ -120,14 +111,42 @@ static int env_int(const char *a, const char *b, const char *c) {
 
 /*@end distributed@*/
 
-/* A batch: the inputs of one file (or the fill) at its dims, on the device. */
+/* A batch: the inputs of one file (or the fill), on the device. The file
+ * may hold several batches along the inputs' first dim (a dynamic dim that
+ * --dims gives: N of them when that dim is N times the value; step s of
+ * --train-steps trains on batch s mod N); a rank of a data-parallel run
+ * takes its part of each (the r-th of nranks equal parts of its rows). */
 typedef struct batch {
-  int64_t dyn[16], sym[16];
-  tgm_host in[64];
-  void *din[64];
+  int64_t dyn[16], sym[16];  /* the dims of one call */
+  tgm_host in[64];           /* every batch, on the host */
+  void *din[64];             /* and on the device */
+  const void *cur[64];       /* the inputs of the call (batch_at) */
+  int64_t row[64];           /* bytes of one row of each input's first dim (0: no such dim) */
+  int64_t rows, nb;          /* a batch's rows (its first dim) and the number of batches */
+  int part, parts;           /* this rank's part of each batch, of parts */
   tgm_st_file f;
   int have_file;
 } batch;
+
+/* The inputs of step s: its batch, this rank's part. */
+static const void *const *batch_at(batch *b, long long s) {
+  int64_t r0 = (s % b->nb) * b->rows + b->part * (b->rows / b->parts);
+  for (int k = 0; k < tgm_info.ninputs; k++)
+    b->cur[k] = (const unsigned char *)b->din[k] + r0 * b->row[k];
+  return b->cur;
+}
+
+/* The dyn dim that is every input's first, or -1. */
+static int batch_dim(void) {
+  for (int s = 0; s < tgm_info.ndyn; s++) {
+    int all = tgm_info.ninputs > 0;
+    for (int k = 0; k < tgm_info.ninputs; k++)
+      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[s]);
+    if (all)
+      return s;
+  }
+  return -1;
+}
 
 /* dims from --dims (given[]) and the shapes of the file's inputs */
 static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b) {
@@ -166,20 +185,28 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
   for (int s = 0; s < tgm_info.ndyn; s++)
     if (!given[s])
       b->dyn[s] = 1;
-  if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
-    return die_("%s%s", err, "");
-/*@uses distributed@*/
-  int batch = -1; /* the dyn dim that is every input's first: the one the ranks split */
-  for (int s = 0; s < tgm_info.ndyn && nranks_ > 1 && batch < 0; s++) {
-    int all = tgm_info.ninputs > 0;
-    for (int k = 0; k < tgm_info.ninputs; k++)
-      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[s]);
-    batch = all ? s : -1;
+  /* several batches in the file: its first dim a multiple of the one --dims gives */
+  int batch = batch_dim();
+  b->nb = 1, b->part = 0, b->parts = 1;
+  b->rows = batch >= 0 ? b->dyn[batch] : 1;
+  if (path && batch >= 0) {
+    int64_t n = tgm_st_find(&b->f, tgm_info.inputs[0].name)->shape[0];
+    if (n != b->rows && n % b->rows == 0)
+      b->nb = n / b->rows;
   }
+/*@uses distributed@*/
+  b->part = rank_, b->parts = nranks_;
   if (nranks_ > 1 && batch < 0)
     return die_("data parallel: the ranks split the batch, the first dim of every input, but model %s's inputs do "
                 "not all start with the same dynamic dim%s", tgm_info.name, "");
+  if (b->rows % nranks_)
+    return die_("data parallel: the batch (%s) does not split into equal parts for every rank", tgm_info.sym_names[batch],
+                "");
 /*@end distributed@*/
+  if (batch >= 0)
+    b->dyn[batch] = b->rows * b->nb; /* every batch, to load */
+  if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
+    return die_("%s%s", err, "");
   for (int k = 0; k < tgm_info.ninputs; k++) {
     tgm_host *h = &b->in[k];
     if (tgm_host_alloc(h, 0, k, b->sym))
@@ -193,28 +220,30 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
       }
       for (int j = 0; j < t->rank; j++)
         if (t->shape[j] != h->shape[j]) {
-          fprintf(stderr, "tgm_run: %s: input '%s': dim %d is %lld, expected %lld (%s)\n", path,
-                  tgm_info.inputs[k].name, j, (long long)t->shape[j], (long long)h->shape[j], tgm_input_dim_text[k][j]);
+          if (j == 0 && batch >= 0 && b->nb == 1 && t->shape[0] > b->rows)
+            fprintf(stderr, "tgm_run: %s: input '%s': dim 0 is %lld, neither %s = %lld nor a multiple of it (several "
+                    "batches)\n", path, tgm_info.inputs[k].name, (long long)t->shape[0], tgm_input_dim_text[k][0],
+                    (long long)b->rows);
+          else
+            fprintf(stderr, "tgm_run: %s: input '%s': dim %d is %lld, expected %lld (%s)\n", path,
+                    tgm_info.inputs[k].name, j, (long long)t->shape[j], (long long)h->shape[j],
+                    tgm_input_dim_text[k][j]);
           return 1;
         }
       memcpy(h->data, t->data, (size_t)h->numel * (size_t)tgm_dtype_sizes[h->dtype]);
     } else {
       tgm_host_fill(h, tgm_info.inputs[k].name);
     }
-/*@uses distributed@*/
-    if (nranks_ > 1 && shard_input(h, tgm_info.inputs[k].name))
-      return 1;
-/*@end distributed@*/
     if (tgm_to_device(m, h, &b->din[k]))
       return die_("copying input '%s' to the device%s", tgm_info.inputs[k].name, "");
+    b->row[k] = batch >= 0 ? h->numel / h->shape[0] * tgm_dtype_sizes[h->dtype] : 0;
   }
-/*@uses distributed@*/
-  if (nranks_ > 1) { /* this rank's dims */
-    b->dyn[batch] /= nranks_;
+  if (batch >= 0) { /* the dims of one call: a batch, this rank's part of it */
+    b->dyn[batch] = b->rows / b->parts;
     if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
       return die_("%s%s", err, "");
   }
-/*@end distributed@*/
+  batch_at(b, 0);
   return 0;
 }
 
@@ -234,7 +263,7 @@ static int forward(tgm_model *m, batch *b, tgm_host *out) {
   for (int k = 0; k < tgm_info.noutputs; k++)
     if (tgm_host_alloc(&out[k], 1, k, b->sym) || tgm_to_device(m, &out[k], &dout[k]))
       return die_("allocating output '%s'%s", tgm_info.outputs[k].name, "");
-  int rc = tgm_forward_v(m, b->dyn, (const void *const *)b->din, dout);
+  int rc = tgm_forward_v(m, b->dyn, b->cur, dout);
   if (!rc)
     rc = tgm_sync(m); /* what the device found (an index out of range) */
   for (int k = 0; k < tgm_info.noutputs; k++) {
@@ -258,24 +287,27 @@ static void describe(const char *name, const tgm_host *h) {
   printf("] mean |x| %.6g\n", h->numel ? s / (double)h->numel : 0.0);
 }
 
-/* The loss on b and, when the model has a classification metric, the accuracy. */
+/* The loss on b's first batch and, when the model has a classification
+ * metric, the accuracy. */
 static int evaluate(tgm_model *m, batch *b, const char *what) {
   float loss;
-  if (tgm_loss_v(m, b->dyn, (const void *const *)b->din, &loss))
+  if (tgm_loss_v(m, b->dyn, batch_at(b, 0), &loss))
     return die_("%s%s", tgm_error(m), "");
   printf("%s: %s %.6f", what, tgm_info.loss_name, loss);
   if (tgm_info.metric_output >= 0) {
     tgm_host out[64];
     if (forward(m, b, out))
       return 1;
-    const tgm_host *lg = &out[tgm_info.metric_output], *y = &b->in[tgm_info.metric_target];
+    const tgm_host *lg = &out[tgm_info.metric_output];
+    const int32_t *y = (const int32_t *)((const unsigned char *)b->in[tgm_info.metric_target].data +
+                                         b->part * (b->rows / b->parts) * b->row[tgm_info.metric_target]);
     int64_t rows = lg->shape[0], C = lg->shape[1], right = 0, counted = 0;
     for (int64_t r = 0; r < rows; r++) {
       int64_t best = 0;
       for (int64_t j = 1; j < C; j++)
         if (tgm_get(lg->data, lg->dtype, r * C + j) > tgm_get(lg->data, lg->dtype, r * C + best))
           best = j;
-      int32_t t = ((const int32_t *)y->data)[r];
+      int32_t t = y[r];
       if (t < 0 || t >= C)
         continue; /* ignored rows */
       counted++;
@@ -467,8 +499,8 @@ int main(int argc, char **argv) {
     for (int j = 0; j < tgm_info.nwrt; j++)
       if (tgm_host_alloc(&ig[j], 0, tgm_info.wrt[j], b.sym) || tgm_to_device(m, &ig[j], &dig[j]))
         return die_("allocating the gradient of input '%s'%s", tgm_info.inputs[tgm_info.wrt[j]].name, "");
-    if ((tgm_info.nwrt ? tgm_forward_backward_wrt_v(m, b.dyn, (const void *const *)b.din, dig, &loss)
-                       : tgm_forward_backward_v(m, b.dyn, (const void *const *)b.din, &loss)) ||
+    if ((tgm_info.nwrt ? tgm_forward_backward_wrt_v(m, b.dyn, b.cur, dig, &loss)
+                       : tgm_forward_backward_v(m, b.dyn, b.cur, &loss)) ||
         tgm_get_grads(m, gbuf, pb))
       return die_("%s%s", tgm_error(m), "");
     printf("%s: %.7g\n", tgm_info.loss_name, loss);
@@ -514,7 +546,7 @@ int main(int argc, char **argv) {
     long long every = log_every ? log_every : train > 10 ? train / 10 : 1;
     double t0 = now();
     for (long long s = 0; s < train; s++) {
-      if (tgm_train_step_v(m, b.dyn, (const void *const *)b.din, &losses[s]))
+      if (tgm_train_step_v(m, b.dyn, batch_at(&b, s), &losses[s]))
         return die_("%s%s", tgm_error(m), "");
       if ((s + 1) % every == 0 || s + 1 == train) {
         double dt = now() - t0;
