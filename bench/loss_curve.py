@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""loss_curve.py: GPT-2 124M trained for --steps steps on the text shipped in
+tests/data/shakespeare.txt (byte tokens, ids 0..255 of GPT-2's 50,257), by
+tgen's emitted project and by PyTorch from the same weights, side by side.
+
+    python3 bench/loss_curve.py --build BUILD --graph G.json [--spec spec/examples/gpt2.yaml]
+                                [--steps 50] [--batch 8] [--out OUT]
+
+BUILD is the emitted gpt2 project's build directory (its gpt2_run), G.json
+`tgen check --json spec/examples/gpt2.yaml`; the optimizer's
+hyperparameters come from the spec's train: section (PyYAML). The text becomes --steps
+batches of --batch rows of T + 1 consecutive bytes (row r of step s starts
+at byte (s * batch + r) * T, wrapping at the end): inputs the byte, targets
+the next one. tgen: `gpt2_run --seed 0 --save-params P0` (the init), then
+`gpt2_run --params P0 --inputs F --dims B=batch --train-steps N` over the
+file's N batches (the runner's several-batches mode). PyTorch: the same
+graph evaluated op by op with torch's ops (torch_oracle.run_grad, bf16 as the
+spec says), autograd, an f32 master copy of every param, the global-norm
+clip and torch.optim.AdamW with the spec's hyperparameters, from P0.
+
+Prints both curves and their difference; writes OUT/loss_curve.txt and
+OUT/loss_curve.png (when matplotlib is there). Pass: every step's losses
+within 2% of each other (bf16 training drifts apart slowly; a wrong
+gradient or optimizer shows within a few steps). Exit 1 otherwise.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+import torch_oracle as T  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--graph", required=True)
+    ap.add_argument("--spec", default=os.path.join(ROOT, "spec", "examples", "gpt2.yaml"))
+    ap.add_argument("--text", default=os.path.join(ROOT, "tests", "data", "shakespeare.txt"))
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    g = T.load_graph(a.graph)
+    tr = yaml.safe_load(open(a.spec))["train"]
+    seq = int(next(i for i in g["inputs"] if i["name"] == "idx")["shape"][1])
+    data = torch.frombuffer(bytearray(open(a.text, "rb").read()), dtype=torch.uint8).to(torch.int32)
+    n, B = a.steps, a.batch
+    starts = torch.tensor([((s * B + r) * seq) % (len(data) - seq - 1) for s in range(n) for r in range(B)])
+    rows = starts[:, None] + torch.arange(seq + 1)[None, :]
+    tok = data[rows]
+    inputs = {"idx": tok[:, :-1].contiguous(), "targets": tok[:, 1:].contiguous()}
+    work = os.path.join(a.out, "loss_curve_work")
+    os.makedirs(work, exist_ok=True)
+    fin, p0, fout = (os.path.join(work, f) for f in ("inputs.safetensors", "p0.safetensors", "tgen.safetensors"))
+    T.st_save(fin, inputs)
+    print(f"text: {len(data)} bytes; {n} steps of {B} x {seq} tokens", flush=True)
+
+    run = os.path.join(a.build, "gpt2_run")
+    subprocess.run([run, "--device", "cuda", "--seed", "0", "--save-params", p0], check=True, stdout=subprocess.DEVNULL)
+    t0 = time.time()
+    subprocess.run([run, "--device", "cuda", "--params", p0, "--inputs", fin, "--dims", f"B={B}", "--train-steps", str(n),
+                    "--log-every", "10", "--out", fout], check=True)
+    tgen = [float(x) for x in T.st_load(fout)["losses"]]
+    print(f"tgen: {n} steps in {time.time() - t0:.1f} s (with start-up)", flush=True)
+
+    T.set_precise_defaults()
+    init = T.st_load(p0)
+    master = {p["ckpt"]: init[p["ckpt"]].to("cuda", torch.float32) for p in g["params"]}
+    dtype = {p["ckpt"]: T.DTYPES[p["dtype"]] for p in g["params"]}
+    o = tr["optimizer"]["adamw"]
+    opt = torch.optim.AdamW(list(master.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"])
+    ref = []
+    t0 = time.time()
+    for s in range(n):
+        batch = {k: v[s * B:(s + 1) * B].to("cuda") for k, v in inputs.items()}
+        params = {k: m.to(dtype[k]) for k, m in master.items()}
+        loss, grads = T.run_grad(g, params, batch, device="cuda", compute="model", check=False)
+        for k, m in master.items():
+            m.grad = grads[k].to(torch.float32)
+        if tr.get("grad_clip", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(list(master.values()), tr["grad_clip"])
+        opt.step()
+        ref.append(float(loss))
+        if (s + 1) % 10 == 0:
+            print(f"torch step {s + 1:5d}/{n}  loss {ref[-1]:.6f}", flush=True)
+    print(f"torch: {n} steps in {time.time() - t0:.1f} s (op by op)", flush=True)
+
+    lines = ["step  tgen       torch      diff      rel"]
+    worst = 0.0
+    for s in range(n):
+        d = tgen[s] - ref[s]
+        rel = abs(d) / abs(ref[s])
+        worst = max(worst, rel)
+        lines.append(f"{s + 1:4d}  {tgen[s]:.6f}  {ref[s]:.6f}  {d:+.6f}  {rel:.4f}")
+    ok = worst <= 0.02 and all(map(lambda x: x == x, tgen))
+    lines.append(f"largest relative difference {worst:.4f} (pass: <= 0.02): {'PASS' if ok else 'FAIL'}")
+    lines.append(f"first loss {tgen[0]:.4f} (torch {ref[0]:.4f}), last {tgen[-1]:.4f} (torch {ref[-1]:.4f})")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(a.out, "loss_curve.txt"), "w") as f:
+        f.write(text + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plt.figure(figsize=(7, 4))
+        plt.plot(range(1, n + 1), tgen, label="tgen (CUDA, bf16)")
+        plt.plot(range(1, n + 1), ref, "--", label="PyTorch (bf16, autograd, AdamW)")
+        plt.xlabel("step")
+        plt.ylabel("loss")
+        plt.title(f"GPT-2 124M, {B} x {seq} byte tokens of Shakespeare a step")
+        plt.legend()
+        plt.tight_layout()
+        plt.savefig(os.path.join(a.out, "loss_curve.png"), dpi=110)
+    except ImportError:
+        pass
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
