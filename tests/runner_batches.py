@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """runner_batches.py RUNNER WORK: the runner's several batches in one inputs
 file (gpt2_tiny's runner, which e2e/gpt2_tiny builds). A file of 3 batches
-of B=2 token rows, trained 3 steps with --dims B=2, must give the losses of
+of B=8 token rows (24 rows: above B's max of 16, as a file of many batches
+is), trained 3 steps with --dims B=8, must give the losses of
 3 runs that each train one step on one batch and hand the checkpoint on (bit
 for bit: the CPU resumes exactly); a file whose first dim is not a multiple
 of B is refused with a message naming it. Python's standard library only."""
@@ -13,7 +14,7 @@ import sys
 
 runner, work = sys.argv[1], sys.argv[2]
 os.makedirs(work, exist_ok=True)
-B, T, V, NB = 2, 8, 32, 3
+B, T, V, NB = 8, 8, 32, 3
 
 
 def write_st(path, tensors):  # {name: (dtype, shape, list of ints)} -> safetensors
@@ -73,9 +74,9 @@ for i in range(NB):
 ok = together == apart and len(set(together)) == NB
 print("%s: %d steps over the file's %d batches: losses %s; one batch a run: %s" %
       ("ok" if ok else "FAIL", NB, NB, together, apart))
-r = subprocess.run([runner, "--device", "cpu", "--inputs", allf, "--dims", "B=4", "--train-steps", "1"], capture_output=True, text=True)
-refused = r.returncode == 1 and "dim 0 is 6, neither B = 4 nor a multiple of it" in r.stderr
-print("%s: a file of 6 rows with --dims B=4 is refused: %s" % ("ok" if refused else "FAIL", r.stderr.strip()))
+r = subprocess.run([runner, "--device", "cpu", "--inputs", allf, "--dims", "B=5", "--train-steps", "1"], capture_output=True, text=True)
+refused = r.returncode == 1 and "dim 0 is 24, neither B = 5 nor a multiple of it" in r.stderr
+print("%s: a file of 24 rows with --dims B=5 is refused: %s" % ("ok" if refused else "FAIL", r.stderr.strip()))
 for f in os.listdir(work):
     os.remove(os.path.join(work, f))
 sys.exit(0 if ok and refused else 1)

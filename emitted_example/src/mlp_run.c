@@ -151,14 +151,19 @@ static int load_batch(mlp_model *m, const char *path, const char *dims, batch *b
     if (n != b->rows && n % b->rows == 0)
       b->nb = n / b->rows;
   }
-  if (batch >= 0)
-    b->dyn[batch] = b->rows * b->nb; /* every batch, to load */
   if (mlp_compute_syms(b->dyn, b->sym, err, sizeof err))
     return die_("%s%s", err, "");
   for (int k = 0; k < mlp_info.ninputs; k++) {
     mlp_host *h = &b->in[k];
     if (mlp_host_alloc(h, 0, k, b->sym))
       return die_("out of memory%s%s", "", "");
+    if (b->nb > 1) { /* every batch, along the first dim */
+      free(h->data);
+      h->shape[0] *= b->nb;
+      h->numel *= b->nb;
+      if (!(h->data = calloc((size_t)h->numel + 1, (size_t)mlp_dtype_sizes[h->dtype])))
+        return die_("out of memory%s%s", "", "");
+    }
     if (path) {
       const mlp_tensor_desc *t = mlp_st_find(&b->f, mlp_info.inputs[k].name);
       if (t->dtype != h->dtype) {

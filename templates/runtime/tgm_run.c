@@ -203,14 +203,19 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
     return die_("data parallel: the batch (%s) does not split into equal parts for every rank", tgm_info.sym_names[batch],
                 "");
 /*@end distributed@*/
-  if (batch >= 0)
-    b->dyn[batch] = b->rows * b->nb; /* every batch, to load */
   if (tgm_compute_syms(b->dyn, b->sym, err, sizeof err))
     return die_("%s%s", err, "");
   for (int k = 0; k < tgm_info.ninputs; k++) {
     tgm_host *h = &b->in[k];
     if (tgm_host_alloc(h, 0, k, b->sym))
       return die_("out of memory%s%s", "", "");
+    if (b->nb > 1) { /* every batch, along the first dim */
+      free(h->data);
+      h->shape[0] *= b->nb;
+      h->numel *= b->nb;
+      if (!(h->data = calloc((size_t)h->numel + 1, (size_t)tgm_dtype_sizes[h->dtype])))
+        return die_("out of memory%s%s", "", "");
+    }
     if (path) {
       const tgm_tensor_desc *t = tgm_st_find(&b->f, tgm_info.inputs[k].name);
       if (t->dtype != h->dtype) {
