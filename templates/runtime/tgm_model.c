@@ -1097,6 +1097,17 @@ done:
 
 /* ---------------------------------------------------------------- data parallel */
 
+/* The message of the last failed NCCL or CUDA call (both land in the
+ * context); a build without the CUDA path never makes a rank with NCCL. */
+static const char *dist_error(const tgm_model *m) {
+#ifdef TGM_HAVE_CUDA
+  return tgm_cuda_ctx_error(m->cx);
+#else
+  (void)m;
+  return "this build has no CUDA path";
+#endif
+}
+
 /* A buffer in the params' layout (the params or the gradients) as NCCL
  * parts: each run's part in each rank's slice, that rank its root
  * (by_owner), or each run whole with root 0. out has room for nruns x
@@ -1128,7 +1139,7 @@ static int dist_broadcast(tgm_model *m, unsigned char *base, int by_owner, const
   int np = dist_parts(m, base, by_owner, parts);
   int e = tgm_nccl_broadcast(m->cx, d->comm, parts, np);
   free(parts);
-  return e ? tgm_fail(m, TGM_EDEVICE, "%s: %s", what, tgm_cuda_ctx_error(m->cx)) : TGM_OK;
+  return e ? tgm_fail(m, TGM_EDEVICE, "%s: %s", what, dist_error(m)) : TGM_OK;
 }
 
 /* Before a pass: a train pass's gradients will be averaged (mode 1: into
@@ -1170,7 +1181,7 @@ static int dist_send_bucket(tgm_model *m) {
   free(parts);
   d->nbucket = 0;
   d->bucket_bytes = 0;
-  return e ? tgm_fail(m, TGM_EDEVICE, "averaging the gradients over the ranks: %s", tgm_cuda_ctx_error(m->cx))
+  return e ? tgm_fail(m, TGM_EDEVICE, "averaging the gradients over the ranks: %s", dist_error(m))
            : TGM_OK;
 }
 
@@ -1202,12 +1213,12 @@ static int dist_reduce(tgm_model *m, int pass) {
       if (!d->sent[k])
         tgm_dist_ready(m, &k, 1);
     if ((rc = dist_send_bucket(m)) || tgm_nccl_join(m->cx, d->comm))
-      rc = rc ? rc : tgm_fail(m, TGM_EDEVICE, "%s", tgm_cuda_ctx_error(m->cx));
+      rc = rc ? rc : tgm_fail(m, TGM_EDEVICE, "%s", dist_error(m));
     d->mode = 0;
   }
   tgm_nccl_part loss = {m->loss, 1, tgm_info.loss_dtype, 0};
   if (!rc && tgm_nccl_all_reduce(m->cx, d->comm, &loss, 1, 1, 0))
-    rc = tgm_fail(m, TGM_EDEVICE, "averaging the loss over the ranks: %s", tgm_cuda_ctx_error(m->cx));
+    rc = tgm_fail(m, TGM_EDEVICE, "averaging the loss over the ranks: %s", dist_error(m));
   return rc;
 }
 
@@ -1218,7 +1229,7 @@ static int dist_reduce(tgm_model *m, int pass) {
 static int dist_sum_squares(tgm_model *m) {
   tgm_nccl_part p = {tgm_cuda_opt_sums(m->opt), tgm_info.nruns, TGM_NCCL_F64, 0};
   if (tgm_nccl_all_reduce(m->cx, m->dist->comm, &p, 1, 0, 0))
-    return tgm_fail(m, TGM_EDEVICE, "summing the gradient norm over the ranks: %s", tgm_cuda_ctx_error(m->cx));
+    return tgm_fail(m, TGM_EDEVICE, "summing the gradient norm over the ranks: %s", dist_error(m));
   return TGM_OK;
 }
 
@@ -1247,7 +1258,7 @@ static int dist_state_to_host(tgm_model *m, int kind, float *dst) {
     parts[q] = (tgm_nccl_part){all ? all + lo : NULL, hi - lo, TGM_F32, q};
   }
   if (!rc && tgm_nccl_gather(m->cx, d->comm, d->rank, state_buf(m, kind), parts, d->nranks))
-    rc = tgm_fail(m, TGM_EDEVICE, "save_checkpoint: gathering the optimizer state: %s", tgm_cuda_ctx_error(m->cx));
+    rc = tgm_fail(m, TGM_EDEVICE, "save_checkpoint: gathering the optimizer state: %s", dist_error(m));
   if (!rc && all)
     rc = dev_copy(m, dst, all, (size_t)E * sizeof(float), 1);
   dev_free(m, all);
@@ -1263,7 +1274,7 @@ static int dist_write(tgm_model *m, const char *path, const tgm_tensor_desc *t, 
   if (!flag || dev_copy(m, &bad, flag, sizeof bad, 0) || tgm_nccl_broadcast(m->cx, m->dist->comm, &p, 1) ||
       dev_copy(m, &bad, flag, sizeof bad, 1)) {
     dev_free(m, flag);
-    return tgm_fail(m, TGM_EDEVICE, "save_checkpoint: agreeing on the result: %s", tgm_cuda_ctx_error(m->cx));
+    return tgm_fail(m, TGM_EDEVICE, "save_checkpoint: agreeing on the result: %s", dist_error(m));
   }
   dev_free(m, flag);
   if (bad && m->dist->rank != 0)
@@ -1335,7 +1346,7 @@ tgm_status tgm_dist_init_id(tgm_model *m, int rank, int nranks, const void *id, 
   if (rc)
     return (tgm_status)rc;
   if (tgm_nccl_init(m->cx, &m->dist->comm, rank, nranks, id)) {
-    rc = tgm_fail(m, TGM_EDEVICE, "dist_init: %s", tgm_cuda_ctx_error(m->cx));
+    rc = tgm_fail(m, TGM_EDEVICE, "dist_init: %s", dist_error(m));
     dist_free(m);
     m->state_lo = 0, m->state_hi = tgm_info.state_elems;
     return (tgm_status)rc;
