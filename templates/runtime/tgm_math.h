@@ -7,16 +7,19 @@
  * renamed. The names are those of gen/ops.def's expressions (f_exp becomes
  * tgm_exp, ...), whose double-precision versions are the interpreter's.
  *
- * CPU accuracy: exp, log and tanh are this file's own (range reductions and
- * minimax polynomials, vectorising; see below), erf and gelu use libm's
- * erfcf above |x| = 0.5, sqrt, sin, cos, pow are libm's. The largest error
- * over all 2^32 f32 inputs against libm's double (the interpreter's
- * functions; tests/unit/test_math.c, which asserts bounds a little above
- * these), in ulps of the exact value: exp 0.87, log 0.92, tanh 1.31,
- * sigmoid (ops.def's 1 / (1 + exp(-x))) 2.48 (0 below -88.72, where the
- * exact value is below 2.94e-39); silu 1.8e-7 relative. +-0, subnormals,
- * +-inf and NaN give the interpreter's results (NaN in, NaN out). The same
- * with FMA contraction (-march=native).
+ * CPU accuracy: exp, log, tanh, erf, erfc, gelu and gelu's derivative are
+ * this file's own (range reductions and minimax polynomials, vectorising;
+ * see below), sqrt, sin, cos, pow are libm's. The largest error over all
+ * 2^32 f32 inputs against libm's double (the interpreter's functions;
+ * tests/unit/test_math.c, which asserts bounds a little above these), in
+ * ulps of the exact value: exp 0.87, log 0.92, tanh 1.31, erf 1.19, erfc
+ * 2.65, sigmoid (ops.def's 1 / (1 + exp(-x))) 2.48 (0 below -88.72, where
+ * the exact value is below 2.94e-39); relative to the size of their terms:
+ * gelu 2.5e-7, gelu_grad 2.2e-7, silu 1.8e-7, and the tanh forms 2.0e-7
+ * times the condition number of their f32 argument y = sqrt(2/pi) (x +
+ * 0.044715 x^3) (up to 1.6e-5 without it, near x = -10, where gelu is
+ * 1e-37). +-0, subnormals, +-inf and NaN give the interpreter's results
+ * (NaN in, NaN out). The same with FMA contraction (-march=native).
  * CUDA: CUDA's math library; f32 division (tgm_div) within 2 ulp
  * (tests/cuda_math/div.cu); erf-gelu as PyTorch's CUDA kernels compute it. */
 #ifndef TGM_MATH_H
@@ -167,7 +170,7 @@ TGM_FN float tgm_gelu_grad(float x, int tanh_form) {
 #else
 /* The CPU functions are written to vectorise (an OpenMP simd loop over them
  * compiles to SSE2 or AVX code): no branches and no libm calls but sqrt,
- * sin, cos and pow (and erfcf, in erf and gelu); special inputs (subnormals, +-0, +-inf, NaN) go through
+ * sin, cos and pow; special inputs (subnormals, +-0, +-inf, NaN) go through
  * the same arithmetic and bit selects. Their polynomials are minimax fits of
  * the relative error by the Remez exchange, made by tests/unit/fit_math.py
  * (mpmath) and rounded to f32; tests/unit/test_math.c measures every one of
@@ -230,15 +233,59 @@ TGM_FN float tgm_tanh(float x) {
   float r = tgm_pick(tgm_m(a < 0.625f), a + a * (z * q), 1.0f - 2.0f / (tgm_exp(2.0f * a) + 1.0f));
   return tgm_fbits(tgm_bitsf(r) | (tgm_bitsf(x) & 0x80000000u));
 }
-/* erf: the Taylor series to x^11 below |x| = 0.5, else 1 - erfc(|x|). */
+/* erf(x)/x - 1 for |x| <= 0.75, of z = x^2, degree 5: erf(x) = x + x q(z)
+ * (x exact, where x (2/sqrt(pi) + ...) would round 2/sqrt(pi)). */
+TGM_FN float tgm_erfq_(float z) {
+  return ((((-6.74951356e-4f * z + 5.11434581e-3f) * z - 2.68346239e-2f) * z + 1.12833768e-1f) * z - 3.761262e-1f) * z +
+         1.28379166e-1f;
+}
+/* erfc(u) e^(u^2) for u in [0.75, 11.5], after W. J. Cody ("Rational
+ * Chebyshev approximations for the error function", Math. Comp. 1969) with
+ * polynomials: below 2, P(u - 1.375); above, S(z) / u, z = 1/u^2 (its
+ * asymptotic series is one in 1/u^2); P and S of degree 9, their constant
+ * terms as two floats, one Horner with the coefficients selected. Returns
+ * P or S (r = 1/u given); the callers divide by u or multiply by r. */
+TGM_FN float tgm_erfcp_(float u, float r) {
+  uint32_t m = tgm_m(u < 2.0f);
+  float v = tgm_pick(m, u - 1.375f, r * r);
+  float p = tgm_pick(m, -1.17794654e-4f, -98.6403122f);
+  p = p * v + tgm_pick(m, 3.59801808e-4f, 143.882355f);
+  p = p * v + tgm_pick(m, -9.29683563e-4f, -95.8760681f);
+  p = p * v + tgm_pick(m, 2.5636896e-3f, 39.9546165f);
+  p = p * v + tgm_pick(m, -6.80471025e-3f, -12.4411583f);
+  p = p * v + tgm_pick(m, 1.70867424e-2f, 3.45651054f);
+  p = p * v + tgm_pick(m, -4.05033939e-2f, -1.04849625f);
+  p = p * v + tgm_pick(m, 8.98620337e-2f, 4.22932684e-1f);
+  p = p * v + tgm_pick(m, -1.84315473e-1f, -2.82092422e-1f);
+  p = p * v + tgm_pick(m, -1.14958212e-8f, 2.06175237e-8f);
+  return p + tgm_pick(m, 3.43295902e-1f, 5.64189553e-1f);
+}
+/* v^2 k (k = 1 or 1/2, 0 <= v <= 16) as hi + lo for tgm_expm_: v split at
+ * its 12th bit into vh + vl, each of at most 12 bits, so that hi = vh^2 k is
+ * exact and lo = vl (2 vh + vl) k has one rounding (|lo| < 2^-10 v^2): e^-v^2
+ * keeps its accuracy at large v, where v^2 rounded to f32 would not. */
+TGM_FN float tgm_sq_(float v, float k, float *lo) {
+  float vh = tgm_fbits(tgm_bitsf(v) & 0xfffff000u), vl = v - vh;
+  *lo = vl * (vh + vh + vl) * k;
+  return vh * vh * k;
+}
+/* erfc: (1 - |x|) - |x| q(x^2) below |x| = 0.75 (1 - |x| exact from 0.5
+ * on), else e^-x^2 P or e^-x^2 S / |x|; 2 - erfc(|x|) for x < 0. |x| is
+ * capped at 11 (erfc(11) is 0 in f32). Error at most 2.65 ulp. Not an op:
+ * erf's and gelu's helpers, and the tests'. */
+TGM_FN float tgm_erfc(float x) {
+  float a = tgm_min(tgm_abs(x), 11.0f), lo, hi = tgm_sq_(a, 1.0f, &lo), p = tgm_erfcp_(a, 1.0f / a);
+  float big = tgm_expm_(-hi, lo, tgm_pick(tgm_m(a < 2.0f), p, p / a));
+  float r = tgm_pick(tgm_m(a < 0.75f), (1.0f - a) - a * tgm_erfq_(a * a), big);
+  return tgm_pick(tgm_m(x < 0), 2.0f - r, r);
+}
+/* erf: |x| + |x| q(x^2) below |x| = 0.75, else 1 - erfc(|x|); odd (erf(-0)
+ * = -0). Error at most 1.19 ulp. */
 TGM_FN float tgm_erf(float x) {
-  float ax = tgm_abs(x), z = ax * ax;
-  float small = ax * (1.12837916709551257f +
-                      z * (-0.37612638903183752f +
-                           z * (0.11283791670955126f +
-                                z * (-0.02686617064513125f + z * (0.00522397762544218f + z * -0.00085483270234508f)))));
-  float r = tgm_pick(tgm_m(ax < 0.5f), small, 1.0f - erfcf(ax));
-  return tgm_fbits(tgm_bitsf(r) | (tgm_bitsf(x) & 0x80000000u));
+  float a = tgm_min(tgm_abs(x), 11.0f), r = 1.0f / a, lo, hi = tgm_sq_(a, 1.0f, &lo), p = tgm_erfcp_(a, r);
+  float e = tgm_pick(tgm_m(a < 0.75f), a + a * tgm_erfq_(a * a),
+                     1.0f - tgm_expm_(-hi, lo, tgm_pick(tgm_m(a < 2.0f), p, p * r)));
+  return tgm_fbits(tgm_bitsf(e) | (tgm_bitsf(x) & 0x80000000u));
 }
 TGM_FN float tgm_pow(float x, float p) {
   if (p == 2.0f)
@@ -249,22 +296,56 @@ TGM_FN float tgm_pow(float x, float p) {
     return x == -INFINITY ? INFINITY : sqrtf(x) + 0.0f;
   return powf(x, p);
 }
-/* gelu: x/2 erfc(-x/sqrt 2) (no cancellation for x < 0); tanh form as torch. */
+/* gelu. Erf form x Phi(x), u = |x|/sqrt2: below u = 0.75, x/2 ((1 + w) +
+ * w q(w^2)), w = x/sqrt2 (1 + w is exact where 1 + erf(w) cancels); above,
+ * [x >= 0] x - |x|/2 erfc(u), the product |x|/2 erfc(u) formed inside
+ * tgm_expm_ (no cancellation for x < 0, one rounding where it is subnormal;
+ * |x|/2 S(z) / u is S(z) / sqrt2); |x| capped at 16 (past it gelu(x) is x
+ * or 0); the result has x's sign. Tanh form x/2 (1 + tanh(y)), y =
+ * sqrt(2/pi) (x + 0.044715 x^3), as x / (1 + e^-2y) = x e^2y / (1 + e^2y)
+ * for y < 0 (the same function, without 1 + tanh's cancellation for x < 0).
+ * gelu(-inf) is NaN in both, as the interpreter's formula (and PyTorch's)
+ * give: -inf * 0. Relative error at most 2.5e-7 (erf form), 2.0e-7 times
+ * the condition number 1 + |2y (1 - s)|, s = 1/(1 + e^-2y), of x s w.r.t.
+ * y (tanh form; y in f32 has a few ulps of error; subnormal below -10.2). */
 TGM_FN float tgm_gelu(float x, int tanh_form) {
-  if (tanh_form)
-    return 0.5f * x * (1.0f + tgm_tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
-  float e = erfcf(tgm_abs(x) * 0.70710678118654752440f);
-  return 0.5f * x * tgm_pick(tgm_m(x < 0), e, 2.0f - e);
+  if (tanh_form) {
+    float y = 0.79788456080286535588f * (x + 0.044715f * x * x * x), e = tgm_exp(-2.0f * tgm_abs(y));
+    return tgm_pick(tgm_m(y < 0), x * e, x) / (1.0f + e);
+  }
+  float a = tgm_min(tgm_abs(x), 16.0f), u = a * 0.70710678118654752440f, lo, hi = tgm_sq_(a, 0.5f, &lo);
+  float w = x * 0.70710678118654752440f, small = 0.5f * x * ((1.0f + w) + w * tgm_erfq_(u * u));
+  float p = tgm_erfcp_(u, 1.0f / u) * tgm_pick(tgm_m(u < 2.0f), -0.5f * a, -0.70710678118654752440f);
+  float g = tgm_pick(tgm_m(u < 0.75f), small, tgm_pick(tgm_m(x < 0), 0.0f, x) + tgm_expm_(-hi, lo, p));
+  return tgm_pick(tgm_m(x == -INFINITY), NAN, tgm_fbits(tgm_bitsf(g) | (tgm_bitsf(x) & 0x80000000u)));
 }
-/* gelu's derivative (gen/interp.c's f_gelu_grad): the erf form's Phi(x) from
- * erfc as the forward's, no cancellation for x < 0. */
+/* gelu's derivative (gen/interp.c's f_gelu_grad). Erf form Phi(x) + x
+ * phi(x), phi(x) = e^(-x^2/2) / sqrt(2 pi): below u = |x|/sqrt2 = 0.75, (1 +
+ * erf(x/sqrt2))/2 as gelu's, + e^(-x^2/2) x/sqrt(2 pi); above, [x >= 0] +
+ * e^(-x^2/2) (x/sqrt(2 pi) -+ erfc(u) e^(u^2)/2), one tgm_expm_ for both
+ * terms. Tanh form, s = 1/(1 + e^-2y) = (1 + tanh y)/2: s + s x (1 - s) 2
+ * sqrt(2/pi) (1 + 3 0.044715 x^2), s and 1 - s from e^-2|y| (no
+ * cancellation), x^2 capped at 1e4 there (so a huge finite x gives 1 or 0,
+ * as the interpreter's double). At +-inf both are NaN, as the interpreter's
+ * formula: inf * 0. Error relative to |Phi(x)| + |x phi(x)| (the size of
+ * the tanh form's two terms) at most 2.2e-7 (erf form), 2.0e-7 times the
+ * condition number of y as gelu's (tanh form). */
 TGM_FN float tgm_gelu_grad(float x, int tanh_form) {
   if (tanh_form) {
-    float t = tgm_tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.79788456080286535588f * (1.0f + 0.134145f * x * x);
+    float y = 0.79788456080286535588f * (x + 0.044715f * x * x * x), e = tgm_exp(-2.0f * tgm_abs(y));
+    uint32_t neg = tgm_m(y < 0);
+    float d = 1.0f / (1.0f + e), s = tgm_pick(neg, e * d, d), s1 = tgm_pick(neg, d, e * d);
+    return s + s * x * s1 * (1.5957691216057307118f * (1.0f + 0.134145f * tgm_min(x * x, 1e4f)));
   }
-  float e = erfcf(tgm_abs(x) * 0.70710678118654752440f);
-  return 0.5f * tgm_pick(tgm_m(x < 0), e, 2.0f - e) + x * tgm_exp(-0.5f * x * x) * 0.39894228040143267794f;
+  float a = tgm_min(tgm_abs(x), 16.0f), u = a * 0.70710678118654752440f, r = 1.0f / u;
+  float lo, hi = tgm_sq_(a, 0.5f, &lo);
+  float xc = tgm_fbits(tgm_bitsf(a) | (tgm_bitsf(x) & 0x80000000u)), c = 0.39894228040143267794f * xc;
+  uint32_t neg = tgm_m(x < 0), sm = tgm_m(u < 0.75f);
+  float p = tgm_erfcp_(u, r), w = x * 0.70710678118654752440f;
+  float h = 0.5f * tgm_pick(tgm_m(u < 2.0f), p, p * r); /* erfc(u) e^(u^2) / 2 */
+  float base = tgm_pick(sm, 0.5f * ((1.0f + w) + w * tgm_erfq_(u * u)), tgm_pick(neg, 0.0f, 1.0f));
+  float g = base + tgm_expm_(-hi, lo, tgm_pick(sm, c, c + tgm_pick(neg, h, -h)));
+  return tgm_pick(tgm_m(tgm_abs(x) == INFINITY), NAN, g);
 }
 #endif
 

@@ -1,16 +1,25 @@
 /* test_math.c: templates/runtime/tgm_math.h's CPU functions (exp, log, tanh,
- * and sigmoid and silu as ops.def prints them) against double-precision
- * references over the f32 range, including subnormals, +-0, +-inf and NaN.
+ * erf, erfc, gelu and its derivative in both forms, and sigmoid and silu as
+ * ops.def prints them) against double-precision references over the f32
+ * range, including subnormals, +-0, +-inf and NaN.
  *
  * Every function runs in an OpenMP simd loop, as the generated kernels call
  * it (and every 61st input also through a scalar call, which must give the
- * same bits). The reference is libm's double function, the interpreter's.
+ * same bits). The reference is libm's double function (or a formula in
+ * double without cancellation: gelu as x erfc(-x/sqrt2)/2, its tanh form as
+ * x / (1 + e^-2y)), which is within 1e-16 of the interpreter's double.
  *
- * Error: for exp, log, tanh and sigmoid in ulps of the exact value, |got -
- * ref| / 2^(max(ilogb(ref), -126) - 23), the ulp of the f32 binade the
- * exact value lies in (a subnormal's ulp is 2^-149); for silu relative,
- * |got - ref| / max(|ref|, 2^-126). Where the exact value is NaN the result
- * must be NaN, where it rounds to +-inf the same
+ * Error: for exp, log, tanh, erf, erfc and sigmoid in ulps of the exact
+ * value, |got - ref| / 2^(max(ilogb(ref), -126) - 23), the ulp of the f32
+ * binade the exact value lies in (a subnormal's ulp is 2^-149); for gelu,
+ * silu and the derivatives (whose values cross or approach zero where their
+ * terms cancel) relative to the size of the terms, |got - ref| / max(scale,
+ * 2^-126), scale = |gelu(x)|, |silu(x)|, or |Phi(x)| + |x phi(x)|; for the
+ * tanh forms (s = (1 + tanh y)/2) |gelu(x)| and |s| + |s 2k x (1 - s)(1 +
+ * 3c x^2)| times 1 + |2y (1 - s)|, the condition number of their argument
+ * y = k (x + c x^3), which f32 rounds by a few ulps (without that factor
+ * their relative error reaches 1.6e-5 near x = -10). Where the exact value
+ * is NaN the result must be NaN, where it rounds to +-inf the same
  * infinity; a few special inputs must give exact results (the table
  * `specials`). Each
  * function has a stated maximum error (the table `fns`, and tgm_math.h's
@@ -66,20 +75,55 @@ static int npass, nfail;
 FN(exp, tgm_exp(x))
 FN(log, tgm_log(x))
 FN(tanh, tgm_tanh(x))
+FN(erf, tgm_erf(x))
+FN(erfc, tgm_erfc(x))
 FN(sigmoid, tgm_div(1.0f, 1.0f + tgm_exp(-x))) /* ops.def's expressions */
 FN(silu, tgm_div(x, 1.0f + tgm_exp(-x)))
+FN(gelu, tgm_gelu(x, 0))
+FN(gelu_tanh, tgm_gelu(x, 1))
+FN(gelu_grad, tgm_gelu_grad(x, 0))
+FN(gelu_grad_tanh, tgm_gelu_grad(x, 1))
 
 /* The references, in double; *scale is what a relative error is taken
  * against (unused for the ulp metric). */
+static const double K = 0.79788456080286535588, C = 0.044715; /* sqrt(2/pi), the tanh form's cubic */
 static double r_exp(double x, double *s) { return *s = exp(x); }
 static double r_log(double x, double *s) { return *s = log(x); }
 static double r_tanh(double x, double *s) { return *s = tanh(x); }
+static double r_erf(double x, double *s) { return *s = erf(x); }
+static double r_erfc(double x, double *s) { return *s = erfc(x); }
 static double r_sigmoid(double x, double *s) { return *s = 1.0 / (1.0 + exp(-x)); }
 static double r_silu(double x, double *s) {
   double v = x / (1.0 + exp(-x));
   *s = fabs(v);
   return v;
 }
+static double r_gelu(double x, double *s) {
+  double g = 0.5 * x * erfc(-x * 0.70710678118654752440);
+  *s = fabs(g);
+  return g;
+}
+/* The tanh forms' scale includes |2y (1 - s)|, the factor by which a
+ * relative error in y (y rounded in f32 has a few ulps) reaches x s. */
+static double r_gelu_tanh(double x, double *s) {
+  double y = K * (x + C * x * x * x), e = exp(-2.0 * fabs(y)), sg = y < 0 ? e / (1.0 + e) : 1.0 / (1.0 + e);
+  double g = x * sg;
+  *s = fabs(g) * (1.0 + fabs(2.0 * y) * (1.0 - sg));
+  return g;
+}
+static double r_gelu_grad(double x, double *s) {
+  double phi = 0.5 * erfc(-x * 0.70710678118654752440), xp = x * exp(-0.5 * x * x) * 0.39894228040143267794;
+  *s = fabs(phi) + fabs(xp);
+  return phi + xp;
+}
+static double r_gelu_grad_tanh(double x, double *s) {
+  double y = K * (x + C * x * x * x), e = exp(-2.0 * fabs(y)), d = 1.0 / (1.0 + e);
+  double sg = y < 0 ? e * d : d, s1 = y < 0 ? d : e * d; /* s, 1 - s */
+  double t = sg * x * s1 * 2.0 * K * (1.0 + 3.0 * C * x * x);
+  *s = (fabs(sg) + fabs(t)) * (1.0 + fabs(2.0 * y) * s1);
+  return sg + t;
+}
+
 typedef struct Fn {
   const char *name;
   void (*v)(const float *, float *, int);
@@ -99,11 +143,22 @@ static const Fn fns[] = {
     {"exp", v_exp, s_exp, r_exp, 0, 1.0 /* 0.868 */, 0, 0, {88.72284f, -87.33655f, -103.97208f, 1.0f, -1.0f, 0.34657f}},
     {"log", v_log, s_log, r_log, 0, 1.0 /* 0.917 */, 0, 0, {1.0f, 1.41421354f, 0.70710677f, 1.17549435e-38f, 2.0f}},
     {"tanh", v_tanh, s_tanh, r_tanh, 0, 1.5 /* 1.307 */, 0, 0, {0.625f, -0.625f, 9.0f, 0.1f}},
+    {"erf", v_erf, s_erf, r_erf, 0, 1.5 /* 1.192 */, 0, 0, {0.75f, -0.75f, 2.0f, 3.9f, 11.0f}},
+    {"erfc", v_erfc, s_erfc, r_erfc, 0, 3.0 /* 2.645 */, 0, 0, {0.75f, -0.75f, 2.0f, 9.194f, 10.0542f, 11.0f}},
     /* sigmoid, silu: below -88.72, e^-x is inf in f32 and the result 0 (the
      * exact value is below 2.94e-39, or 2.61e-37 in size for silu) */
     {"sigmoid", v_sigmoid, s_sigmoid, r_sigmoid, 0, 2.5 /* 2.481 */, -88.72f, 3.0e-39,
      {-88.7228f, -87.33655f, 17.0f}},
     {"silu", v_silu, s_silu, r_silu, 1, 2e-7 /* 1.75e-7 */, -88.72f, 2.7e-37, {-88.7228f, 0.0f, -1.0f, 17.0f}},
+    {"gelu", v_gelu, s_gelu, r_gelu, 1, 3e-7 /* 2.47e-7 */, 0, 0,
+     {1.06066f, -1.06066f, -2.828427f, -13.0f, -14.2f, 16.0f}},
+    /* the tanh forms: below -10.2 the result is subnormal, from e^-2|y|
+     * subnormal (a few bits): the absolute error is asserted there */
+    {"gelu_tanh", v_gelu_tanh, s_gelu_tanh, r_gelu_tanh, 1, 2.5e-7 /* 1.99e-7 */, -10.2f, 5e-44, {-3.0f, -10.0f, 3.0f}},
+    {"gelu_grad", v_gelu_grad, s_gelu_grad, r_gelu_grad, 1, 2.5e-7 /* 2.17e-7 */, 0, 0,
+     {1.06066f, -1.06066f, -2.828427f, -0.75179f, -14.0f, 16.0f}},
+    {"gelu_grad_tanh", v_gelu_grad_tanh, s_gelu_grad_tanh, r_gelu_grad_tanh, 1, 2.5e-7 /* 1.96e-7 */, -10.2f, 1e-42,
+     {-0.7539f, -3.0f, -10.0f, 3.0f}},
 };
 enum { NFN = sizeof fns / sizeof fns[0] };
 
@@ -121,9 +176,22 @@ static const struct {
     {"log", 2.0f, 0.693147182f},
     {"tanh", 0.0f, 0.0f}, {"tanh", -0.0f, -0.0f}, {"tanh", INFINITY, 1.0f}, {"tanh", -INFINITY, -1.0f},
     {"tanh", NAN, NAN}, {"tanh", 20.0f, 1.0f}, {"tanh", -1e-45f, -1e-45f},
+    {"erf", 0.0f, 0.0f}, {"erf", -0.0f, -0.0f}, {"erf", INFINITY, 1.0f}, {"erf", -INFINITY, -1.0f}, {"erf", NAN, NAN},
+    {"erf", 5.0f, 1.0f}, {"erf", -1e30f, -1.0f},
+    {"erfc", 0.0f, 1.0f}, {"erfc", INFINITY, 0.0f}, {"erfc", -INFINITY, 2.0f}, {"erfc", NAN, NAN},
+    {"erfc", 11.0f, 0.0f}, {"erfc", -1e30f, 2.0f},
     {"sigmoid", 0.0f, 0.5f}, {"sigmoid", -0.0f, 0.5f}, {"sigmoid", INFINITY, 1.0f}, {"sigmoid", -INFINITY, 0.0f},
     {"sigmoid", NAN, NAN},
     {"silu", INFINITY, INFINITY}, {"silu", NAN, NAN},
+    {"gelu", 0.0f, 0.0f}, {"gelu", -0.0f, -0.0f}, {"gelu", INFINITY, INFINITY}, {"gelu", -INFINITY, NAN},
+    {"gelu", NAN, NAN}, {"gelu", 1e30f, 1e30f}, {"gelu", -1e30f, -0.0f},
+    {"gelu_tanh", 0.0f, 0.0f}, {"gelu_tanh", INFINITY, INFINITY}, {"gelu_tanh", -INFINITY, NAN},
+    {"gelu_tanh", NAN, NAN}, {"gelu_tanh", 1e30f, 1e30f},
+    {"gelu_grad", 0.0f, 0.5f}, {"gelu_grad", INFINITY, NAN}, {"gelu_grad", -INFINITY, NAN}, {"gelu_grad", NAN, NAN},
+    {"gelu_grad", 30.0f, 1.0f}, {"gelu_grad", 1e30f, 1.0f}, {"gelu_grad", -30.0f, 0.0f},
+    {"gelu_grad_tanh", 0.0f, 0.5f}, {"gelu_grad_tanh", INFINITY, NAN}, {"gelu_grad_tanh", -INFINITY, NAN},
+    {"gelu_grad_tanh", NAN, NAN}, {"gelu_grad_tanh", 30.0f, 1.0f}, {"gelu_grad_tanh", 1e30f, 1.0f},
+    {"gelu_grad_tanh", -30.0f, 0.0f},
 };
 
 /* ---------------------------------------------------------------- errors */
@@ -252,7 +320,9 @@ static void bench(void) {
   static const struct {
     const char *name;
     float lo, hi;
-  } r[] = {{"exp", -80, 80}, {"log", 1e-30f, 1e30f}, {"tanh", -10, 10}, {"sigmoid", -20, 20}, {"silu", -20, 20}};
+  } r[] = {{"exp", -80, 80},   {"log", 1e-30f, 1e30f},     {"tanh", -10, 10},          {"erf", -5, 5},
+           {"erfc", -5, 10},   {"sigmoid", -20, 20},       {"silu", -20, 20},          {"gelu", -8, 8},
+           {"gelu_tanh", -8, 8}, {"gelu_grad", -8, 8},     {"gelu_grad_tanh", -8, 8}};
   int n = 1 << 24;
   float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
   if (!x || !y)
