@@ -183,7 +183,8 @@ TGM_FN float tgm_gelu_grad(float x, int tanh_form) {
  * r kept as r + rl (its rounding error), e^r = 1 + r + (rl + r^2 q(r)), q of
  * degree 5; m e^r as m + m (e^r - 1) (one rounding that counts), then 2^n as
  * two factors 2^h 2^(n-h) so that a subnormal result rounds once. For a - b
- * in [-190, 128]; the callers' selects take care of the rest. */
+ * in [-174, 88.75] (both factors normal; the callers' arguments are in
+ * [-128, 88.75], their selects take care of the rest). */
 TGM_FN float tgm_expm_(float a, float b, float m) {
   float t = (a - b) * 1.44269504088896341f + 12582912.0f;
   float n = t - 12582912.0f;
