@@ -1209,10 +1209,10 @@ static int dist_reduce(tgm_model *m, int pass) {
     return TGM_OK;
   int rc = TGM_OK;
   if (pass == TGM_PASS_TRAIN) {
-    for (int k = 0; k < tgm_info.nparams; k++)
+    for (int k = 0; k < tgm_info.nparams && !rc; k++) /* the gradients no kernel handed over */
       if (!d->sent[k])
-        tgm_dist_ready(m, &k, 1);
-    if ((rc = dist_send_bucket(m)) || tgm_nccl_join(m->cx, d->comm))
+        rc = tgm_dist_ready(m, &k, 1);
+    if (rc || (rc = dist_send_bucket(m)) || tgm_nccl_join(m->cx, d->comm))
       rc = rc ? rc : tgm_fail(m, TGM_EDEVICE, "%s", dist_error(m));
     d->mode = 0;
   }
