@@ -37,8 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-extern const char *const mlp_input_dim_text[][MLP_MAXRANK];
-
 static int die_(const char *fmt, const char *a, const char *b) {
   fprintf(stderr, "mlp_run: ");
   fprintf(stderr, fmt, a, b);
@@ -93,18 +91,6 @@ static const void *const *batch_at(batch *b, long long s) {
   return b->cur;
 }
 
-/* The dyn dim that is every input's first, or -1. */
-static int batch_dim(void) {
-  for (int s = 0; s < mlp_info.ndyn; s++) {
-    int all = mlp_info.ninputs > 0;
-    for (int k = 0; k < mlp_info.ninputs; k++)
-      all &= mlp_info.inputs[k].rank > 0 && !strcmp(mlp_input_dim_text[k][0], mlp_info.sym_names[s]);
-    if (all)
-      return s;
-  }
-  return -1;
-}
-
 /* dims from --dims (given[]) and the shapes of the file's inputs */
 static int load_batch(mlp_model *m, const char *path, const char *dims, batch *b) {
   int given[16] = {0};
@@ -143,7 +129,7 @@ static int load_batch(mlp_model *m, const char *path, const char *dims, batch *b
     if (!given[s])
       b->dyn[s] = 1;
   /* several batches in the file: its first dim a multiple of the one --dims gives */
-  int batch = batch_dim();
+  int batch = mlp_batch_dim();
   b->nb = 1, b->part = 0, b->parts = 1;
   b->rows = batch >= 0 ? b->dyn[batch] : 1;
   if (path && batch >= 0) {

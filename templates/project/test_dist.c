@@ -39,8 +39,6 @@
 #include <cuda_runtime.h>
 #endif
 
-extern const char *const tgm_input_dim_text[][TGM_MAXRANK];
-
 #define STEPS 3
 #define SIM_RANKS 3
 
@@ -274,19 +272,6 @@ static double update_err(const unsigned char *a0, const unsigned char *a1, const
   return sqrt(d / (s > 0 ? s : 1e-30));
 }
 
-/* The dyn dim that is every input's first dim, or -1. */
-static int batch_dim(void) {
-  int s = -1;
-  for (int j = 0; j < tgm_info.ndyn && s < 0; j++) {
-    int all = tgm_info.ninputs > 0;
-    for (int k = 0; k < tgm_info.ninputs; k++)
-      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[j]);
-    if (all)
-      s = j;
-  }
-  return s;
-}
-
 static int cuda_test(const char *golden, const char *dir, int n) {
   char path[4200], err[512];
   char rdv[4200];
@@ -346,7 +331,7 @@ static int cuda_test(const char *golden, const char *dir, int n) {
   check(ge <= 1, "forward_backward: every gradient is the shards' average (worst error %.3g of the tolerance)", ge);
 
   /* the whole batch on one GPU, when the loss is a mean over it */
-  int s = batch_dim();
+  int s = tgm_batch_dim();
   if (s < 0 || c.dyn[s] * n > tgm_info.dyn_max[s]) {
     printf("skip the whole-batch comparison: %s\n",
            s < 0 ? "the inputs' first dims are not one dynamic dim" : "the whole batch is above the dim's max");

@@ -84,6 +84,22 @@ static inline void tgm_device_free(tgm_model *m, void *dev) {
 #endif
 }
 
+/* The text of each input's dims as the spec writes them ("B", "64"). */
+extern const char *const tgm_input_dim_text[][TGM_MAXRANK];
+
+/* The dynamic dim that is every input's first (the batch, which data-parallel
+ * ranks split and an inputs file may hold several of), or -1. */
+static inline int tgm_batch_dim(void) {
+  for (int s = 0; s < tgm_info.ndyn; s++) {
+    int all = tgm_info.ninputs > 0;
+    for (int k = 0; k < tgm_info.ninputs; k++)
+      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[s]);
+    if (all)
+      return s;
+  }
+  return -1;
+}
+
 /* "B=4,T=64" (--dims) into dyn[], given[k] = 1 for each dim named; 0, or -1
  * with err naming the bad part. */
 static inline int tgm_parse_dims(const char *s, int64_t *dyn, int *given, char *err, size_t errlen) {

@@ -58,8 +58,6 @@
 #include <time.h>
 #include <unistd.h>
 
-extern const char *const tgm_input_dim_text[][TGM_MAXRANK];
-
 static int die_(const char *fmt, const char *a, const char *b) {
   fprintf(stderr, "tgm_run: ");
   fprintf(stderr, fmt, a, b);
@@ -136,18 +134,6 @@ static const void *const *batch_at(batch *b, long long s) {
   return b->cur;
 }
 
-/* The dyn dim that is every input's first, or -1. */
-static int batch_dim(void) {
-  for (int s = 0; s < tgm_info.ndyn; s++) {
-    int all = tgm_info.ninputs > 0;
-    for (int k = 0; k < tgm_info.ninputs; k++)
-      all &= tgm_info.inputs[k].rank > 0 && !strcmp(tgm_input_dim_text[k][0], tgm_info.sym_names[s]);
-    if (all)
-      return s;
-  }
-  return -1;
-}
-
 /* dims from --dims (given[]) and the shapes of the file's inputs */
 static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b) {
   int given[16] = {0};
@@ -186,7 +172,7 @@ static int load_batch(tgm_model *m, const char *path, const char *dims, batch *b
     if (!given[s])
       b->dyn[s] = 1;
   /* several batches in the file: its first dim a multiple of the one --dims gives */
-  int batch = batch_dim();
+  int batch = tgm_batch_dim();
   b->nb = 1, b->part = 0, b->parts = 1;
   b->rows = batch >= 0 ? b->dyn[batch] : 1;
   if (path && batch >= 0) {
