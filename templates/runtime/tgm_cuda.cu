@@ -95,6 +95,11 @@ struct tgm_cuda_tune {
   float ms, heuristic_ms;
 };
 
+struct tgm_cuda_alloc {
+  void *p;
+  size_t n;
+};
+
 struct tgm_cuda_ctx {
   int device;                /* the device current at creation */
   int sms;                   /* its multiprocessor count, for grid sizes */
@@ -117,6 +122,9 @@ struct tgm_cuda_ctx {
   unsigned *d_split_count;   /* and per output tile the blocks done (TGM_CUDA_SPLIT_TILES, zero between kernels) */
   void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
   size_t scratch_bytes;
+  struct tgm_cuda_alloc *allocs; /* the live cudaMallocs (dev_malloc), for the memory held now and at most */
+  int nallocs, cap_allocs;
+  size_t mem_now, mem_peak;
   const char *op; /* the entry point running, for messages */
   char err[512];  /* the last error: "FUNCTION: message" */
 };
@@ -177,6 +185,44 @@ int blas_fail(tgm_cuda_ctx *cx, cublasStatus_t s, const char *what) {
       return cuda_fail(cx, e_, "launching " name);                                                                     \
   } while (0)
 
+/* Every device allocation of the context goes through dev_malloc and
+ * dev_free, which keep the live ones' sizes: the memory held now and at
+ * most (tgm_cuda_ctx_memory; the CUDA context's own is not counted). */
+cudaError_t dev_malloc(tgm_cuda_ctx *cx, void **p, size_t n) {
+  *p = NULL;
+  if (cx->nallocs == cx->cap_allocs) {
+    int cap = cx->cap_allocs ? 2 * cx->cap_allocs : 16;
+    struct tgm_cuda_alloc *a = (struct tgm_cuda_alloc *)realloc(cx->allocs, sizeof *a * (size_t)cap);
+    if (!a)
+      return cudaErrorMemoryAllocation;
+    cx->allocs = a;
+    cx->cap_allocs = cap;
+  }
+  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    return e;
+  }
+  cx->allocs[cx->nallocs].p = *p;
+  cx->allocs[cx->nallocs++].n = n;
+  cx->mem_now += n;
+  if (cx->mem_now > cx->mem_peak)
+    cx->mem_peak = cx->mem_now;
+  return e;
+}
+
+void dev_free(tgm_cuda_ctx *cx, void *p) {
+  if (!p)
+    return;
+  for (int i = 0; i < cx->nallocs; i++)
+    if (cx->allocs[i].p == p) {
+      cx->mem_now -= cx->allocs[i].n;
+      cx->allocs[i] = cx->allocs[--cx->nallocs];
+      break;
+    }
+  cudaFree(p);
+}
+
 /* The growable scratch buffer: at least `bytes`, valid until the next call
  * that asks for more. Growing waits for the stream (the old buffer may still
  * be in use), which happens only while the sizes still climb. */
@@ -188,11 +234,11 @@ int scratch(tgm_cuda_ctx *cx, size_t bytes, void **p) {
     size_t nb = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (cx->scratch) {
       TGM_CUDA_TRY(cudaStreamSynchronize(cx->stream));
-      cudaFree(cx->scratch);
+      dev_free(cx, cx->scratch);
       cx->scratch = NULL;
       cx->scratch_bytes = 0;
     }
-    cudaError_t e = cudaMalloc(&cx->scratch, nb);
+    cudaError_t e = dev_malloc(cx, &cx->scratch, nb);
     if (e != cudaSuccess) {
       cudaGetLastError();
       cx->scratch = NULL;
@@ -1144,8 +1190,8 @@ void lt_tune(tgm_cuda_ctx *cx, tgm_cuda_gemm_plan *p, const void *A, const void 
   cublasLtMatmulPreferenceDestroy(pref);
   void *D = NULL, *aux = NULL;
   cudaEvent_t e0 = NULL, e1 = NULL;
-  if (s != CUBLAS_STATUS_SUCCESS || n < 1 || cudaMalloc(&D, dbytes) != cudaSuccess ||
-      (gelu_aux && cudaMalloc(&aux, dbytes) != cudaSuccess) || cudaEventCreate(&e0) != cudaSuccess ||
+  if (s != CUBLAS_STATUS_SUCCESS || n < 1 || dev_malloc(cx, &D, dbytes) != cudaSuccess ||
+      (gelu_aux && dev_malloc(cx, &aux, dbytes) != cudaSuccess) || cudaEventCreate(&e0) != cudaSuccess ||
       cudaEventCreate(&e1) != cudaSuccess)
     goto done;
   {
@@ -1202,8 +1248,8 @@ done:
     cudaEventDestroy(e1);
   if (D || aux)
     cudaStreamSynchronize(cx->stream);
-  cudaFree(D);
-  cudaFree(aux);
+  dev_free(cx, D);
+  dev_free(cx, aux);
 }
 
 
@@ -1577,7 +1623,9 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
  * operand of P v without a trip through shared memory (rounded to T there;
  * the row sums take the f32 values, as FlashAttention-2's). The online softmax works in base 2 (scores
  * times scale log2 e). Causal (column j > row i masked) skips the key
- * tiles past the block's last row. No T x T buffer. Rows, keys and batches
+ * tiles past the block's last row; only the diagonal and the last tile
+ * pay for a mask. Tiles come into shared memory by cp.async, the next
+ * while this one is computed. No T x T buffer. Rows, keys and batches
  * beyond the sizes read zeros and write nothing; an all-masked row gives
  * NaN (0/0), as torch. lse (NULL: not wanted; batch stride Tq) gets each
  * row's natural log-sum-exp for the backward; y may be NULL. Every tensor
@@ -1585,27 +1633,40 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
  * written in 16-byte pieces wherever they lie. */
 namespace fa {
 constexpr float kLog2e = 1.4426950408889634f;
-/* rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row stride D + 8:
- * ldmatrix's 8 rows fall in different banks), zeros past n (n >= 1). CLAMP: a row past n loads row n - 1 and
- * stores zeros, so that no load is under a condition; else rows past n are not loaded. Which is faster depends
- * on the kernel around it as nvcc compiles it (the H100 at GPT-2's sizes): the backward's conditional loads went
- * into branches of their own that wait for each other (the backward 35% slower), the forward's unconditional
- * ones took registers past an occupancy step (the forward 12% slower at D = 64, 44% at 128). */
-template <class T, int D, bool CLAMP = false>
-__device__ __forceinline__ void load_tile(T *dst, const T *src, int ld, int r0, int n) {
+/* cp.async (sm_80 on): 16 bytes (n: 16, or 0 for zeros, nothing read) or 4 bytes (n: 4 or 0) from global src
+ * into shared dst without a trip through registers, so that the next tile loads while this one is computed. A
+ * thread's copies since its last commit form a group; wait<N> waits until at most N of its groups are pending
+ * (the block then syncs before reading what other threads copied). */
+__device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src, int n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+/* Starts copying rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row
+ * stride D + 8: ldmatrix's 8 rows fall in different banks); rows past n (n >= 1) become zeros, read from
+ * nowhere (a zero row adds nothing to a product with it, so the kernels need no mask for them). */
+template <class T, int D> __device__ __forceinline__ void load_tile(T *dst, const T *src, int ld, int r0, int n) {
   constexpr int V = 8, LD = D + 8; /* 16 bytes */
   for (int e = threadIdx.x; e < 64 * D / V; e += 128) {
-    int r = e / (D / V), c = (e % (D / V)) * V;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if constexpr (CLAMP) {
-      val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r < n ? r0 + r : n - 1) * ld + c);
-      if (r0 + r >= n)
-        val = make_uint4(0, 0, 0, 0);
-    } else if (r0 + r < n) {
-      val = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
-    }
-    *reinterpret_cast<uint4 *>(dst + r * LD + c) = val;
+    int r = e / (D / V), c = (e % (D / V)) * V, ok = r0 + r < n;
+    cp16(dst + r * LD + c, src + (int64_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
   }
+}
+/* Starts copying src[r0..r0 + 63] (f32; zeros past n) into dst[64]. */
+__device__ __forceinline__ void load_row(float *dst, const float *src, int r0, int n) {
+  for (int e = threadIdx.x; e < 64; e += 128)
+    cp4(dst + e, src + (r0 + e < n ? r0 + e : 0), r0 + e < n ? 4 : 0);
+}
+/* 2^x on the MUFU unit, subnormal results flushed to zero (they vanish beside a row sum of at least 1). */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 __device__ __forceinline__ void ldsm(uint32_t *r, const void *p) { /* four 8 x 8 matrices */
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -1706,62 +1767,97 @@ template <int NOP> struct Layout {
   int ld[NOP];
   __host__ __device__ int64_t off(int p, int64_t hi, int64_t lo) const { return hi * s1[p] + lo * s0[p]; }
 };
-template <int D> constexpr size_t smem_bytes(int tiles) { return (size_t)tiles * 64 * (D + 8) * 2 + 2 * 64 * 4; }
+/* Shared memory for `tiles` [64, D] tiles and `rows` f32 rows of 64. */
+template <int D> constexpr size_t smem_bytes(int tiles, int rows) { return (size_t)tiles * 64 * (D + 8) * 2 + (size_t)rows * 64 * 4; }
+/* Sets the scores s (a warp's [16 x 64] accumulators: rows row[0], row[1], keys k0..) to -inf where the key is
+ * past Tk or, causal, past the row. Only a tile on the diagonal or at the end needs it. */
+__device__ __forceinline__ void mask_scores(float (*s)[4], int k0, int Tk, int causal, const int *row) {
+  const int t = threadIdx.x % 4;
+  for (int j = 0; j < 8; j++)
+    for (int e = 0; e < 4; e++) {
+      int c = k0 + j * 8 + 2 * t + (e & 1);
+      if (c >= Tk || (causal && c > row[e >> 1]))
+        s[j][e] = -INFINITY;
+    }
+}
 } // namespace fa
 
+/* The backward kernels at D = 64 keep 3 blocks of 128 threads resident per SM (at most 170 registers a
+ * thread): on the H100 at GPT-2's sizes 0.41 ms against 0.45 with the 178 registers nvcc takes unbounded (2
+ * blocks). The forward measured the same either way; D = 128 takes what it needs. */
+constexpr int flash_bwd_blocks(int D) { return D == 64 ? 3 : 1; }
+
+/* The grid's x walks the query tiles; causal, from the last (the longest rows: every key tile up to them) to the
+ * first, so that the short blocks fill the tail of the grid. Keys and values come in 64-row tiles, double
+ * buffered: tile i + 1 is copied (cp.async) while tile i is computed. */
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y,
                 fa::Layout<4> L, int Tq, int Tk, int causal, float scale, float *__restrict__ lse) {
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, TILE = 64 * LD;
   extern __shared__ __align__(128) unsigned char smem[];
-  T *sQ = (T *)smem, *sK = sQ + 64 * LD, *sV = sK + 64 * LD;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
-  const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
+  T *sQ = (T *)smem, *sK = sQ + TILE, *sV = sK + 2 * TILE; /* sK, sV: two tiles each */
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 64;
+  const int row[2] = {q0 + w * 16 + lane / 4, q0 + w * 16 + lane / 4 + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo);
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
   fa::load_tile<T, D>(sQ, q, L.ld[0], q0, Tq);
-  __syncthreads();
+  fa::load_tile<T, D>(sK, k, L.ld[1], 0, Tk);
+  fa::load_tile<T, D>(sV, v, L.ld[2], 0, Tk);
+  fa::commit();
   uint32_t qa[D / 16][4]; /* the warp's q rows, for every key tile */
-  for (int d = 0; d < D / 16; d++)
-    fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
   float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = scale * fa::kLog2e;
-  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
-  for (int k0 = 0; k0 < kend; k0 += 64) {
-    __syncthreads(); /* the last tile's reads of sK, sV are done */
-    fa::load_tile<T, D>(sK, k, L.ld[1], k0, Tk);
-    fa::load_tile<T, D>(sV, v, L.ld[2], k0, Tk);
-    __syncthreads();
+  for (int i = 0; i < nk; i++) {
+    const int k0 = i * 64;
+    const T *cK = sK + (i & 1) * TILE, *cV = sV + (i & 1) * TILE;
+    __syncthreads(); /* tile i - 1's reads are done: its buffers take tile i + 1 */
+    if (i + 1 < nk) {
+      fa::load_tile<T, D>(sK + ((i + 1) & 1) * TILE, k, L.ld[1], k0 + 64, Tk);
+      fa::load_tile<T, D>(sV + ((i + 1) & 1) * TILE, v, L.ld[2], k0 + 64, Tk);
+      fa::commit();
+      fa::wait<1>();
+    } else {
+      fa::wait<0>();
+    }
+    __syncthreads(); /* tile i (and q) copied by every thread */
+    if (i == 0)
+      for (int d = 0; d < D / 16; d++)
+        fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
     float s[8][4] = {};
-    fa::scores<T, D>(s, qa, sK);
+    fa::scores<T, D>(s, qa, cK);
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++)
+        s[j][e] *= sl2;
+    if (k0 + 64 > Tk || (causal && k0 + 63 > q0))
+      fa::mask_scores(s, k0, Tk, causal, row);
     float mx[2] = {-INFINITY, -INFINITY};
     for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) {
-        int c = k0 + j * 8 + 2 * t + (e & 1), h = e >> 1;
-        s[j][e] = c < Tk && !(causal && c > row[h]) ? s[j][e] * sl2 : -INFINITY;
-        mx[h] = fmaxf(mx[h], s[j][e]);
-      }
-    float alpha[2];
+      for (int e = 0; e < 4; e++)
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+    float alpha[2], mb[2];
     for (int h = 0; h < 2; h++) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       float mn = fmaxf(m[h], mx[h]);
-      alpha[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+      alpha[h] = mn == -INFINITY ? 1.0f : fa::ex2(m[h] - mn);
+      mb[h] = mn == -INFINITY ? 0.0f : mn; /* a row masked so far: its -inf scores give 0 */
       m[h] = mn;
       l[h] *= alpha[h];
     }
     for (int j = 0; j < 8; j++)
       for (int e = 0; e < 4; e++) {
-        int h = e >> 1;
-        float p = m[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - m[h]);
+        float p = fa::ex2(s[j][e] - mb[e >> 1]);
         s[j][e] = p; /* rounded to T as the A operand of P v; the row sum takes the f32 value */
-        l[h] += p;
+        l[e >> 1] += p;
       }
     for (int n = 0; n < D / 8; n++)
       o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    fa::times_tile<T, D>(o, s, sV);
+    fa::times_tile<T, D>(o, s, cV);
   }
+  fa::wait<0>(); /* no key tile (Tk 0): the copies issued */
   for (int h = 0; h < 2; h++) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
@@ -1793,7 +1889,7 @@ template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const 
 template <class T, int D>
 int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
                  const int64_t *ld, int64_t Tq, int64_t Tk, int causal, float scale, float *lse) {
-  constexpr size_t bytes = fa::smem_bytes<D>(3);
+  constexpr size_t bytes = fa::smem_bytes<D>(5, 0);
   static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
   if (!set || !*set) {
@@ -1937,57 +2033,79 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
  * Layout) have their own row and batch strides (q, k, v's batch strides 0
  * where they broadcast). Rows past Tq or Tk read zeros and write nothing. */
 template <class T, int D>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
     k_flash_bwd_kv(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                    const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
                    T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, TILE = 64 * LD;
   extern __shared__ __align__(128) unsigned char smem[];
-  T *sK = (T *)smem, *sV = sK + 64 * LD, *sQ = sV + 64 * LD, *sO = sQ + 64 * LD;
-  float *sL = (float *)(sO + 64 * LD), *sD = sL + 64;
+  T *sK = (T *)smem, *sV = sK + TILE, *sQ = sV + TILE, *sO = sQ + 2 * TILE; /* sQ, sO: two tiles each */
+  float *sL = (float *)(sO + 2 * TILE), *sD = sL + 2 * 64;                     /* two rows each */
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, k0 = blockIdx.x * 64;
   const int key[2] = {k0 + w * 16 + g, k0 + w * 16 + g + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
   lse += b * Tq, delta += b * Tq;
-  fa::load_tile<T, D, true>(sK, k, L.ld[1], k0, Tk);
-  fa::load_tile<T, D, true>(sV, v, L.ld[2], k0, Tk);
+  const int qbeg = causal ? k0 : 0; /* causal: queries before k0 see none of these keys */
+  const int nq = qbeg < Tq ? (Tq - qbeg + 63) / 64 : 0;
+  fa::load_tile<T, D>(sK, k, L.ld[1], k0, Tk);
+  fa::load_tile<T, D>(sV, v, L.ld[2], k0, Tk);
+  if (nq > 0) {
+    fa::load_tile<T, D>(sQ, q, L.ld[0], qbeg, Tq);
+    fa::load_tile<T, D>(sO, dy, L.ld[3], qbeg, Tq);
+    fa::load_row(sL, lse, qbeg, Tq);
+    fa::load_row(sD, delta, qbeg, Tq);
+  }
+  fa::commit();
   float gk[D / 8][4] = {}, gv[D / 8][4] = {};
   const float sl2 = scale * fa::kLog2e;
-  for (int q0 = causal ? k0 : 0; q0 < Tq; q0 += 64) { /* causal: queries before k0 see none of these keys */
-    __syncthreads(); /* the last tile's reads are done */
-    fa::load_tile<T, D, true>(sQ, q, L.ld[0], q0, Tq);
-    fa::load_tile<T, D, true>(sO, dy, L.ld[3], q0, Tq);
-    for (int e = threadIdx.x; e < 64; e += 128)
-      sL[e] = q0 + e < Tq ? lse[q0 + e] * fa::kLog2e : 0.0f, sD[e] = q0 + e < Tq ? delta[q0 + e] : 0.0f;
+  for (int i = 0; i < nq; i++) {
+    const int q0 = qbeg + i * 64, cur = i & 1, nxt = cur ^ 1;
+    const T *cQ = sQ + cur * TILE, *cO = sO + cur * TILE;
+    const float *cL = sL + cur * 64, *cD = sD + cur * 64;
+    __syncthreads(); /* tile i - 1's reads are done: its buffers take tile i + 1 */
+    if (i + 1 < nq) {
+      fa::load_tile<T, D>(sQ + nxt * TILE, q, L.ld[0], q0 + 64, Tq);
+      fa::load_tile<T, D>(sO + nxt * TILE, dy, L.ld[3], q0 + 64, Tq);
+      fa::load_row(sL + nxt * 64, lse, q0 + 64, Tq);
+      fa::load_row(sD + nxt * 64, delta, q0 + 64, Tq);
+      fa::commit();
+      fa::wait<1>();
+    } else {
+      fa::wait<0>();
+    }
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
     for (int d = 0; d < D / 16; d++) {
-      uint32_t ka[1][4], va[1][4];
-      fa::frag_a<LD>(ka[0], sK, w * 16, d * 16);
-      fa::frag_a<LD>(va[0], sV, w * 16, d * 16);
+      uint32_t ka[4], va[4];
+      fa::frag_a<LD>(ka, sK, w * 16, d * 16);
+      fa::frag_a<LD>(va, sV, w * 16, d * 16);
       for (int j = 0; j < 4; j++) {
         uint32_t bq4[4], bo4[4];
-        fa::frag_bn<LD>(bq4, sQ, j * 16, d * 16);
-        fa::frag_bn<LD>(bo4, sO, j * 16, d * 16);
-        fa::mma(s[2 * j], ka[0], bq4[0], bq4[1], T());
-        fa::mma(s[2 * j + 1], ka[0], bq4[2], bq4[3], T());
-        fa::mma(dp[2 * j], va[0], bo4[0], bo4[1], T());
-        fa::mma(dp[2 * j + 1], va[0], bo4[2], bo4[3], T());
+        fa::frag_bn<LD>(bq4, cQ, j * 16, d * 16);
+        fa::frag_bn<LD>(bo4, cO, j * 16, d * 16);
+        fa::mma(s[2 * j], ka, bq4[0], bq4[1], T());
+        fa::mma(s[2 * j + 1], ka, bq4[2], bq4[3], T());
+        fa::mma(dp[2 * j], va, bo4[0], bo4[1], T());
+        fa::mma(dp[2 * j + 1], va, bo4[2], bo4[3], T());
       }
     }
-    for (int j = 0; j < 8; j++) /* s becomes P^T, dp dS^T */
+    /* s becomes P^T, dp dS^T. Queries past Tq need no mask: their q and dy rows, lse and delta are zeros, so
+     * P^T = 1 there meets dy = 0 and dS^T = 0 meets q = 0. Causal masks the diagonal tile. */
+    const bool diag = causal && q0 < k0 + 63;
+    for (int j = 0; j < 8; j++)
       for (int e = 0; e < 4; e++) {
-        int c = j * 8 + 2 * t + (e & 1), i = q0 + c, kj = key[e >> 1];
-        float p = 0.0f;
-        if (kj < Tk && i < Tq && !(causal && kj > i))
-          p = exp2f(s[j][e] * sl2 - sL[c]);
+        int c = j * 8 + 2 * t + (e & 1);
+        float p = fa::ex2(fmaf(s[j][e], sl2, -cL[c] * fa::kLog2e));
+        if (diag && key[e >> 1] > q0 + c)
+          p = 0.0f;
         s[j][e] = p;
-        dp[j][e] = p * (dp[j][e] - sD[c]);
+        dp[j][e] = p * (dp[j][e] - cD[c]);
       }
-    fa::times_tile<T, D>(gv, s, sO);  /* dv += P^T dy */
-    fa::times_tile<T, D>(gk, dp, sQ); /* dk += dS^T q */
+    fa::times_tile<T, D>(gv, s, cO);  /* dv += P^T dy */
+    fa::times_tile<T, D>(gk, dp, cQ); /* dk += dS^T q */
   }
+  fa::wait<0>(); /* no query tile: the copies issued */
   const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
   if (dv)
     fa::store_acc<T, D>(dv + L.off(6, hi, lo), L.ld[6], gv, k0 + w * 16, Tk, one);
@@ -1995,51 +2113,66 @@ __global__ void __launch_bounds__(128)
     fa::store_acc<T, D>(dk + L.off(5, hi, lo), L.ld[5], gk, k0 + w * 16, Tk, sc);
 }
 
+/* Query tiles as k_flash_fwd's grid (causal: the last first); key tiles double buffered. */
 template <class T, int D>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
     k_flash_bwd_q(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                   const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
                   T *__restrict__ dq, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, TILE = 64 * LD;
   extern __shared__ __align__(128) unsigned char smem[];
-  T *sQ = (T *)smem, *sO = sQ + 64 * LD, *sK = sO + 64 * LD, *sV = sK + 64 * LD;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, q0 = blockIdx.x * 64;
+  T *sQ = (T *)smem, *sO = sQ + TILE, *sK = sO + TILE, *sV = sK + 2 * TILE; /* sK, sV: two tiles each */
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 64;
   const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
   lse += b * Tq, delta += b * Tq;
-  fa::load_tile<T, D, true>(sQ, q, L.ld[0], q0, Tq);
-  fa::load_tile<T, D, true>(sO, dy, L.ld[3], q0, Tq);
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
+  fa::load_tile<T, D>(sQ, q, L.ld[0], q0, Tq);
+  fa::load_tile<T, D>(sO, dy, L.ld[3], q0, Tq);
+  fa::load_tile<T, D>(sK, k, L.ld[1], 0, Tk);
+  fa::load_tile<T, D>(sV, v, L.ld[2], 0, Tk);
+  fa::commit();
   float rl[2], rd[2];
   for (int h = 0; h < 2; h++)
     rl[h] = row[h] < Tq ? lse[row[h]] * fa::kLog2e : 0.0f, rd[h] = row[h] < Tq ? delta[row[h]] : 0.0f;
-  __syncthreads();
   uint32_t qa[D / 16][4], oa[D / 16][4];
-  for (int d = 0; d < D / 16; d++) {
-    fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
-    fa::frag_a<LD>(oa[d], sO, w * 16, d * 16);
-  }
   float gq[D / 8][4] = {};
   const float sl2 = scale * fa::kLog2e;
-  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk;
-  for (int k0 = 0; k0 < kend; k0 += 64) {
+  for (int i = 0; i < nk; i++) {
+    const int k0 = i * 64;
+    const T *cK = sK + (i & 1) * TILE, *cV = sV + (i & 1) * TILE;
+    __syncthreads(); /* tile i - 1's reads are done: its buffers take tile i + 1 */
+    if (i + 1 < nk) {
+      fa::load_tile<T, D>(sK + ((i + 1) & 1) * TILE, k, L.ld[1], k0 + 64, Tk);
+      fa::load_tile<T, D>(sV + ((i + 1) & 1) * TILE, v, L.ld[2], k0 + 64, Tk);
+      fa::commit();
+      fa::wait<1>();
+    } else {
+      fa::wait<0>();
+    }
     __syncthreads();
-    fa::load_tile<T, D, true>(sK, k, L.ld[1], k0, Tk);
-    fa::load_tile<T, D, true>(sV, v, L.ld[2], k0, Tk);
-    __syncthreads();
-    float s[8][4] = {}, dp[8][4] = {};
-    fa::scores<T, D>(s, qa, sK);  /* S = q k^T */
-    fa::scores<T, D>(dp, oa, sV); /* dP = dy v^T */
-    for (int j = 0; j < 8; j++)   /* dp becomes dS */
-      for (int e = 0; e < 4; e++) {
-        int c = k0 + j * 8 + 2 * t + (e & 1), h = e >> 1;
-        float p = 0.0f;
-        if (c < Tk && row[h] < Tq && !(causal && c > row[h]))
-          p = exp2f(s[j][e] * sl2 - rl[h]);
-        dp[j][e] = p * (dp[j][e] - rd[h]);
+    if (i == 0)
+      for (int d = 0; d < D / 16; d++) {
+        fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
+        fa::frag_a<LD>(oa[d], sO, w * 16, d * 16);
       }
-    fa::times_tile<T, D>(gq, dp, sK); /* dq += dS k */
+    float s[8][4] = {}, dp[8][4] = {};
+    fa::scores<T, D>(s, qa, cK);  /* S = q k^T */
+    fa::scores<T, D>(dp, oa, cV); /* dP = dy v^T */
+    const bool edge = k0 + 64 > Tk || (causal && k0 + 63 > q0); /* keys past Tk or (causal) past a row */
+    for (int j = 0; j < 8; j++) /* dp becomes dS */
+      for (int e = 0; e < 4; e++) {
+        int c = k0 + j * 8 + 2 * (lane % 4) + (e & 1);
+        float p = fa::ex2(fmaf(s[j][e], sl2, -rl[e >> 1]));
+        if (edge && (c >= Tk || (causal && c > row[e >> 1])))
+          p = 0.0f;
+        dp[j][e] = p * (dp[j][e] - rd[e >> 1]);
+      }
+    fa::times_tile<T, D>(gq, dp, cK); /* dq += dS k */
   }
+  fa::wait<0>();
   const float sc[2] = {scale, scale};
   fa::store_acc<T, D>(dq + L.off(4, hi, lo), L.ld[4], gq, q0 + w * 16, Tq, sc);
 }
@@ -2070,7 +2203,7 @@ template <class T, int D>
 int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                      const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw, const int64_t *ld, int64_t Tq,
                      int64_t Tk, int causal, float scale) {
-  constexpr size_t bytes = fa::smem_bytes<D>(4);
+  constexpr size_t bytes = fa::smem_bytes<D>(6, 4); /* k_flash_bwd_q takes 6 tiles too */
   static bool attr[64]; /* per device, as flash_launch */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
   if (!set || !*set) {
@@ -2261,7 +2394,7 @@ int tgm_cuda_ctx_create(tgm_cuda_ctx **out, char *err, size_t errlen) {
     goto cuda_error;
   }
   cx->stream = cx->own;
-  if ((e = cudaMalloc((void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
+  if ((e = dev_malloc(cx, (void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
     what = "cudaMalloc (d_bad)";
     goto cuda_error;
   }
@@ -2269,8 +2402,8 @@ int tgm_cuda_ctx_create(tgm_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemcpy (d_bad)";
     goto cuda_error;
   }
-  if ((e = cudaMalloc((void **)&cx->d_split_part, TGM_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
-      (e = cudaMalloc((void **)&cx->d_split_count, TGM_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+  if ((e = dev_malloc(cx, (void **)&cx->d_split_part, TGM_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
+      (e = dev_malloc(cx, (void **)&cx->d_split_count, TGM_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
     what = "cudaMalloc (split reductions)";
     goto cuda_error;
   }
@@ -2278,7 +2411,7 @@ int tgm_cuda_ctx_create(tgm_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemset (split reductions)";
     goto cuda_error;
   }
-  if ((e = cudaMalloc(&cx->blas_ws, TGM_CUDA_BLAS_WS)) != cudaSuccess) {
+  if ((e = dev_malloc(cx, &cx->blas_ws, TGM_CUDA_BLAS_WS)) != cudaSuccess) {
     what = "cudaMalloc (cuBLAS workspace)";
     goto cuda_error;
   }
@@ -2335,14 +2468,15 @@ void tgm_cuda_ctx_destroy(tgm_cuda_ctx *cx) {
     cublasLtDestroy(cx->lt);
   if (cx->blas)
     cublasDestroy(cx->blas);
-  cudaFree(cx->scratch);
-  cudaFree(cx->blas_ws);
-  cudaFree(cx->d_bad);
-  cudaFree(cx->d_split_part);
-  cudaFree(cx->d_split_count);
+  dev_free(cx, cx->scratch);
+  dev_free(cx, cx->blas_ws);
+  dev_free(cx, cx->d_bad);
+  dev_free(cx, cx->d_split_part);
+  dev_free(cx, cx->d_split_count);
   if (cx->own)
     cudaStreamDestroy(cx->own);
   cudaGetLastError();
+  free(cx->allocs);
   free(cx);
 }
 
@@ -2377,7 +2511,7 @@ int tgm_cuda_bad_index(tgm_cuda_ctx *cx, int64_t *pos) {
 int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n) {
   cx->op = "tgm_cuda_malloc";
   *p = NULL;
-  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  cudaError_t e = dev_malloc(cx, p, n);
   if (e != cudaSuccess) {
     cudaGetLastError();
     *p = NULL;
@@ -2390,10 +2524,18 @@ int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n) {
 void tgm_cuda_free(tgm_cuda_ctx *cx, void *p) {
   if (!p)
     return;
-  if (cx)
+  if (cx) {
     cudaStreamSynchronize(cx->stream);
-  cudaFree(p);
+    dev_free(cx, p);
+  } else {
+    cudaFree(p);
+  }
   cudaGetLastError();
+}
+
+void tgm_cuda_ctx_memory(const tgm_cuda_ctx *cx, size_t *now, size_t *peak) {
+  *now = cx ? cx->mem_now : 0;
+  *peak = cx ? cx->mem_peak : 0;
 }
 
 /* h2d and d2h return when the copy is done (host buffers are free to reuse
