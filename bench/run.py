@@ -8,11 +8,11 @@ projects NAME/, their graphs NAME.json, torch_oracle.py) where tgen is.
     python3 DEST/run.py --out OUT [--cpu] [--gpt2] [--only NAME[,NAME]] [options]
 
   (default)      GPU mode: tinyops, tinyops_fwdbwd, ln_linear_gelu_res, mlp3,
-                 mlp_blocks, seed_attention (+ gpt2 with --gpt2)
+                 mlp_blocks, seed_attention (+ gpt2, gpt2_infer with --gpt2)
   --cpu          CPU mode (PERF.md's CPU anchors, --threads threads, default 16):
                  tinyops_cpu, mlp3_cpu, mlp_blocks_cpu, gpt2_cpu; the copy and
                  sgemm ceilings are measured first in the same run
-  --gpt2         add the GPT-2 124M train step (B=16, bf16) to the GPU mode
+  --gpt2         add GPT-2 124M to the GPU mode: its train step and its forward (gpt2_infer), B=16, bf16
   --only A,B     just these workloads (any mode's names; gpt2 included if named)
   --list         print the workloads and exit
   --no-compile   skip torch.compile (quick runs)
@@ -111,6 +111,8 @@ WORKLOADS = {
                           note="inputs in [-0.25, 0.25): exp without max-subtraction"),
     "gpt2": _wl("gpu", "gpt2", "train", "bf16", dims="B=16", check="B=2", iters=20, limit=330,
                 ints={"idx": 50304, "targets": 50304}),
+    "gpt2_infer": _wl("gpu", "gpt2", "fwd", "bf16", dims="B=16", check="B=2", iters=30, limit=240,
+                      ints={"idx": 50304, "targets": 50304}, note="the forward: logits and loss, bf16 weights"),
     # CPU (PERF.md's CPU anchors)
     "tinyops_cpu": _wl("cpu", "tinyops_cpu", "fwd", "f32", iters=20, limit=240),
     "mlp3_cpu": _wl("cpu", "mlp3", "fwd", "f32", dims="B=32", iters=100, limit=180, ints={"y": 10}),
@@ -160,7 +162,7 @@ def static_dim(graph, name):
 
 def floor_of(name, graph, dims, ceil):
     """(bytes that must move, FLOPs that must be done, which GEMM ceiling)."""
-    base = name.replace("_fwdbwd", "").replace("_cpu", "")
+    base = name.replace("_fwdbwd", "").replace("_cpu", "").replace("_infer", "")
     params = sum(math.prod(int(x) for x in p["shape"]) for p in graph["params"]) if graph else 0
     if base == "tinyops":
         n = 8192 if name != "tinyops_cpu" else 4096
@@ -181,8 +183,10 @@ def floor_of(name, graph, dims, ceil):
         return (2 * B * T * D + 3 * D * D) * 4, 3 * 2 * B * T * D * D + 2 * 2 * B * T * T * D, "f32"
     if base == "gpt2":
         B = dims["B"]
-        T, C, L, V, dt = (1024, 768, 12, 50304, "bf16") if name == "gpt2" else (64, 128, 2, 512, "f32")
+        T, C, L, V, dt = (64, 128, 2, 512, "f32") if name == "gpt2_cpu" else (1024, 768, 12, 50304, "bf16")
         per_tok = 2 * (12 * L * C * C + V * C) + L * 4 * T * C  # fwd: matmul params + QK^T, PV (full)
+        if name == "gpt2_infer":  # read the params, write the logits
+            return params * 2 + B * T * V * 2, B * T * per_tok, dt
         opt = params * ((2 + 4 + 4 + 4) * 2 if dt == "bf16" else 4 * 7)  # rough: p, master, m, v in and out
         return 2 * B * T * 4 + opt, 3 * B * T * per_tok, dt
     return 0, 0, "f32"
@@ -230,7 +234,7 @@ def torch_fns(name, graph):
     hand-written module of a workload; P: {checkpoint name: tensor}."""
     import torch
     import torch.nn.functional as F
-    base = name.replace("_fwdbwd", "").replace("_cpu", "")
+    base = name.replace("_fwdbwd", "").replace("_cpu", "").replace("_infer", "")
     if base == "tinyops":
         def tiny(P, x):
             a = x * 2 + 1
@@ -270,7 +274,7 @@ def torch_fns(name, graph):
         return seed
     if base == "gpt2":
         L = len([p for p in graph["params"] if p["ckpt"].endswith("attn.c_attn.weight")])
-        NH = 12 if name == "gpt2" else 4
+        NH = 4 if name == "gpt2_cpu" else 12
 
         def gpt(P, idx, targets):
             B, T = idx.shape
@@ -290,7 +294,8 @@ def torch_fns(name, graph):
                 x = x + F.linear(m, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
             x = F.layer_norm(x, (C,), P[t + "ln_f.weight"], P[t + "ln_f.bias"], eps=1e-5)
             logits = F.linear(x, P[t + "wte.weight"])
-            return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T).long())  # f32 under autocast
+            loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T).long())  # f32 under autocast
+            return (logits, loss) if name.endswith("_infer") else loss  # the forward's outputs, or the loss
         return gpt
     raise ValueError(name)
 
@@ -385,6 +390,9 @@ class Worker:
             raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
         self.res["tgen_ms"] = float(m.group(1))
         self.res["tgen_line"] = out.strip().splitlines()[-1]
+        mem = re.search(r"device memory peak ([\d.]+) MiB", out)  # tgm_device_memory: what the model allocated
+        if mem:
+            self.res["tgen_peak_gib"] = round(float(mem.group(1)) / 1024, 2)
         if not self.cpu:  # the same with CUDA graphs (NAME_set_graphs: one switch for the user)
             rc, out, _ = run_cmd(cmd + ["--iters", str(n), "--warmup", str(max(warm, 3)), "--graphs", "1"],
                                  self.a.cmd_timeout, self.log, env=env)
@@ -746,8 +754,10 @@ def row_of(name, r, ceil, a):
         notes.append(f"compile 1st call {r['compile_first_s']:.0f} s")
     if r.get("tgen_workspace_mib") is not None:
         notes.append(f"tgen workspace {r['tgen_workspace_mib']:.4g} MiB")
-    if r.get("eager_peak_gib") is not None and w["kind"] == "train":
-        notes.append(f"eager peak {r['eager_peak_gib']:.1f} GiB")
+    if w["kind"] == "train" or name == "gpt2_infer":  # device memory allocated at most (not the CUDA context)
+        peaks = [(k, r.get(f"{k}_peak_gib")) for k in ("tgen", "eager", "compile")]
+        if any(v is not None for _, v in peaks):
+            notes.append("peak memory " + ", ".join(f"{k} {v:.2f} GiB" for k, v in peaks if v is not None))
     if r.get("build") and not r["build"].startswith("built"):
         notes.append(r["build"])
     for k, v in r.get("errors", {}).items():
@@ -908,7 +918,7 @@ def main(argv=None):
             say("run.py: --only mixes GPU and CPU workloads; run the modes separately (--cpu for CPU ones)")
             return 2
     else:
-        names = list(CPU_DEFAULT if a.cpu else GPU_DEFAULT + (["gpt2"] if a.gpt2 else []))
+        names = list(CPU_DEFAULT if a.cpu else GPU_DEFAULT + (["gpt2", "gpt2_infer"] if a.gpt2 else []))
     t_start = time.time()
     os.makedirs(a.out, exist_ok=True)
     a.out = os.path.abspath(a.out)

@@ -117,6 +117,9 @@ int main(int argc, char **argv) {
   printf("  median %.4f ms  min %.4f  max %.4f  (%d iterations, %s)  wall median %.4f ms  graphs %s  workspace %.1f MiB",
          t[iters / 2], t[0], t[iters - 1], iters, m->device == 1 ? "CUDA events" : "wall clock", w[iters / 2],
          m->graphs ? "on" : "off", (double)mlp_pass_arena[train ? MLP_PASS_TRAIN : MLP_PASS_FORWARD] / 1048576.0);
+  int64_t mem_now, mem_peak;
+  if (m->device == 1 && !mlp_device_memory(m, &mem_now, &mem_peak))
+    printf("  device memory peak %.1f MiB", (double)mem_peak / 1048576.0);
   if (m->device == 0) {
 #ifdef _OPENMP
     printf("  threads %d", threads ? threads : omp_get_max_threads());

@@ -115,6 +115,12 @@ mlp_status mlp_set_graphs(mlp_model *m, int on);
  * on = 0 by rounding. Set it before the first call; on "cpu" it does
  * nothing. */
 mlp_status mlp_set_autotune(mlp_model *m, int on, const char *file);
+/* Device memory: the bytes this model has allocated on its GPU now and at
+ * most since it was created (params, gradients, optimizer state, the
+ * pass workspace, scratch, the cuBLAS workspace and buffers allocated
+ * through the model, such as the runner's; not the CUDA context's own, as
+ * PyTorch's max_memory_allocated). On "cpu" both are 0. */
+mlp_status mlp_device_memory(const mlp_model *m, int64_t *now, int64_t *peak);
 
 /* CPU threads: the OpenMP threads of this model's work on the host (on
  * "cpu" its passes and the optimizer step; mlp_init_params on either

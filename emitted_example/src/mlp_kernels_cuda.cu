@@ -92,6 +92,11 @@ struct mlp_cuda_tune {
   float ms, heuristic_ms;
 };
 
+struct mlp_cuda_alloc {
+  void *p;
+  size_t n;
+};
+
 struct mlp_cuda_ctx {
   int device;                /* the device current at creation */
   int sms;                   /* its multiprocessor count, for grid sizes */
@@ -114,6 +119,9 @@ struct mlp_cuda_ctx {
   unsigned *d_split_count;   /* and per output tile the blocks done (MLP_CUDA_SPLIT_TILES, zero between kernels) */
   void *scratch;             /* growable scratch: attention scores, loss rows, partial states */
   size_t scratch_bytes;
+  struct mlp_cuda_alloc *allocs; /* the live cudaMallocs (dev_malloc), for the memory held now and at most */
+  int nallocs, cap_allocs;
+  size_t mem_now, mem_peak;
   const char *op; /* the entry point running, for messages */
   char err[512];  /* the last error: "FUNCTION: message" */
 };
@@ -174,6 +182,44 @@ int blas_fail(mlp_cuda_ctx *cx, cublasStatus_t s, const char *what) {
       return cuda_fail(cx, e_, "launching " name);                                                                     \
   } while (0)
 
+/* Every device allocation of the context goes through dev_malloc and
+ * dev_free, which keep the live ones' sizes: the memory held now and at
+ * most (mlp_cuda_ctx_memory; the CUDA context's own is not counted). */
+cudaError_t dev_malloc(mlp_cuda_ctx *cx, void **p, size_t n) {
+  *p = NULL;
+  if (cx->nallocs == cx->cap_allocs) {
+    int cap = cx->cap_allocs ? 2 * cx->cap_allocs : 16;
+    struct mlp_cuda_alloc *a = (struct mlp_cuda_alloc *)realloc(cx->allocs, sizeof *a * (size_t)cap);
+    if (!a)
+      return cudaErrorMemoryAllocation;
+    cx->allocs = a;
+    cx->cap_allocs = cap;
+  }
+  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    return e;
+  }
+  cx->allocs[cx->nallocs].p = *p;
+  cx->allocs[cx->nallocs++].n = n;
+  cx->mem_now += n;
+  if (cx->mem_now > cx->mem_peak)
+    cx->mem_peak = cx->mem_now;
+  return e;
+}
+
+void dev_free(mlp_cuda_ctx *cx, void *p) {
+  if (!p)
+    return;
+  for (int i = 0; i < cx->nallocs; i++)
+    if (cx->allocs[i].p == p) {
+      cx->mem_now -= cx->allocs[i].n;
+      cx->allocs[i] = cx->allocs[--cx->nallocs];
+      break;
+    }
+  cudaFree(p);
+}
+
 /* The growable scratch buffer: at least `bytes`, valid until the next call
  * that asks for more. Growing waits for the stream (the old buffer may still
  * be in use), which happens only while the sizes still climb. */
@@ -185,11 +231,11 @@ int scratch(mlp_cuda_ctx *cx, size_t bytes, void **p) {
     size_t nb = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (cx->scratch) {
       MLP_CUDA_TRY(cudaStreamSynchronize(cx->stream));
-      cudaFree(cx->scratch);
+      dev_free(cx, cx->scratch);
       cx->scratch = NULL;
       cx->scratch_bytes = 0;
     }
-    cudaError_t e = cudaMalloc(&cx->scratch, nb);
+    cudaError_t e = dev_malloc(cx, &cx->scratch, nb);
     if (e != cudaSuccess) {
       cudaGetLastError();
       cx->scratch = NULL;
@@ -624,8 +670,8 @@ void lt_tune(mlp_cuda_ctx *cx, mlp_cuda_gemm_plan *p, const void *A, const void 
   cublasLtMatmulPreferenceDestroy(pref);
   void *D = NULL, *aux = NULL;
   cudaEvent_t e0 = NULL, e1 = NULL;
-  if (s != CUBLAS_STATUS_SUCCESS || n < 1 || cudaMalloc(&D, dbytes) != cudaSuccess ||
-      (gelu_aux && cudaMalloc(&aux, dbytes) != cudaSuccess) || cudaEventCreate(&e0) != cudaSuccess ||
+  if (s != CUBLAS_STATUS_SUCCESS || n < 1 || dev_malloc(cx, &D, dbytes) != cudaSuccess ||
+      (gelu_aux && dev_malloc(cx, &aux, dbytes) != cudaSuccess) || cudaEventCreate(&e0) != cudaSuccess ||
       cudaEventCreate(&e1) != cudaSuccess)
     goto done;
   {
@@ -682,8 +728,8 @@ done:
     cudaEventDestroy(e1);
   if (D || aux)
     cudaStreamSynchronize(cx->stream);
-  cudaFree(D);
-  cudaFree(aux);
+  dev_free(cx, D);
+  dev_free(cx, aux);
 }
 
 
@@ -1052,7 +1098,7 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     goto cuda_error;
   }
   cx->stream = cx->own;
-  if ((e = cudaMalloc((void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
+  if ((e = dev_malloc(cx, (void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
     what = "cudaMalloc (d_bad)";
     goto cuda_error;
   }
@@ -1060,8 +1106,8 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemcpy (d_bad)";
     goto cuda_error;
   }
-  if ((e = cudaMalloc((void **)&cx->d_split_part, MLP_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
-      (e = cudaMalloc((void **)&cx->d_split_count, MLP_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
+  if ((e = dev_malloc(cx, (void **)&cx->d_split_part, MLP_CUDA_SPLIT_PARTS * sizeof(float))) != cudaSuccess ||
+      (e = dev_malloc(cx, (void **)&cx->d_split_count, MLP_CUDA_SPLIT_TILES * sizeof(unsigned))) != cudaSuccess) {
     what = "cudaMalloc (split reductions)";
     goto cuda_error;
   }
@@ -1069,7 +1115,7 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     what = "cudaMemset (split reductions)";
     goto cuda_error;
   }
-  if ((e = cudaMalloc(&cx->blas_ws, MLP_CUDA_BLAS_WS)) != cudaSuccess) {
+  if ((e = dev_malloc(cx, &cx->blas_ws, MLP_CUDA_BLAS_WS)) != cudaSuccess) {
     what = "cudaMalloc (cuBLAS workspace)";
     goto cuda_error;
   }
@@ -1126,14 +1172,15 @@ void mlp_cuda_ctx_destroy(mlp_cuda_ctx *cx) {
     cublasLtDestroy(cx->lt);
   if (cx->blas)
     cublasDestroy(cx->blas);
-  cudaFree(cx->scratch);
-  cudaFree(cx->blas_ws);
-  cudaFree(cx->d_bad);
-  cudaFree(cx->d_split_part);
-  cudaFree(cx->d_split_count);
+  dev_free(cx, cx->scratch);
+  dev_free(cx, cx->blas_ws);
+  dev_free(cx, cx->d_bad);
+  dev_free(cx, cx->d_split_part);
+  dev_free(cx, cx->d_split_count);
   if (cx->own)
     cudaStreamDestroy(cx->own);
   cudaGetLastError();
+  free(cx->allocs);
   free(cx);
 }
 
@@ -1168,7 +1215,7 @@ int mlp_cuda_bad_index(mlp_cuda_ctx *cx, int64_t *pos) {
 int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n) {
   cx->op = "mlp_cuda_malloc";
   *p = NULL;
-  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  cudaError_t e = dev_malloc(cx, p, n);
   if (e != cudaSuccess) {
     cudaGetLastError();
     *p = NULL;
@@ -1181,10 +1228,18 @@ int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n) {
 void mlp_cuda_free(mlp_cuda_ctx *cx, void *p) {
   if (!p)
     return;
-  if (cx)
+  if (cx) {
     cudaStreamSynchronize(cx->stream);
-  cudaFree(p);
+    dev_free(cx, p);
+  } else {
+    cudaFree(p);
+  }
   cudaGetLastError();
+}
+
+void mlp_cuda_ctx_memory(const mlp_cuda_ctx *cx, size_t *now, size_t *peak) {
+  *now = cx ? cx->mem_now : 0;
+  *peak = cx ? cx->mem_peak : 0;
 }
 
 /* h2d and d2h return when the copy is done (host buffers are free to reuse

@@ -172,6 +172,19 @@ void mlp_destroy(mlp_model *m) {
 
 const char *mlp_error(const mlp_model *m) { return m ? m->err : "mlp_error: model is NULL"; }
 
+mlp_status mlp_device_memory(const mlp_model *m, int64_t *now, int64_t *peak) {
+  if (!m || !now || !peak)
+    return MLP_EINVAL;
+  size_t n = 0, p = 0;
+#ifdef MLP_HAVE_CUDA
+  if (m->device == 1)
+    mlp_cuda_ctx_memory(m->cx, &n, &p);
+#endif
+  *now = (int64_t)n;
+  *peak = (int64_t)p;
+  return MLP_OK;
+}
+
 size_t mlp_param_bytes(void) { return (size_t)mlp_info.param_bytes; }
 
 /* Copy between a host buffer and the params (either direction). */

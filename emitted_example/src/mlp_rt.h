@@ -296,6 +296,7 @@ float *mlp_cuda_split_part(mlp_cuda_ctx *cx);
 unsigned *mlp_cuda_split_count(mlp_cuda_ctx *cx);
 int mlp_cuda_malloc(mlp_cuda_ctx *cx, void **p, size_t n);
 void mlp_cuda_free(mlp_cuda_ctx *cx, void *p);
+void mlp_cuda_ctx_memory(const mlp_cuda_ctx *cx, size_t *now, size_t *peak); /* device bytes held, now and at most */
 int mlp_cuda_memcpy(mlp_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
 
 int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);

@@ -225,6 +225,21 @@ int main(int argc, char **argv) {
         "set_threads refuses a negative count and one above MLP_MAX_THREADS", mlp_error(m));
   check(mlp_set_threads(m, 1) == MLP_OK && mlp_set_threads(m, MLP_MAX_THREADS) == MLP_OK && mlp_set_threads(m, 0) == MLP_OK,
         "set_threads takes 1 to MLP_MAX_THREADS, and 0 (OpenMP's default)", "");
+  int64_t mem_now = -1, mem_peak = -1;
+  check(mlp_device_memory(NULL, &mem_now, &mem_peak) == MLP_EINVAL && mlp_device_memory(m, NULL, &mem_peak) == MLP_EINVAL &&
+            mlp_device_memory(m, &mem_now, NULL) == MLP_EINVAL,
+        "device_memory refuses NULL arguments", "");
+  check(mlp_device_memory(m, &mem_now, &mem_peak) == MLP_OK && mem_now == 0 && mem_peak == 0,
+        "device_memory on the cpu: 0 and 0", "");
+  {
+    mlp_model *g = NULL;
+    if (mlp_create("cuda", &g, err, sizeof err) == MLP_OK) { /* a GPU answers */
+      check(mlp_device_memory(g, &mem_now, &mem_peak) == MLP_OK && mem_now >= (int64_t)mlp_param_bytes() &&
+                mem_peak >= mem_now,
+            "device_memory on the GPU: at least the params, and a peak no lower than now", "");
+      mlp_destroy(g);
+    }
+  }
 
   /* training calls */
   float loss;

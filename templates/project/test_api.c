@@ -225,6 +225,21 @@ int main(int argc, char **argv) {
         "set_threads refuses a negative count and one above TGM_MAX_THREADS", tgm_error(m));
   check(tgm_set_threads(m, 1) == TGM_OK && tgm_set_threads(m, TGM_MAX_THREADS) == TGM_OK && tgm_set_threads(m, 0) == TGM_OK,
         "set_threads takes 1 to TGM_MAX_THREADS, and 0 (OpenMP's default)", "");
+  int64_t mem_now = -1, mem_peak = -1;
+  check(tgm_device_memory(NULL, &mem_now, &mem_peak) == TGM_EINVAL && tgm_device_memory(m, NULL, &mem_peak) == TGM_EINVAL &&
+            tgm_device_memory(m, &mem_now, NULL) == TGM_EINVAL,
+        "device_memory refuses NULL arguments", "");
+  check(tgm_device_memory(m, &mem_now, &mem_peak) == TGM_OK && mem_now == 0 && mem_peak == 0,
+        "device_memory on the cpu: 0 and 0", "");
+  {
+    tgm_model *g = NULL;
+    if (tgm_create("cuda", &g, err, sizeof err) == TGM_OK) { /* a GPU answers */
+      check(tgm_device_memory(g, &mem_now, &mem_peak) == TGM_OK && mem_now >= (int64_t)tgm_param_bytes() &&
+                mem_peak >= mem_now,
+            "device_memory on the GPU: at least the params, and a peak no lower than now", "");
+      tgm_destroy(g);
+    }
+  }
 
   /* training calls */
   float loss;

@@ -187,6 +187,19 @@ void tgm_destroy(tgm_model *m) {
 
 const char *tgm_error(const tgm_model *m) { return m ? m->err : "tgm_error: model is NULL"; }
 
+tgm_status tgm_device_memory(const tgm_model *m, int64_t *now, int64_t *peak) {
+  if (!m || !now || !peak)
+    return TGM_EINVAL;
+  size_t n = 0, p = 0;
+#ifdef TGM_HAVE_CUDA
+  if (m->device == 1)
+    tgm_cuda_ctx_memory(m->cx, &n, &p);
+#endif
+  *now = (int64_t)n;
+  *peak = (int64_t)p;
+  return TGM_OK;
+}
+
 size_t tgm_param_bytes(void) { return (size_t)tgm_info.param_bytes; }
 
 /* Copy between a host buffer and the params (either direction). */

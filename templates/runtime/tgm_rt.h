@@ -362,6 +362,7 @@ float *tgm_cuda_split_part(tgm_cuda_ctx *cx);
 unsigned *tgm_cuda_split_count(tgm_cuda_ctx *cx);
 int tgm_cuda_malloc(tgm_cuda_ctx *cx, void **p, size_t n);
 void tgm_cuda_free(tgm_cuda_ctx *cx, void *p);
+void tgm_cuda_ctx_memory(const tgm_cuda_ctx *cx, size_t *now, size_t *peak); /* device bytes held, now and at most */
 int tgm_cuda_memcpy(tgm_cuda_ctx *cx, void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
 
 int tgm_cuda_cast(tgm_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *y, int64_t n);
