@@ -2,7 +2,7 @@
 """bench/profile.py: one training step (or forward pass) of an emitted model,
 kernel by kernel, grouped by class, on the GPU machine.
 
-    python3 bench/profile.py BUILD/NAME_bench [--dims B=16] [--train] [--out FILE]
+    python3 bench/profile.py BUILD/NAME_bench [--dims B=16] [--train] [--int-range N] [--out FILE]
 
 Runs NAME_bench for --warmup + 1 steps under Nsight Compute (ncu at the
 card's own clocks, caches left warm: --clock-control none --cache-control
@@ -41,12 +41,15 @@ def main():
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", default="")
+    ap.add_argument("--int-range", type=int, default=0, help="integer inputs uniform in [0, N) (NAME_bench's)")
     a = ap.parse_args()
     cmd = [a.bench, "--device", "cuda", "--iters", "1", "--warmup", str(a.warmup)]
     if a.dims:
         cmd += ["--dims", a.dims]
     if a.train:
         cmd += ["--train", "1"]
+    if a.int_range:
+        cmd += ["--int-range", str(a.int_range)]
     base = ["ncu", "--clock-control", "none", "--cache-control", "none", "--csv", "--print-units", "base"]
     listing = subprocess.run(base + ["--metrics", "gpu__time_duration.sum"] + cmd, capture_output=True, text=True)
     if listing.returncode:

@@ -376,6 +376,8 @@ class Worker:
             cmd += ["--dims", self.w["dims"]]
         if self.w["kind"] in ("train", "fwdbwd"):
             cmd += ["--train", "1"]  # fwdbwd: forward_backward (the spec has no optimizer)
+        if self.w["ints"]:  # integer inputs spread over their range, as torch's (not all 0)
+            cmd += ["--int-range", str(min(self.w["ints"].values()))]
         env = dict(os.environ, OMP_NUM_THREADS=str(self.a.threads)) if self.cpu else None
         # a probe (2 calls) first: a slow call gets fewer iterations (at least 5), not a timeout
         rc, out, _ = run_cmd(cmd + ["--iters", "1", "--warmup", "1"], self.a.cmd_timeout, self.log, env=env)

@@ -1,6 +1,6 @@
 /* mlp_bench: times the forward pass, or the training step.
  *   mlp_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
- *             [--threads N]
+ *             [--threads N] [--int-range N]
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
@@ -9,7 +9,10 @@
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (mlp_set_graphs; default: the spec's compile.mode); --autotune 1 times
  * cuBLASLt's candidates for each GEMM in the warm-up (mlp_set_autotune, choices in memory only); --threads N
- * runs the CPU's work on N OpenMP threads (mlp_set_threads; default: OpenMP's, OMP_NUM_THREADS). */
+ * runs the CPU's work on N OpenMP threads (mlp_set_threads; default: OpenMP's, OMP_NUM_THREADS). Inputs
+ * are fixed: floats uniform in [-1, 1), integers 0, or with --int-range N uniform in [0, N) (token ids or
+ * class labels as a data loader gives them: an embedding's backward and a loss over all-zero indices
+ * are not the work real batches ask for). */
 #define _POSIX_C_SOURCE 200809L
 #include "mlp_io.h"
 
@@ -27,6 +30,17 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+/* Integer input k's elements uniform in [0, n) (splitmix64 of the element's position and k). */
+static void fill_ints(mlp_host *h, int k, int64_t n) {
+  for (int64_t i = 0; i < h->numel; i++) {
+    uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15u + (uint64_t)k * 0xbf58476d1ce4e5b9u + 0x94d049bb133111ebu;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    z ^= z >> 31;
+    ((int32_t *)h->data)[i] = (int32_t)(z % (uint64_t)n);
+  }
+}
+
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -35,6 +49,7 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
   int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1, threads = 0;
+  long long int_range = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
@@ -44,10 +59,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--int-range")) int_range = atoll(argv[i + 1]);
     else return fprintf(stderr, "mlp_bench: unknown option '%s'\n", argv[i]), 1;
   }
   if (iters < 1 || iters > 100000)
     iters = 20;
+  if (int_range < 0 || int_range > INT32_MAX)
+    return fprintf(stderr, "mlp_bench: --int-range N takes 1 to %d (0: integer inputs are 0)\n", INT32_MAX), 1;
   int64_t dyn[16] = {0}, sym[16] = {0};
   for (int k = 0; k < mlp_info.ndyn; k++)
     dyn[k] = mlp_info.dyn_max[k];
@@ -68,10 +86,13 @@ int main(int argc, char **argv) {
     if (mlp_host_alloc(&in[k], 0, k, sym))
       return 1;
     mlp_host_fill(&in[k], mlp_info.inputs[k].name);
+    if (int_range > 0 && in[k].dtype == MLP_I32)
+      fill_ints(&in[k], k, int_range);
     if (mlp_to_device(m, &in[k], &din[k]))
       return 1;
   }
-  for (int k = 0; k < mlp_info.noutputs; k++)
+  int nout = train ? 0 : mlp_info.noutputs; /* a training step writes no outputs */
+  for (int k = 0; k < nout; k++)
     if (mlp_host_alloc(&out[k], 1, k, sym) || mlp_to_device(m, &out[k], &dout[k]))
       return 1;
   double *t = calloc((size_t)iters, sizeof *t), *w = calloc((size_t)iters, sizeof *w);

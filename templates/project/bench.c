@@ -1,6 +1,6 @@
 /* tgm_bench: times the forward pass, or the training step.
  *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
- *             [--threads N]
+ *             [--threads N] [--int-range N]
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
@@ -9,7 +9,10 @@
  * optimizer (train.wrt only), forward_backward (loss and gradients). --graphs 1 replays each
  * call from a CUDA graph (tgm_set_graphs; default: the spec's compile.mode); --autotune 1 times
  * cuBLASLt's candidates for each GEMM in the warm-up (tgm_set_autotune, choices in memory only); --threads N
- * runs the CPU's work on N OpenMP threads (tgm_set_threads; default: OpenMP's, OMP_NUM_THREADS). */
+ * runs the CPU's work on N OpenMP threads (tgm_set_threads; default: OpenMP's, OMP_NUM_THREADS). Inputs
+ * are fixed: floats uniform in [-1, 1), integers 0, or with --int-range N uniform in [0, N) (token ids or
+ * class labels as a data loader gives them: an embedding's backward and a loss over all-zero indices
+ * are not the work real batches ask for). */
 /*@uses distributed@*/
 /* --nproc N (with --train 1): N ranks on GPUs 0..N-1 of this host train in data parallel, each on
  * its own batch at --dims (the global batch is N times it); rank 0 prints the times, and every rank
@@ -32,6 +35,17 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+/* Integer input k's elements uniform in [0, n) (splitmix64 of the element's position and k). */
+static void fill_ints(tgm_host *h, int k, int64_t n) {
+  for (int64_t i = 0; i < h->numel; i++) {
+    uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15u + (uint64_t)k * 0xbf58476d1ce4e5b9u + 0x94d049bb133111ebu;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    z ^= z >> 31;
+    ((int32_t *)h->data)[i] = (int32_t)(z % (uint64_t)n);
+  }
+}
+
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -40,6 +54,7 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
   const char *device = "cpu", *dims = NULL;
   int iters = 20, warmup = 3, train = 0, graphs = -1, tune = -1, threads = 0;
+  long long int_range = 0;
 /*@uses distributed@*/
   int nproc = 0, rank = 0;
   char rdv[4200];
@@ -53,6 +68,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--int-range")) int_range = atoll(argv[i + 1]);
 /*@uses distributed@*/
     else if (!strcmp(argv[i], "--nproc")) nproc = atoi(argv[i + 1]);
 /*@end distributed@*/
@@ -60,6 +76,8 @@ int main(int argc, char **argv) {
   }
   if (iters < 1 || iters > 100000)
     iters = 20;
+  if (int_range < 0 || int_range > INT32_MAX)
+    return fprintf(stderr, "tgm_bench: --int-range N takes 1 to %d (0: integer inputs are 0)\n", INT32_MAX), 1;
   int64_t dyn[16] = {0}, sym[16] = {0};
   for (int k = 0; k < tgm_info.ndyn; k++)
     dyn[k] = tgm_info.dyn_max[k];
@@ -98,10 +116,13 @@ int main(int argc, char **argv) {
     if (tgm_host_alloc(&in[k], 0, k, sym))
       return 1;
     tgm_host_fill(&in[k], tgm_info.inputs[k].name);
+    if (int_range > 0 && in[k].dtype == TGM_I32)
+      fill_ints(&in[k], k, int_range);
     if (tgm_to_device(m, &in[k], &din[k]))
       return 1;
   }
-  for (int k = 0; k < tgm_info.noutputs; k++)
+  int nout = train ? 0 : tgm_info.noutputs; /* a training step writes no outputs */
+  for (int k = 0; k < nout; k++)
     if (tgm_host_alloc(&out[k], 1, k, sym) || tgm_to_device(m, &out[k], &dout[k]))
       return 1;
   double *t = calloc((size_t)iters, sizeof *t), *w = calloc((size_t)iters, sizeof *w);
