@@ -337,8 +337,8 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k1_cross_entropy<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
-  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  k1_cross_entropy<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
+  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }
@@ -386,9 +386,9 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k3_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
-  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
-  k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  k3_sum<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, d_loss_sum);
+  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
+  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,
