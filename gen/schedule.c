@@ -1180,6 +1180,8 @@ void dump_pass(const BPass *p, int after, Buf *b) {
       if (x->home == HOME_ARENA)
         buf_printf(b, " +%lld, %lld bytes, kernels %d..%d", (long long)x->offset, (long long)x->bytes, x->first + 1,
                    x->last + 1);
+      if (x->home == HOME_ARENA && x->inplace >= 0)
+        buf_printf(b, ", in place of %s", p->b[x->inplace].name);
       buf_printf(b, ")");
     }
     buf_printf(b, "  # %s @%d\n", n->name ? n->name : "", n->loc.line);

@@ -99,7 +99,7 @@ static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
 }
 
 /* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum, float *restrict loss_where) {
+static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
   int64_t bad = INT64_MAX;
   const int64_t n_o = dim_B, n_r = 10;
   MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
@@ -121,42 +121,42 @@ static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits,
       acc4 += v8;
     }
     const float s9 = (float)acc4;
-    const int64_t ix15 = y[o];
-    const int v19 = ix15 != -100;
-    const float v20 = d_loss_sum[0];
-    const float v21 = mlp_div(1.0f, v20);
-    const float v22 = v19 ? v21 : 0.0f;
-    for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix10 = o * n_r + r;
-      const float v11 = logits[ix10];
-      const float v12 = v11 - s3;
-      const float v13 = mlp_exp(v12);
-      const float v14 = mlp_div(v13, s9);
-      const int v16 = ix15 == r;
-      const float v17 = (float)v16;
-      const float v18 = v14 - v17;
-      const float v23 = v18 * v22;
-      d_loss[ix10] = (float)v23;
-    }
     loss_amax[o] = (float)s3;
     loss_sum[o] = (float)s9;
-    const float v24 = mlp_log(s9);
-    const float v25 = v24 + s3;
-    const int v26 = ix15 >= 0 && ix15 < 10;
-    if (!v26 && !(ix15 == -100))
+    const int64_t ix10 = y[o];
+    const int v11 = ix10 != -100;
+    const float v12 = mlp_log(s9);
+    const float v13 = v12 + s3;
+    const int v14 = ix10 >= 0 && ix10 < 10;
+    if (!v14 && !(ix10 == -100))
       bad = bad < o ? bad : o;
-    const int64_t ix27 = v26 ? ix15 : 0;
-    const int64_t ix28 = o * (10) + ix27;
-    const float v29 = logits[ix28];
-    const float v30 = v25 - v29;
-    const float v31 = v19 ? v30 : 0.0f;
-    loss_where[o] = (float)v31;
+    const int64_t ix15 = v14 ? ix10 : 0;
+    const int64_t ix16 = o * (10) + ix15;
+    const float v17 = logits[ix16];
+    const float v18 = v13 - v17;
+    const float v19 = v11 ? v18 : 0.0f;
+    loss_where[o] = (float)v19;
+    const float v28 = d_loss_sum[0];
+    const float v29 = mlp_div(1.0f, v28);
+    const float v30 = v11 ? v29 : 0.0f;
+    for (int64_t r = 0; r < n_r; r++) {
+      const int64_t ix20 = o * n_r + r;
+      const float v21 = logits[ix20];
+      const float v22 = v21 - s3;
+      const float v23 = mlp_exp(v22);
+      const float v24 = mlp_div(v23, s9);
+      const int v25 = ix10 == r;
+      const float v26 = (float)v25;
+      const float v27 = v24 - v26;
+      const float v31 = v27 * v30;
+      d_loss[ix20] = (float)v31;
+    }
   }
   return bad == INT64_MAX ? -1 : bad;
 }
 
 /* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
   const int64_t n = 128 * dim_B;
   MLP_OMP(parallel for simd if (n > 16384) schedule(static))
   for (int64_t i = 0; i < n; i++) {
@@ -240,7 +240,7 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   return MLP_OK;
 }
 
-/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 3227648 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -255,19 +255,19 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *h_relu = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *logits = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_where = (float *)(ws + 1064960);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -287,7 +287,7 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   k3_sum(dim_B, y, d_loss_sum);
-  bad = k4_cross_entropy_mul(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum, loss_where);
+  bad = k4_cross_entropy_mul(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
   k2_cross_entropy(dim_B, loss_where, y, loss);

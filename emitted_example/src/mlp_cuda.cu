@@ -144,7 +144,7 @@ static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *_
 }
 
 /* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss, float *__restrict__ loss_amax, float *__restrict__ loss_sum, float *__restrict__ loss_where, unsigned long long *bad) {
+static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum, const int32_t *__restrict__ y, float *__restrict__ loss_where, const float *__restrict__ d_loss_sum, float *d_loss /* in place of logits */, unsigned long long *bad) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
@@ -185,62 +185,63 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__
     mlp_warp_online(&acc0, &acc1);
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
-    const int64_t ix14 = y[o];
-    const int v18 = ix14 != -100;
-    const float v19 = d_loss_sum[0];
-    const float v20 = mlp_div(1.0f, v19);
-    const float v21 = v18 ? v20 : 0.0f;
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
+    const int64_t ix9 = y[o];
+    const int v10 = ix9 != -100;
+    const float v11 = mlp_log(s8);
+    const float v12 = v11 + s7;
+    const int v13 = ix9 >= 0 && ix9 < 10;
+    if (!v13 && !(ix9 == -100))
+      atomicMin(bad, (unsigned long long)(o));
+    const int ix14 = v13 ? ix9 : 0;
+    const int ix15 = o * (10) + ix14;
+    const float v16 = logits[ix15];
+    const float v17 = v12 - v16;
+    const float v18 = v10 ? v17 : 0.0f;
+    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v18;
+    __syncwarp();  /* d_loss is written over logits from here */
+    const float v27 = d_loss_sum[0];
+    const float v28 = mlp_div(1.0f, v27);
+    const float v29 = v10 ? v28 : 0.0f;
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 32 + rj * 32;
       if (rv >= nrv) break;
-      mlp_vec<float, 4> v23;
+      mlp_vec<float, 4> v31;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
-        const float v10 = v3[rj].v[lane];
-        const float v11 = v10 - s7;
-        const float v12 = mlp_exp(v11);
-        const float v13 = mlp_div(v12, s8);
-        const int v15 = ix14 == r;
-        const float v16 = (float)v15;
-        const float v17 = v13 - v16;
-        const float v22 = v17 * v21;
-        v23.v[lane] = (float)v22;
+        const float v20 = v3[rj].v[lane];
+        const float v21 = v20 - s7;
+        const float v22 = mlp_exp(v21);
+        const float v23 = mlp_div(v22, s8);
+        const int v24 = ix9 == r;
+        const float v25 = (float)v24;
+        const float v26 = v23 - v25;
+        const float v30 = v26 * v29;
+        v31.v[lane] = (float)v30;
       }
-      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v23;
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v31;
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix24 = o * n_r + r;
-      const float v25 = logits[ix24];
-      const float v26 = v25 - s7;
-      const float v27 = mlp_exp(v26);
-      const float v28 = mlp_div(v27, s8);
-      const int v29 = ix14 == r;
-      const float v30 = (float)v29;
-      const float v31 = v28 - v30;
-      const float v32 = v31 * v21;
-      d_loss[ix24] = (float)v32;
+      const int ix32 = o * n_r + r;
+      const float v33 = logits[ix32];
+      const float v34 = v33 - s7;
+      const float v35 = mlp_exp(v34);
+      const float v36 = mlp_div(v35, s8);
+      const int v37 = ix9 == r;
+      const float v38 = (float)v37;
+      const float v39 = v36 - v38;
+      const float v40 = v39 * v29;
+      d_loss[ix32] = (float)v40;
     }
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
-    const float v33 = mlp_log(s8);
-    const float v34 = v33 + s7;
-    const int v35 = ix14 >= 0 && ix14 < 10;
-    if (!v35 && !(ix14 == -100))
-      atomicMin(bad, (unsigned long long)(o));
-    const int ix36 = v35 ? ix14 : 0;
-    const int ix37 = o * (10) + ix36;
-    const float v38 = logits[ix37];
-    const float v39 = v34 - v38;
-    const float v40 = v18 ? v39 : 0.0f;
-    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v40;
   }
 }
 
 /* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
-static __global__ void k5_relu_mul(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
+static __global__ void k5_relu_mul(int dim_B, const float *h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *d_h /* in place of h_linear */) {
   const int n = 128 * dim_B;
   const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)d_logits_matmul % 16 | (uintptr_t)h % 16 | (uintptr_t)d_h % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
   for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
@@ -339,7 +340,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   return MLP_OK;
 }
 
-/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 3227648 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -354,19 +355,19 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *h_relu = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *logits = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_where = (float *)(ws + 1064960);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -384,7 +385,7 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k3_sum<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, y, d_loss_sum);
-  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum, loss_where, mlp_cuda_bad_ptr(m->cx));
+  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 8), 256, 0, st>>>(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss, mlp_cuda_bad_ptr(m->cx));
   k2_cross_entropy<<<mlp_blocks(1, 1), 512, 0, st>>>(dim_B, loss_where, y, loss);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
