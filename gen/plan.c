@@ -200,14 +200,19 @@ void final_home(const BPass *p, int k, Home *h, int *index) {
   *index = p->kind == PASS_FORWARD ? k : k == 0 ? 0 : k - 1 < np ? k - 1 : k - 1 - np;
 }
 
+/* the most pairs tried (each a printing of the kernel) a kernel: in a pass
+ * whose values all have one size, every stored value a kernel reads last
+ * is a candidate for each it stores; generation stays linear */
+#define MAX_INPLACE_TRIES 4
+
 static int64_t elem_size(const Node *n) { return n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype); }
 
 /* The in-place pairs (see the header): for each loop kernel, the first of
  * its stored arena values and the first buffer it reads last that fit
  * (same bytes and element size, written by an earlier kernel, neither a
  * host of placed values) and that the printed kernel proves safe on both
- * targets (render_inplace_ok); at most one pair a kernel, and a buffer
- * gives its bytes once. */
+ * targets (render_inplace_ok); at most one pair a kernel, at most
+ * MAX_INPLACE_TRIES tried, and a buffer gives its bytes once. */
 static void in_place(BPass *p) {
   /* debugging aid: TGEN_INPLACE_LIMIT=N allows only each pass's first N
    * pairs, to bisect a wrong result to the pair that made it */
@@ -220,20 +225,21 @@ static void in_place(BPass *p) {
     if (k->kind != K_LOOP || npairs >= limit)
       continue;
     kernel_loads(p, k, w);
-    int nld = w->nlist, paired = 0;
+    int nld = w->nlist, paired = 0, tries = 0;
     memcpy(ld, w->list, sizeof(int) * (size_t)nld);
-    for (int i = 0; i < k->nouts && !paired; i++) {
+    for (int i = 0; i < k->nouts && !paired && tries < MAX_INPLACE_TRIES; i++) {
       int bo = p->buf[k->outs[i]->id];
       Buffer *o = bo >= 0 ? &p->b[bo] : NULL;
       if (!o || o->home != HOME_ARENA || o->first != c || !o->bytes || p->host[o->node->id])
         continue;
-      for (int q = 0; q < nld && !paired; q++) {
+      for (int q = 0; q < nld && !paired && tries < MAX_INPLACE_TRIES; q++) {
         int bi = p->buf[ld[q]];
         const Buffer *x = bi >= 0 ? &p->b[bi] : NULL;
         if (!x || x->home != HOME_ARENA || taken[bi] || x->last != c || x->first >= c || x->bytes != o->bytes ||
             elem_size(x->node) != elem_size(o->node) || p->host[x->node->id])
           continue;
         o->inplace = bi;
+        tries++;
         if (render_inplace_ok(p, k))
           taken[bi] = paired = 1, npairs++;
         else
