@@ -249,6 +249,8 @@ typedef struct Buffer {
   int64_t offset;    /* HOME_ARENA: bytes from the arena's start (plan.c) */
   Dim off;           /* HOME_ALIAS: elements from the start of the buffer it views (a placed value) */
   int first, last;   /* the kernels that write it and read it last (nk: read at the pass's end) */
+  int inplace;       /* HOME_ARENA: the buffer whose bytes it takes, written in place by its kernel, that
+                        buffer's last reader (plan.c), or -1 */
 } Buffer;
 
 typedef enum { K_LOOP, K_GEMM, K_EXTERN, K_CONCAT } KernelKind;
@@ -381,14 +383,22 @@ int layout_is_contig(const Node *n, const Layout *l);
 /* plan.c: buffers, their lifetimes and arena offsets at p->sym. */
 void plan(BPass *p);
 void final_home(const BPass *p, int k, Home *h, int *index);
-/* 0 when no two arena buffers with overlapping lifetimes overlap in bytes;
- * else -1 and a message. */
+/* 0 when no two arena buffers with overlapping lifetimes overlap in bytes
+ * but a recorded in-place pair (the output's .inplace names the input, both
+ * at one offset with the same bytes, the input's last reader the output's
+ * writer); else -1 and a message. */
 int plan_check(const BPass *p, char *err, size_t errlen);
 /* render.c: 0 when loop kernel k (its values as the schedule stands) can be
  * printed: every read of a reduction it computes is at its own element (else
  * 1), and it loads no value it stores itself (else 2: the load could run
  * before the store, or on another thread). */
 int render_check(BPass *p, const Kernel *k);
+/* 1 when loop kernel k, printed for both targets with its in-place pair
+ * (the buffer of one value it stores has .inplace set: plan.c), writes each
+ * element of that buffer only where every read of the input's bytes, by any
+ * thread, is done: reads in earlier phases or before the kernel's barrier,
+ * or at the element the same thread stores in the same loop iteration. */
+int render_inplace_ok(BPass *p, const Kernel *k);
 /* The pass in words (tgen check --dump-after). */
 void dump_pass(const BPass *p, int after, Buf *b); /* after: 0 decompose, 1 schedule, 2 plan */
 /* The C file of one target (cuda 0: the CPU) with every pass (NULL: the

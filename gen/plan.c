@@ -10,7 +10,36 @@
  * that reads it. Slots are placed largest first, each at the lowest
  * 256-aligned offset that no live slot occupies, so values whose lifetimes do
  * not overlap share bytes; the arena's size is the peak, known here, at
- * generation time. */
+ * generation time.
+ *
+ * In place: a loop kernel K may store its value O in the slot of a value I
+ * that it reads for the last time (I's last reader is K, I written by an
+ * earlier kernel), when O and I have the same bytes and element size and
+ * K's printed code, on both targets, writes each element of O only after
+ * every read of I's element there, by any thread, is done. The renderer
+ * proves it on the code it prints (render_inplace_ok), not on the graph:
+ *   - every store of O is in one phase P of the kernel (a pointwise loop;
+ *     a row kernel's loop after its reductions: the cross-entropy's
+ *     softmax - onehot, the layer norm's output), at the element the loop
+ *     is at, by every thread (not one lane for the others);
+ *   - a read of I in P is at that same element (the same index text in the
+ *     same loop: the same address, since both start at the slot's start and
+ *     their elements have one size), printed before the store (or a vector
+ *     load, which precedes the lanes, whose vector store follows them);
+ *   - a read of I elsewhere (a row's reductions; a gather of the logit at
+ *     the target in the values over the row, which the renderer then prints
+ *     before P) happens before P starts: on the CPU a row is one thread's
+ *     loop, in order; on CUDA a row is one warp's or one block's (never
+ *     split over blocks), and P starts with __syncwarp or __syncthreads,
+ *     so every thread of the row has done its reads; a pointwise kernel's
+ *     thread reads and writes its own elements;
+ *   - no read of I after P, and no read through another name (an alias).
+ * Then the two pointers of K name the same bytes: K's parameters for them
+ * are not restrict. The pair shares one slot, live from I's writer to O's
+ * last reader; plan_check allows exactly those overlaps. One pair a kernel;
+ * a chain (O in place of I, then O2 in place of O) is one slot. GPT-2's
+ * gradient of the logits takes the logits' 1.6 GB, the layer norms' outputs
+ * their inputs', the residual stream's gradient its previous value's. */
 #include "ir.h"
 
 #include <ctype.h>
@@ -102,14 +131,30 @@ static int by_size(const void *x, const void *y) {
   return i - j;
 }
 
+/* The first buffer of b[i]'s chain of in-place pairs (its slot's). */
+static int slot_of(const Buffer *b, int i) {
+  while (b[i].inplace >= 0)
+    i = b[i].inplace;
+  return i;
+}
+
 static int64_t place(Buffer *b, int nb) {
-  int *ord = malloc(sizeof(int) * (size_t)(nb + 1));
+  int *ord = malloc(sizeof(int) * (size_t)(nb + 1)), *end = malloc(sizeof(int) * (size_t)(nb + 1));
   int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(nb + 1));
-  if (!ord || !busy)
+  if (!ord || !busy || !end)
     die("out of memory");
+  /* a chain of in-place pairs is one slot, live from its first buffer's
+   * writer to its last buffer's last reader */
+  for (int i = 0; i < nb; i++)
+    end[i] = b[i].last;
+  for (int i = 0; i < nb; i++)
+    if (b[i].home == HOME_ARENA && b[i].inplace >= 0) {
+      int s = slot_of(b, i);
+      end[s] = b[i].last > end[s] ? b[i].last : end[s];
+    }
   int n = 0;
   for (int i = 0; i < nb; i++)
-    if (b[i].home == HOME_ARENA)
+    if (b[i].home == HOME_ARENA && b[i].inplace < 0)
       ord[n++] = i;
   sort_b = b;
   qsort(ord, (size_t)n, sizeof(int), by_size);
@@ -119,7 +164,7 @@ static int64_t place(Buffer *b, int nb) {
     int nbusy = 0;
     for (int j = 0; j < i; j++) {
       Buffer *y = &b[ord[j]];
-      if (y->first <= x->last && x->first <= y->last && y->bytes)
+      if (y->first <= end[ord[i]] && x->first <= end[ord[j]] && y->bytes)
         busy[nbusy][0] = y->offset, busy[nbusy][1] = y->offset + ALIGN(y->bytes), nbusy++;
     }
     /* the lowest gap: sort the busy ranges by offset, walk them */
@@ -137,7 +182,11 @@ static int64_t place(Buffer *b, int nb) {
     if (at + ALIGN(x->bytes) > peak)
       peak = at + ALIGN(x->bytes);
   }
+  for (int i = 0; i < nb; i++)
+    if (b[i].home == HOME_ARENA && b[i].inplace >= 0)
+      b[i].offset = b[slot_of(b, i)].offset;
   free(ord);
+  free(end);
   free(busy);
   return peak;
 }
@@ -149,6 +198,55 @@ void final_home(const BPass *p, int k, Home *h, int *index) {
   int np = p->g->nparams;
   *h = p->kind == PASS_FORWARD || k == 0 ? HOME_OUTPUT : k - 1 < np ? HOME_GRAD : HOME_IGRAD;
   *index = p->kind == PASS_FORWARD ? k : k == 0 ? 0 : k - 1 < np ? k - 1 : k - 1 - np;
+}
+
+/* the most pairs tried (each a printing of the kernel) a kernel: in a pass
+ * whose values all have one size, every stored value a kernel reads last
+ * is a candidate for each it stores; generation stays linear */
+#define MAX_INPLACE_TRIES 4
+
+static int64_t elem_size(const Node *n) { return n->dtype == DT_BOOL ? 1 : dtype_size(n->dtype); }
+
+/* The in-place pairs (see the header): for each loop kernel, the first of
+ * its stored arena values and the first buffer it reads last that fit
+ * (same bytes and element size, written by an earlier kernel, neither a
+ * host of placed values) and that the printed kernel proves safe on both
+ * targets (render_inplace_ok); at most one pair a kernel, at most
+ * MAX_INPLACE_TRIES tried, and a buffer gives its bytes once. */
+static void in_place(BPass *p) {
+  /* debugging aid: TGEN_INPLACE_LIMIT=N allows only each pass's first N
+   * pairs, to bisect a wrong result to the pair that made it */
+  int limit = getenv("TGEN_INPLACE_LIMIT") ? atoi(getenv("TGEN_INPLACE_LIMIT")) : 1 << 30, npairs = 0;
+  LoadWalk *w = p->walk;
+  char *taken = arena_alloc(p->g->arena, (size_t)p->nb + 1);
+  int *ld = arena_alloc(p->g->arena, sizeof(int) * (size_t)(p->n + 1));
+  for (int c = 0; c < p->nk; c++) {
+    const Kernel *k = p->k[c];
+    if (k->kind != K_LOOP || npairs >= limit)
+      continue;
+    kernel_loads(p, k, w);
+    int nld = w->nlist, paired = 0, tries = 0;
+    memcpy(ld, w->list, sizeof(int) * (size_t)nld);
+    for (int i = 0; i < k->nouts && !paired && tries < MAX_INPLACE_TRIES; i++) {
+      int bo = p->buf[k->outs[i]->id];
+      Buffer *o = bo >= 0 ? &p->b[bo] : NULL;
+      if (!o || o->home != HOME_ARENA || o->first != c || !o->bytes || p->host[o->node->id])
+        continue;
+      for (int q = 0; q < nld && !paired && tries < MAX_INPLACE_TRIES; q++) {
+        int bi = p->buf[ld[q]];
+        const Buffer *x = bi >= 0 ? &p->b[bi] : NULL;
+        if (!x || x->home != HOME_ARENA || taken[bi] || x->last != c || x->first >= c || x->bytes != o->bytes ||
+            elem_size(x->node) != elem_size(o->node) || p->host[x->node->id])
+          continue;
+        o->inplace = bi;
+        tries++;
+        if (render_inplace_ok(p, k))
+          taken[bi] = paired = 1, npairs++;
+        else
+          o->inplace = -1;
+      }
+    }
+  }
 }
 
 void plan(BPass *p) {
@@ -229,6 +327,7 @@ void plan(BPass *p) {
       continue;
     Buffer *b = &p->b[p->nb];
     b->node = n;
+    b->inplace = -1;
     b->bytes = layout_bytes(p, n);
     b->first = p->kern[i] >= 0 ? p->kern[i] : p->host[i] ? p->nk : 0; /* a host: from its first placed value's kernel */
     b->last = last[i] < b->first && !p->host[i] ? b->first : last[i];
@@ -289,6 +388,7 @@ void plan(BPass *p) {
         }
       }
   }
+  in_place(p);
   p->arena = place(p->b, p->nb);
 }
 
@@ -300,15 +400,21 @@ int plan_check(const BPass *p, char *err, size_t errlen) {
         continue;
       int live = x->first <= y->last && y->first <= x->last;
       int over = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
+      /* the one exception: an in-place pair, the output written over its
+       * input by the input's last reader, the same bytes at the same offset */
+      const Buffer *in = y->inplace == i ? x : x->inplace == j ? y : NULL, *out = in == x ? y : x;
+      if (live && over && in && in->last == out->first && in->offset == out->offset && in->bytes == out->bytes)
+        continue;
       if (live && over) {
         snprintf(err, errlen, "buffers %s [%d, %d] and %s [%d, %d] are live together and overlap", x->name, x->first,
                  x->last, y->name, y->first, y->last);
         return -1;
       }
-      if (x->offset + x->bytes > p->arena || y->offset + y->bytes > p->arena) {
-        snprintf(err, errlen, "a buffer ends past the arena (%lld bytes)", (long long)p->arena);
-        return -1;
-      }
+    }
+  for (int i = 0; i < p->nb; i++)
+    if (p->b[i].home == HOME_ARENA && p->b[i].offset + p->b[i].bytes > p->arena) {
+      snprintf(err, errlen, "%s ends past the arena (%lld bytes)", p->b[i].name, (long long)p->arena);
+      return -1;
     }
   return 0;
 }

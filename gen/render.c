@@ -218,6 +218,14 @@ struct R {
   int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
   int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
   int csplit;         /* on the CPU: few outputs, the reduced elements split into CHUNKS parallel chunks */
+  /* in place (plan.c): the kernel stores buffer ip_out over the bytes of ip_in, which it reads last */
+  int ip_in, ip_out;  /* buffer indices, or -1 */
+  int ip_ph;          /* the phase printing now: 2 * ph in phase ph's loops (2 a pointwise loop), 2 * ph_w
+                         - 1 the values over the output space printed before the storing phase ph_w */
+  int ip_loop;        /* which loop prints now (each of a phase's loops, vector or not, its own) */
+  int ip_seq;         /* reads and stores noted so far */
+  int ip_bad;         /* a read or store that is not safe in place */
+  Vec ip_ld, ip_st;   /* the reads of ip_in's bytes and the stores of ip_out: "loop|phase|index" */
 };
 
 static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -551,11 +559,34 @@ static const char *row_cache(R *r, const Node *n, const char *p) {
   return v;
 }
 
+/* One read of an in-place input's bytes or one store of the in-place
+ * output (ip_safe checks them). */
+typedef struct IpAt {
+  int loop, ph, seq; /* seq: the order printed (within a level) */
+  int vec;           /* a vector lane's element: the vector is loaded before the lanes, stored after them */
+  const char *ix;
+} IpAt;
+
+static void ip_note(R *r, Vec *v, const char *i) {
+  IpAt *a = arena_alloc(r->a, sizeof(IpAt));
+  a->loop = r->ip_loop, a->ph = r->ip_ph, a->ix = i, a->seq = r->ip_seq++;
+  a->vec = r->lanes && r->vflat && !strcmp(i, r->vflat);
+  vec_push(r->a, v, a);
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
   const Layout *pl = r->p->place ? r->p->place[n->id] : NULL;
   const char *p = bufname(r, n), *i = pl ? ix_at(r, ix, pl->st) : ix_flat(r, ix);
+  if (r->ip_in >= 0) {
+    int bi = r->p->buf[n->id];
+    if (bi == r->ip_in)
+      ip_note(r, &r->ip_ld, i);
+    while (bi >= 0 && r->p->b[bi].home == HOME_ALIAS) /* a view of its bytes under another name: not checked */
+      if ((bi = r->p->b[bi].index) == r->ip_in)
+        r->ip_bad = 1;
+  }
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
@@ -777,6 +808,11 @@ static void store(R *r, const Node *n, Ix *ix, int guard) {
   const char *v = val(r, n, ix);
   const char *pn = bufname(r, n), *i = ix_flat(r, ix);
   int at_vec = r->vflat && !strcmp(i, r->vflat); /* a vector lane's element */
+  if (r->ip_out >= 0 && r->p->buf[n->id] == r->ip_out) {
+    ip_note(r, &r->ip_st, i);
+    if (guard && *r->d->one_lane(r)) /* one lane stores what all computed: another may read after */
+      r->ip_bad = 1;
+  }
   if (r->p->buf) {
     r->written[r->p->buf[n->id]] = 1;
     if (at_vec)
@@ -1052,6 +1088,12 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
     r->t->own_st[k->outs[i]->id] = r->stamp;
   for (int i = 0; k && i < k->nreds; i++)
     r->t->own_st[k->reds[i]->id] = r->stamp;
+  r->ip_in = r->ip_out = -1;
+  for (int i = 0; k && p->buf && i < k->nouts; i++) {
+    int bi = p->buf[k->outs[i]->id];
+    if (bi >= 0 && p->b[bi].inplace >= 0)
+      r->ip_out = bi, r->ip_in = p->b[bi].inplace;
+  }
   return r;
 }
 
@@ -1113,6 +1155,7 @@ static void vec_loop(R *r) {
   r->vidx = "iv";
   r->vload_lv = 1;
   r->vstores.n = 0;
+  r->ip_ph = 2, r->ip_loop++;
   for (int i = 0; i < k->nouts; i++) {
     Ix ix = ix_make(&k->outs[i]->shape, "i");
     store(r, k->outs[i], &ix, 0);
@@ -1390,6 +1433,7 @@ static void column_vectors(R *r, const Shape *rsh) {
 static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
   const Kernel *k = r->k;
   int lv = r->level, na = 0;
+  r->ip_ph = 2 * ph, r->ip_loop++;
   Ix ixF = ix_make(&k->full, NULL);
   Ix oo = ix_make(r->outer_sh, "o"), ro = ix_make(rsh, "r"); /* fresh: their dims are this loop's locals */
   for (int j = 0, a = 0, b = 0; j < k->full.rank; j++)
@@ -1445,6 +1489,20 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
   return na;
 }
 
+/* A reduction kernel's values over the output space (phase ph for ip_safe). */
+static void out_space_stores(R *r, int ph) {
+  const Kernel *k = r->k;
+  r->ip_ph = ph;
+  for (int i = 0; i < k->nouts; i++) {
+    const Node *n = k->outs[i];
+    Dim nn = numel_of(&n->shape);
+    if (!dim_eq(&nn, &k->outer))
+      continue;
+    Ix xi = ix_make(&n->shape, "o");
+    store(r, n, &xi, 1);
+  }
+}
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
@@ -1456,6 +1514,7 @@ static void loop_body(R *r) {
     open_level(r);
     r->d->pw_loop(r);
     set_var_level(r, "i", 1);
+    r->ip_ph = 2, r->ip_loop++;
     for (int i = 0; i < k->nouts; i++) {
       Ix ix = ix_make(&k->outs[i]->shape, "i");
       store(r, k->outs[i], &ix, 0);
@@ -1514,9 +1573,19 @@ static void loop_body(R *r) {
   const char **accs = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
   const char **tys = arena_alloc(r->a, sizeof(char *) * (size_t)(k->nreds + 1));
   Op *ops = arena_alloc(r->a, sizeof(Op) * (size_t)(k->nreds + 1));
+  /* in place: the phase that stores ip_out over the bytes it reads; when it
+   * is the last pass over the row, the values over the output space (which
+   * may read ip_in elsewhere: the loss's logit at the target) first */
+  int ph_w = r->ip_out >= 0 ? dep(r, r->p->b[r->ip_out].node) + 1 : 0, early = ph_w == nph + 1 && last_full == nph;
   for (int ph = 1; ph <= nph + (last_full == nph); ph++) {
     if (r->on_sum && ph == 2) /* computed in the first phase's pass */
       continue;
+    if (ph == ph_w && early)
+      out_space_stores(r, 2 * ph_w - 1);
+    if (ph == ph_w && ph > 1 && !strcmp(r->d->name, "cuda") &&
+        (r->mode == M_WARP || r->mode == M_BLOCK || r->mode == M_COLUMN)) /* every read of the row so far is done */
+      emit(r, 1, "%s();  /* %s is written over %s from here */", r->mode == M_WARP ? "__syncwarp" : "__syncthreads",
+           r->p->b[r->ip_out].name, r->p->b[r->ip_in].name);
     int na = 0, all_sum = 1;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
@@ -1630,15 +1699,8 @@ static void loop_body(R *r) {
       }
     }
   }
-  /* values over the output space */
-  for (int i = 0; i < k->nouts; i++) {
-    const Node *n = k->outs[i];
-    Dim nn = numel_of(&n->shape);
-    if (!dim_eq(&nn, &k->outer))
-      continue;
-    Ix xi = ix_make(&n->shape, "o");
-    store(r, n, &xi, 1);
-  }
+  if (!(ph_w && early))
+    out_space_stores(r, 2 * (nph + 2));
   close_level(r);
 }
 
@@ -1858,15 +1920,17 @@ static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
 
 /* Print loop kernel k (once per file: an identical kernel of another pass is
  * reused) and its call into `call`. */
-static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
-  Arena ka = {.fail_after = -1}; /* the walkers' per-node tables, freed after each kernel: memory stays linear */
-  R *probe = new_r(&ka, p, k, f->d);
+/* Loop kernel k ready to print for dialect d: a probe printing finds which
+ * buffers it reads where, then the mapping (mode, index type, vectors,
+ * split) is chosen from it. */
+static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
+  R *probe = new_r(ka, p, k, d);
   choose_mode(probe);
   loop_body(probe);
-  R *r = new_r(&ka, p, k, f->d);
+  R *r = new_r(ka, p, k, d);
   r->mode = probe->mode;
   r->has_bad = probe->saw_take;
-  int cuda = !strcmp(f->d->name, "cuda");
+  int cuda = !strcmp(d->name, "cuda");
   r->csplit = !cuda && cpu_split_ok(probe);
   r->vflat = NULL;
   if (cuda) {
@@ -1885,7 +1949,66 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
     }
   }
+  return r;
+}
+
+/* Is printed kernel r safe with its in-place pair (plan.c's rule)? Its
+ * stores of ip_out are all in one phase ph_w and not by one lane for the
+ * others; a read of ip_in's bytes in an earlier phase, or among the values
+ * over the output space printed before ph_w, is done before ph_w starts (a
+ * row's threads have passed the phases' combines and the barrier that
+ * loop_body prints at ph_w; the CPU runs a row on one thread); a read in
+ * ph_w is at the element that the same loop iteration stores (the same
+ * index, so the same address: same element size, both at their slot's
+ * start). None later. A row is one block's or one warp's, never split over
+ * blocks (split reductions store no value over their input anyway). */
+static int ip_safe(const R *r) {
+  int cuda = !strcmp(r->d->name, "cuda"), ph_w = -1;
+  if (r->ip_bad || r->fail || !r->ip_st.n || r->split || r->csplit ||
+      !(r->mode == M_PW || r->mode == M_SERIAL || (cuda && (r->mode == M_WARP || r->mode == M_BLOCK || r->mode == M_COLUMN))))
+    return 0;
+  for (int i = 0; i < r->ip_st.n; i++) {
+    const IpAt *s = r->ip_st.p[i];
+    if (ph_w >= 0 && s->ph != ph_w)
+      return 0;
+    ph_w = s->ph;
+  }
+  for (int i = 0; i < r->ip_ld.n; i++) {
+    const IpAt *l = r->ip_ld.p[i];
+    int same = 0, after = 0; /* at the element stored in the same loop; printed after a store there */
+    for (int j = 0; j < r->ip_st.n && l->ph == ph_w; j++) {
+      const IpAt *s = r->ip_st.p[j];
+      if (s->loop != l->loop)
+        continue;
+      same |= !strcmp(s->ix, l->ix);
+      after |= s->seq < l->seq && !(s->vec && l->vec);
+    }
+    if (l->ph > ph_w || (l->ph == ph_w && (!same || after)))
+      return 0;
+  }
+  return 1;
+}
+
+int render_inplace_ok(BPass *p, const Kernel *k) {
+  int ok = k->kind == K_LOOP;
+  for (int t = 0; t < 2 && ok; t++) {
+    Arena ka = {.fail_after = -1};
+    R *r = configured(&ka, p, k, t ? &dl_cuda : &dl_cpu);
+    loop_body(r);
+    ok = r->ip_out >= 0 && ip_safe(r);
+    arena_free(&ka);
+  }
+  return ok;
+}
+
+static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
+  Arena ka = {.fail_after = -1}; /* the walkers' per-node tables, freed after each kernel: memory stays linear */
+  R *r = configured(&ka, p, k, f->d);
+  int cuda = !strcmp(f->d->name, "cuda");
   loop_body(r);
+  if (r->ip_out >= 0 && !ip_safe(r))
+    die("render: %s is written over %s, which is not safe in the printed kernel", p->b[r->ip_out].name,
+        p->b[r->ip_in].name);
   r->d->close_kernel(r);
   if (r->fail) {
     for (int i = 0; i < k->nouts; i++)
@@ -1913,8 +2036,12 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   for (int i = 0; i < r->params.n; i++) {
     int bi = (int)(intptr_t)r->params.p[i] - 1;
     const Buffer *b = &p->b[bi];
-    buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype),
-               f->d->restr, b->name);
+    if (bi == r->ip_in || bi == r->ip_out) /* the same bytes under two names: no restrict */
+      buf_printf(&sig, "%s%s%s *%s%s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype), b->name,
+                 bi == r->ip_out ? arena_printf(f->a, " /* in place of %s */", p->b[r->ip_in].name) : "");
+    else
+      buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype),
+                 f->d->restr, b->name);
     buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
     first = 0;
   }

@@ -783,6 +783,66 @@ static void claim_bias_grads(S *s, Node **epi, Node **bg) {
   }
 }
 
+/* Values computed where their statistics are: a pointwise value V over a
+ * reduction R's result space (a row's loss term: log(sum) + amax minus the
+ * logit at the target) that also reads a larger stored value X which R's
+ * own input reads (the logits) is stored, so that it becomes the epilogue of
+ * R's kernel (the merge of a kernel over R's result space into R's), which
+ * has X's row at hand, and not the prologue of a later kernel (the mean
+ * over rows), which would read X once more and keep all of X alive until
+ * it ran: X's last reader is then R's kernel, whose output may take X's
+ * bytes (plan.c's in place). V costs one value per row; X is larger. Only
+ * the last such value of a chain is stored (one with a reader that is not
+ * such a value), and only where V, R and X are on the same side of the
+ * training step's forward/backward boundary. Should the merge into R's
+ * kernel not happen, V fuses into its reader as before and is kept in
+ * registers there. Linear: one pass over the nodes, each carrying the
+ * latest reduction and the largest stored value its inline cone loads. */
+static void epilogue_values(S *s) {
+  BPass *p = s->p;
+  int *red = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)), *big = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  char *ok = arena_alloc(s->a, (size_t)p->n + 1);
+  for (int i = 0; i < p->n; i++) {
+    Node *n = p->nodes[i];
+    red[i] = big[i] = -1;
+    if (is_leaf(n) || is_call(n) || (p->realized[i] && !is_reduce(n)))
+      continue;
+    for (int k = 0; k < n->nin; k++) {
+      const Node *x = n->in[k];
+      if (!x || is_leaf(x))
+        continue;
+      int r = p->realized[x->id] ? (is_reduce(x) ? x->id : -1) : red[x->id];
+      int b = p->realized[x->id] ? (is_reduce(x) ? -1 : x->id) : big[x->id];
+      if (r > red[i])
+        red[i] = r;
+      if (b >= 0 && (big[i] < 0 || layout_bytes(p, p->nodes[b]) > layout_bytes(p, p->nodes[big[i]])))
+        big[i] = b;
+    }
+    if (is_reduce(n)) { /* what its own kernel reads: its input's cone */
+      const Node *x = n->in[0];
+      red[i] = -1;
+      big[i] = is_leaf(x) ? -1 : p->realized[x->id] ? x->id : big[x->id];
+      continue;
+    }
+    if (p->realized[i] || red[i] < 0 || big[i] < 0 || !(op_info[n->op].cls == C_PW || n->op == OP_TAKE))
+      continue;
+    const Node *r = p->nodes[red[i]], *x = p->nodes[big[i]];
+    Dim nv = numel_dim(p, &n->shape, 0, 0), nr = numel_dim(p, &r->shape, 0, 0);
+    ok[i] = dim_eq(&nv, &nr) && big[r->id] == x->id && layout_bytes(p, x) > layout_bytes(p, n) &&
+            (i < p->nfwd) == (r->id < p->nfwd) && (x->id < p->nfwd) == (r->id < p->nfwd);
+  }
+  for (int i = 0; i < p->n; i++) {
+    int last = 0;
+    USERS(s, i) last |= !ok[s->users[u_]->id];
+    if (ok[i] && last) {
+      p->realized[i] = 1;
+      p->why[i] = arena_printf(s->a, "computed in the kernel of the reduction it reads (%%%d), which reads %%%d, so "
+                                     "that its readers do not read %%%d (%lld bytes) again and keep it alive",
+                               red[i], big[i], big[i], (long long)layout_bytes(p, p->nodes[big[i]]));
+    }
+  }
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 void schedule(BPass *p, int fuse) {
@@ -940,8 +1000,10 @@ void schedule(BPass *p, int fuse) {
       why[i] = arena_printf(s->a, "read %d times; recomputing its %d ops at each read costs more than a load", p->nuse[i], cost);
     }
   }
-  if (fuse)
+  if (fuse) {
+    epilogue_values(s);
     view_operands(s, final);
+  }
   /* a value computed inline is an expression over its kernel's loads; one
    * more than MAX_INLINE_DEPTH ops deep is stored, so that a long chain of
    * bindings gives kernels a compiler takes (and a renderer that recurses
@@ -1118,6 +1180,8 @@ void dump_pass(const BPass *p, int after, Buf *b) {
       if (x->home == HOME_ARENA)
         buf_printf(b, " +%lld, %lld bytes, kernels %d..%d", (long long)x->offset, (long long)x->bytes, x->first + 1,
                    x->last + 1);
+      if (x->home == HOME_ARENA && x->inplace >= 0)
+        buf_printf(b, ", in place of %s", p->b[x->inplace].name);
       buf_printf(b, ")");
     }
     buf_printf(b, "  # %s @%d\n", n->name ? n->name : "", n->loc.line);

@@ -74,7 +74,7 @@ const char *const mlp_input_dim_text[][8] = {
 
 /* The arena of each pass (forward, loss, train) in bytes, planned by tgen
  * for each dynamic dim's max; the passes place every intermediate in it. */
-const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 4276224};
+const int64_t mlp_pass_arena[MLP_NPASS] = {1048576, 1130496, 3227648};
 /* Passes with dropout (never replayed from a CUDA graph: the mask follows the step). */
 const int mlp_pass_dropout[MLP_NPASS] = {0, 0, 0};
 /* The inputs each pass reads (bit k: input k); the others may be NULL. */

@@ -16,9 +16,10 @@
 #include <string.h>
 
 /* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
+static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, float *restrict loss_where) {
+  int64_t bad = INT64_MAX;
   const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
+  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
   for (int64_t o = 0; o < n_o; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
@@ -37,46 +38,45 @@ static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float 
       acc4 += v8;
     }
     const float s9 = (float)acc4;
-    loss_amax[o] = (float)s3;
-    loss_sum[o] = (float)s9;
+    const int64_t ix10 = y[o];
+    const int v11 = ix10 != -100;
+    const float v12 = mlp_log(s9);
+    const float v13 = v12 + s3;
+    const int v14 = ix10 >= 0 && ix10 < 10;
+    if (!v14 && !(ix10 == -100))
+      bad = bad < o ? bad : o;
+    const int64_t ix15 = v14 ? ix10 : 0;
+    const int64_t ix16 = o * (10) + ix15;
+    const float v17 = logits[ix16];
+    const float v18 = v13 - v17;
+    const float v19 = v11 ? v18 : 0.0f;
+    loss_where[o] = (float)v19;
   }
+  return bad == INT64_MAX ? -1 : bad;
 }
 
 /* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element) */
-static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
-  int64_t bad = INT64_MAX;
+static void k2_cross_entropy(int64_t dim_B, const float *restrict loss_where, const int32_t *restrict y, float *restrict loss) {
   const int64_t n_o = 1, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
+  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
   for (int64_t o = 0; o < n_o; o++) {
     double acc0 = 0;
     double acc1 = 0;
     MLP_OMP(simd reduction(+ : acc0, acc1))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix2 = o * n_r + r;
-      const int64_t ix3 = y[ix2];
-      const int v4 = ix3 != -100;
-      const float v5 = loss_sum[ix2];
-      const float v6 = mlp_log(v5);
-      const float v7 = loss_amax[ix2];
-      const float v8 = v6 + v7;
-      const int v9 = ix3 >= 0 && ix3 < 10;
-      if (!v9 && !(ix3 == -100))
-        bad = bad < ix2 ? bad : ix2;
-      const int64_t ix10 = v9 ? ix3 : 0;
-      const int64_t ix11 = r * (10) + ix10;
-      const float v12 = logits[ix11];
-      const float v13 = v8 - v12;
-      const float v14 = v4 ? v13 : 0.0f;
-      acc0 += v14;
-      const float v15 = (float)v4;
-      acc1 += v15;
+      const float v3 = loss_where[ix2];
+      acc0 += v3;
+      const int64_t ix4 = y[ix2];
+      const int v5 = ix4 != -100;
+      const float v6 = (float)v5;
+      acc1 += v6;
     }
-    const float s16 = (float)acc0;
-    const float s17 = (float)acc1;
-    const float v18 = mlp_div(s16, s17);
-    loss[o] = (float)v18;
+    const float s7 = (float)acc0;
+    const float s8 = (float)acc1;
+    const float v9 = mlp_div(s7, s8);
+    loss[o] = (float)v9;
   }
-  return bad == INT64_MAX ? -1 : bad;
 }
 
 /* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
@@ -99,9 +99,10 @@ static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
 }
 
 /* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
+static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
+  int64_t bad = INT64_MAX;
   const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
+  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
   for (int64_t o = 0; o < n_o; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
@@ -120,30 +121,42 @@ static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, co
       acc4 += v8;
     }
     const float s9 = (float)acc4;
-    const int64_t ix15 = y[o];
-    const int v19 = ix15 != -100;
-    const float v20 = d_loss_sum[0];
-    const float v21 = mlp_div(1.0f, v20);
-    const float v22 = v19 ? v21 : 0.0f;
-    for (int64_t r = 0; r < n_r; r++) {
-      const int64_t ix10 = o * n_r + r;
-      const float v11 = logits[ix10];
-      const float v12 = v11 - s3;
-      const float v13 = mlp_exp(v12);
-      const float v14 = mlp_div(v13, s9);
-      const int v16 = ix15 == r;
-      const float v17 = (float)v16;
-      const float v18 = v14 - v17;
-      const float v23 = v18 * v22;
-      d_loss[ix10] = (float)v23;
-    }
     loss_amax[o] = (float)s3;
     loss_sum[o] = (float)s9;
+    const int64_t ix10 = y[o];
+    const int v11 = ix10 != -100;
+    const float v12 = mlp_log(s9);
+    const float v13 = v12 + s3;
+    const int v14 = ix10 >= 0 && ix10 < 10;
+    if (!v14 && !(ix10 == -100))
+      bad = bad < o ? bad : o;
+    const int64_t ix15 = v14 ? ix10 : 0;
+    const int64_t ix16 = o * (10) + ix15;
+    const float v17 = logits[ix16];
+    const float v18 = v13 - v17;
+    const float v19 = v11 ? v18 : 0.0f;
+    loss_where[o] = (float)v19;
+    const float v28 = d_loss_sum[0];
+    const float v29 = mlp_div(1.0f, v28);
+    const float v30 = v11 ? v29 : 0.0f;
+    for (int64_t r = 0; r < n_r; r++) {
+      const int64_t ix20 = o * n_r + r;
+      const float v21 = logits[ix20];
+      const float v22 = v21 - s3;
+      const float v23 = mlp_exp(v22);
+      const float v24 = mlp_div(v23, s9);
+      const int v25 = ix10 == r;
+      const float v26 = (float)v25;
+      const float v27 = v24 - v26;
+      const float v31 = v27 * v30;
+      d_loss[ix20] = (float)v31;
+    }
   }
+  return bad == INT64_MAX ? -1 : bad;
 }
 
 /* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
   const int64_t n = 128 * dim_B;
   MLP_OMP(parallel for simd if (n > 16384) schedule(static))
   for (int64_t i = 0; i < n; i++) {
@@ -203,8 +216,7 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *logits = (float *)(ws + 1048576);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *loss_amax = (float *)(ws + 0);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss_sum = (float *)(ws + 8192);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_where = (float *)(ws + 0);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
 
   {  /* linear, relu */
@@ -221,14 +233,14 @@ int mlp_loss_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in,
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
-  k1_cross_entropy(dim_B, logits, loss_amax, loss_sum);
-  bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
+  bad = k1_cross_entropy(dim_B, logits, y, loss_where);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
+  k2_cross_entropy(dim_B, loss_where, y, loss);
   return MLP_OK;
 }
 
-/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 3227648 bytes at the dims' maxima */
 int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -243,18 +255,19 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *h_relu = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *logits = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_where = (float *)(ws + 1064960);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1064960);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -274,10 +287,10 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
       return mlp_fail(m, MLP_EINVAL, "GEMM of linear: bad arguments");
   }
   k3_sum(dim_B, y, d_loss_sum);
-  k4_cross_entropy_mul(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
-  bad = k2_cross_entropy(dim_B, y, loss_sum, loss_amax, logits, loss);
+  bad = k4_cross_entropy_mul(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
   if (bad >= 0)
     return mlp_fail(m, MLP_EDATA, "cross_entropy in 'loss' (spec/examples/mlp.yaml:32): a target at position %lld is outside [0, 10) (ignore_index -100)", (long long)bad);
+  k2_cross_entropy(dim_B, loss_where, y, loss);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,

@@ -18,7 +18,7 @@
 #define CK(call) do { if (call) return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)); } while (0)
 
 /* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
+static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, float *__restrict__ loss_where, unsigned long long *bad) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
@@ -56,73 +56,59 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
     mlp_warp_online(&acc0, &acc1);
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
+    const int64_t ix9 = y[o];
+    const int v10 = ix9 != -100;
+    const float v11 = mlp_log(s8);
+    const float v12 = v11 + s7;
+    const int v13 = ix9 >= 0 && ix9 < 10;
+    if (!v13 && !(ix9 == -100))
+      atomicMin(bad, (unsigned long long)(o));
+    const int ix14 = v13 ? ix9 : 0;
+    const int ix15 = o * (10) + ix14;
+    const float v16 = logits[ix15];
+    const float v17 = v12 - v16;
+    const float v18 = v10 ? v17 : 0.0f;
+    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v18;
   }
 }
 
 /* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (one block per output element) */
-static __global__ void k2_cross_entropy(int dim_B, const int32_t *__restrict__ y, const float *__restrict__ loss_sum, const float *__restrict__ loss_amax, const float *__restrict__ logits, float *__restrict__ loss, unsigned long long *bad) {
+static __global__ void k2_cross_entropy(int dim_B, const float *__restrict__ loss_where, const int32_t *__restrict__ y, float *__restrict__ loss) {
   const int n_o = 1, n_r = dim_B;
-  const int nrv = n_r % 4 == 0 && ((uintptr_t)y | (uintptr_t)loss_amax | (uintptr_t)loss_sum) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)y | (uintptr_t)loss_where) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     float acc1 = 0;
     #pragma unroll 2
     for (int rv = threadIdx.x; rv < nrv; rv += blockDim.x) {
-      const mlp_vec<int32_t, 4> v3 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
-      const mlp_vec<float, 4> v6 = ((const mlp_vec<float, 4> *)(loss_sum + o * n_r))[rv];
-      const mlp_vec<float, 4> v9 = ((const mlp_vec<float, 4> *)(loss_amax + o * n_r))[rv];
+      const mlp_vec<float, 4> v3 = ((const mlp_vec<float, 4> *)(loss_where + o * n_r))[rv];
+      const mlp_vec<int32_t, 4> v5 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
-        const int r = rv * 4 + lane;
-        const int ix2 = o * n_r + r;
-        const int64_t ix4 = v3.v[lane];
-        const int v5 = ix4 != -100;
-        const float v7 = v6.v[lane];
-        const float v8 = mlp_log(v7);
-        const float v10 = v9.v[lane];
-        const float v11 = v8 + v10;
-        const int v12 = ix4 >= 0 && ix4 < 10;
-        if (!v12 && !(ix4 == -100))
-          atomicMin(bad, (unsigned long long)(ix2));
-        const int ix13 = v12 ? ix4 : 0;
-        const int ix14 = r * (10) + ix13;
-        const float v15 = logits[ix14];
-        const float v16 = v11 - v15;
-        const float v17 = v5 ? v16 : 0.0f;
-        acc0 += v17;
-        const float v18 = (float)v5;
-        acc1 += v18;
+        const float v4 = v3.v[lane];
+        acc0 += v4;
+        const int64_t ix6 = v5.v[lane];
+        const int v7 = ix6 != -100;
+        const float v8 = (float)v7;
+        acc1 += v8;
       }
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x; r < n_r; r += blockDim.x) {
-      const int ix19 = o * n_r + r;
-      const int64_t ix20 = y[ix19];
-      const int v21 = ix20 != -100;
-      const float v22 = loss_sum[ix19];
-      const float v23 = mlp_log(v22);
-      const float v24 = loss_amax[ix19];
-      const float v25 = v23 + v24;
-      const int v26 = ix20 >= 0 && ix20 < 10;
-      if (!v26 && !(ix20 == -100))
-        atomicMin(bad, (unsigned long long)(ix19));
-      const int ix27 = v26 ? ix20 : 0;
-      const int ix28 = r * (10) + ix27;
-      const float v29 = logits[ix28];
-      const float v30 = v25 - v29;
-      const float v31 = v21 ? v30 : 0.0f;
-      acc0 += v31;
-      const float v32 = (float)v21;
-      acc1 += v32;
+      const int ix9 = o * n_r + r;
+      const float v10 = loss_where[ix9];
+      acc0 += v10;
+      const int64_t ix11 = y[ix9];
+      const int v12 = ix11 != -100;
+      const float v13 = (float)v12;
+      acc1 += v13;
     }
     acc0 = mlp_block_sum(acc0);
-    const float s33 = (float)acc0;
+    const float s14 = (float)acc0;
     acc1 = mlp_block_sum(acc1);
-    const float s34 = (float)acc1;
-    const float v35 = mlp_div(s33, s34);
-    if (threadIdx.x == 0) loss[o] = (float)v35;
+    const float s15 = (float)acc1;
+    const float v16 = mlp_div(s14, s15);
+    if (threadIdx.x == 0) loss[o] = (float)v16;
   }
 }
 
@@ -158,7 +144,7 @@ static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *_
 }
 
 /* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
-static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, const float *__restrict__ d_loss_sum, float *__restrict__ d_loss, float *__restrict__ loss_amax, float *__restrict__ loss_sum) {
+static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum, const int32_t *__restrict__ y, float *__restrict__ loss_where, const float *__restrict__ d_loss_sum, float *d_loss /* in place of logits */, unsigned long long *bad) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
   for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
@@ -199,51 +185,63 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *__restrict__
     mlp_warp_online(&acc0, &acc1);
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
-    const int64_t ix14 = y[o];
-    const int v18 = ix14 != -100;
-    const float v19 = d_loss_sum[0];
-    const float v20 = mlp_div(1.0f, v19);
-    const float v21 = v18 ? v20 : 0.0f;
+    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
+    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
+    const int64_t ix9 = y[o];
+    const int v10 = ix9 != -100;
+    const float v11 = mlp_log(s8);
+    const float v12 = v11 + s7;
+    const int v13 = ix9 >= 0 && ix9 < 10;
+    if (!v13 && !(ix9 == -100))
+      atomicMin(bad, (unsigned long long)(o));
+    const int ix14 = v13 ? ix9 : 0;
+    const int ix15 = o * (10) + ix14;
+    const float v16 = logits[ix15];
+    const float v17 = v12 - v16;
+    const float v18 = v10 ? v17 : 0.0f;
+    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v18;
+    __syncwarp();  /* d_loss is written over logits from here */
+    const float v27 = d_loss_sum[0];
+    const float v28 = mlp_div(1.0f, v27);
+    const float v29 = v10 ? v28 : 0.0f;
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 32 + rj * 32;
       if (rv >= nrv) break;
-      mlp_vec<float, 4> v23;
+      mlp_vec<float, 4> v31;
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
-        const float v10 = v3[rj].v[lane];
-        const float v11 = v10 - s7;
-        const float v12 = mlp_exp(v11);
-        const float v13 = mlp_div(v12, s8);
-        const int v15 = ix14 == r;
-        const float v16 = (float)v15;
-        const float v17 = v13 - v16;
-        const float v22 = v17 * v21;
-        v23.v[lane] = (float)v22;
+        const float v20 = v3[rj].v[lane];
+        const float v21 = v20 - s7;
+        const float v22 = mlp_exp(v21);
+        const float v23 = mlp_div(v22, s8);
+        const int v24 = ix9 == r;
+        const float v25 = (float)v24;
+        const float v26 = v23 - v25;
+        const float v30 = v26 * v29;
+        v31.v[lane] = (float)v30;
       }
-      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v23;
+      ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v31;
     }
     #pragma unroll 4
     for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
-      const int ix24 = o * n_r + r;
-      const float v25 = logits[ix24];
-      const float v26 = v25 - s7;
-      const float v27 = mlp_exp(v26);
-      const float v28 = mlp_div(v27, s8);
-      const int v29 = ix14 == r;
-      const float v30 = (float)v29;
-      const float v31 = v28 - v30;
-      const float v32 = v31 * v21;
-      d_loss[ix24] = (float)v32;
+      const int ix32 = o * n_r + r;
+      const float v33 = logits[ix32];
+      const float v34 = v33 - s7;
+      const float v35 = mlp_exp(v34);
+      const float v36 = mlp_div(v35, s8);
+      const int v37 = ix9 == r;
+      const float v38 = (float)v37;
+      const float v39 = v36 - v38;
+      const float v40 = v39 * v29;
+      d_loss[ix32] = (float)v40;
     }
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
   }
 }
 
 /* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
-static __global__ void k5_relu_mul(int dim_B, const float *__restrict__ h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *__restrict__ d_h) {
+static __global__ void k5_relu_mul(int dim_B, const float *h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *d_h /* in place of h_linear */) {
   const int n = 128 * dim_B;
   const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)d_logits_matmul % 16 | (uintptr_t)h % 16 | (uintptr_t)d_h % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
   for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
@@ -321,8 +319,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *logits = (float *)(ws + 1048576);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *loss_amax = (float *)(ws + 0);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *loss_sum = (float *)(ws + 8192);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_where = (float *)(ws + 0);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
 
   {  /* linear, relu */
@@ -337,13 +334,13 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k1_cross_entropy<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, loss_amax, loss_sum);
-  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  k1_cross_entropy<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, y, loss_where, mlp_cuda_bad_ptr(m->cx));
+  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, loss_where, y, loss);
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
 }
 
-/* the train pass: 9 kernels, arena 4276224 bytes at the dims' maxima */
+/* the train pass: 9 kernels, arena 3227648 bytes at the dims' maxima */
 int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in, void *const *out) {
   MLP_UNUSED const int64_t dim_B = sym[0];
   MLP_UNUSED unsigned char *ws = m->ws;
@@ -358,18 +355,19 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED const float *b2 = (const float *)(P + 38400);  /* f32[10] */
   MLP_UNUSED float *h_linear = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *h_relu = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
-  MLP_UNUSED float *logits = (float *)(ws + 2097152);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
+  MLP_UNUSED float *logits = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *loss_amax = (float *)(ws + 1048576);  /* f32[B, 1]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss_sum = (float *)(ws + 1056768);  /* f32[B]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *loss_where = (float *)(ws + 1064960);  /* f32[B]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *loss = (float *)(out[0]);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1064960);  /* f32[]  spec/examples/mlp.yaml:32 */
-  MLP_UNUSED float *d_loss = (float *)(ws + 4194304);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
+  MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 3145728);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -387,8 +385,8 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k3_sum<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, d_loss_sum);
-  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
-  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, loss_sum, loss_amax, logits, loss, mlp_cuda_bad_ptr(m->cx));
+  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss, mlp_cuda_bad_ptr(m->cx));
+  k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, loss_where, y, loss);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,
                        d_loss, 10, 0, w2, 128, 0,

@@ -23,6 +23,13 @@
  *   GEMM. The training pass of sum(tinyops(x)) w.r.t. x (train.wrt): one
  *   kernel that reads x and writes the loss and d_x where the sum splits
  *   over blocks (8192 x 8192), else the sum apart.
+ * In place (plan.c): GPT-2's cross-entropy kernel (gpt2_tiny, found from
+ * the graph) reads the logits last and writes their gradient over them;
+ * plan_check allows that pair and refuses it unrecorded, with the input
+ * read later, or with a third buffer on its bytes; small passes where a
+ * value must not take its input's bytes (the input read by a later
+ * kernel, read transposed, or read after the store in the loop) and
+ * where it may (a softmax over a GEMM's rows, exp of it).
  * And the CUDA mapping of loop kernels, in the printed CUDA (the CPU text
  * has none of it): a pointwise kernel loads each operand it reads at its
  * own element, and stores each result, as 16-byte vectors (4 f32, 8 bf16),
@@ -630,6 +637,144 @@ static void loss_kernels(const char *path, Op loss) {
   arena_free(&a);
 }
 
+/* ---------------------------------------------------------------- in place */
+
+/* The buffer of pass p's node whose graph node is `name`'s binding (its
+ * last node of that name), or -1. */
+static int buf_named(const BPass *p, const char *name) {
+  int bi = -1;
+  for (int i = 0; i < p->nb; i++) {
+    const Node *o = p->orig[p->b[i].node->id];
+    if (o->name && !strcmp(o->name, name) && p->b[i].home == HOME_ARENA)
+      bi = i;
+  }
+  return bi;
+}
+
+/* plan_check on a copy of p's buffers changed by f: it must fail. */
+static void expect_plan_check_fails(BPass *p, const char *what, void (*f)(Buffer *b, int nb, int o, int i), int o, int i) {
+  Buffer *saved = malloc(sizeof(Buffer) * (size_t)(p->nb + 1));
+  memcpy(saved, p->b, sizeof(Buffer) * (size_t)p->nb);
+  f(p->b, p->nb, o, i);
+  char err[512] = "";
+  int bad = plan_check(p, err, sizeof err);
+  check(bad != 0, what, bad ? "" : "plan_check accepted it");
+  memcpy(p->b, saved, sizeof(Buffer) * (size_t)p->nb);
+  free(saved);
+}
+static void forget_pair(Buffer *b, int nb, int o, int i) { (void)nb, (void)i, b[o].inplace = -1; }
+static void read_later(Buffer *b, int nb, int o, int i) { (void)nb, (void)o, b[i].last++; }
+static void third_on_slot(Buffer *b, int nb, int o, int i) {
+  for (int j = 0; j < nb; j++) /* another buffer live at the pair's kernel, moved onto the pair's bytes */
+    if (j != o && j != i && b[j].home == HOME_ARENA && b[j].bytes && b[j].first <= b[o].first && b[o].first <= b[j].last) {
+      b[j].offset = b[o].offset;
+      return;
+    }
+}
+
+/* GPT-2's cross-entropy kernel (tests/data/gpt2_tiny.yaml's training pass,
+ * found from the graph: the loop kernel that reduces the amax of the
+ * cross_entropy over the logits) writes the logits' gradient over the
+ * logits: the row loss is its epilogue, so no later kernel reads the
+ * logits, and the gradient's buffer is recorded in place of the logits' at
+ * their offset. plan_check allows that pair and no other overlap: it fails
+ * when the pair is not recorded, when the input is read after the kernel,
+ * and when a third buffer live there is moved onto the bytes. */
+static void gpt2_in_place(void) {
+  Arena a = {.fail_after = -1};
+  Plan pl = {0};
+  char detail[300];
+  BPass *p = train_pass(&a, "tests/data/gpt2_tiny.yaml", 1, &pl);
+  if (!p) {
+    arena_free(&a);
+    return;
+  }
+  int kc = -1, li = -1, go = -1;
+  for (int c = 0; c < p->nk && kc < 0; c++)
+    for (int r = 0; r < p->k[c]->nreds && kc < 0; r++) {
+      const Node *red = p->k[c]->reds[r];
+      if (red->op == OP_AMAX && p->orig[red->id]->op == OP_CROSS_ENTROPY) {
+        const Node *x = red->in[0];
+        while (x->op == OP_CAST || op_info[x->op].cls == C_VIEW) /* f32 statistics of the logits' view */
+          x = x->in[0];
+        kc = c, li = p->buf[x->id];
+      }
+    }
+  for (int i = 0; kc >= 0 && i < p->k[kc]->nouts; i++) { /* the gradient: stored over the kernel's whole space */
+    const Node *n = p->k[kc]->outs[i];
+    Dim nn = shape_numel(&n->shape);
+    if (n->id >= p->nfwd && dim_eq(&nn, &p->k[kc]->numel))
+      go = p->buf[n->id];
+  }
+  const Buffer *o = go >= 0 ? &p->b[go] : NULL, *in = li >= 0 ? &p->b[li] : NULL;
+  snprintf(detail, sizeof detail, "kernel %d, logits %s (kernels %d..%d, +%lld), gradient %s (in place of %d, +%lld)",
+           kc + 1, in ? in->name : "?", in ? in->first + 1 : 0, in ? in->last + 1 : 0, in ? (long long)in->offset : -1,
+           o ? o->name : "?", o ? o->inplace : -2, o ? (long long)o->offset : -1);
+  check(in && o && in->last == kc && o->inplace == li && o->offset == in->offset && in->home == HOME_ARENA,
+        "gpt2_tiny: the cross-entropy kernel reads the logits last and writes their gradient in place", detail);
+  char err[512] = "";
+  check(!plan_check(p, err, sizeof err), "gpt2_tiny: plan_check allows the in-place pair", err);
+  if (in && o && o->inplace == li) {
+    expect_plan_check_fails(p, "gpt2_tiny: plan_check refuses the pair's overlap unrecorded", forget_pair, go, li);
+    expect_plan_check_fails(p, "gpt2_tiny: plan_check refuses the pair when the input is read after its kernel",
+                            read_later, go, li);
+    expect_plan_check_fails(p, "gpt2_tiny: plan_check refuses a third buffer on the pair's bytes", third_on_slot, go, li);
+  }
+  arena_free(&a);
+}
+
+/* in place or not, in small forward passes: y's buffer takes x's slot
+ * (want 1) or has its own (want 0). */
+static void expect_in_place(const char *name, const char *src, const char *x, const char *y, int want) {
+  Arena a = {.fail_after = -1};
+  BPass *p = forward_of(&a, name, src, 1);
+  int xi = p ? buf_named(p, x) : -1, yi = p ? buf_named(p, y) : -1;
+  char what[256], detail[200], err[512] = "";
+  snprintf(what, sizeof what, "in place: %s %s %s's bytes (%s)", y, want ? "takes" : "does not take", x, name);
+  snprintf(detail, sizeof detail, "%s: buffer %d, %s: buffer %d in place of %d", x, xi, y, yi,
+           yi >= 0 ? p->b[yi].inplace : -2);
+  check(xi >= 0 && yi >= 0 && (p->b[yi].inplace == xi) == want, what, detail);
+  if (p && plan_check(p, err, sizeof err))
+    check(0, what, err);
+  arena_free(&a);
+}
+
+static void in_place_cases(void) {
+  Arena a = {.fail_after = -1};
+  const char *dims = "  B: {dynamic: true, max: 64}\n  N: 48", *in = "  x: [B, N]",
+             *ws = "  w1: {shape: [N, N]}\n  w2: {shape: [N, N]}\n";
+  /* a softmax over a GEMM's rows, h read by nothing after it: in place */
+  expect_in_place("softmax", spec(&a, dims, in, ws, "  - h: linear(x, w1)\n  - s: softmax(h, -1)\n  - y: linear(s, w2)"),
+                  "h", "s", 1);
+  /* h read again by a later kernel (the second GEMM): not its last reader */
+  expect_in_place("softmax, h read later",
+                  spec(&a, dims, in, ws,
+                       "  - h: linear(x, w1)\n  - s: softmax(h, -1)\n  - y: linear(s, w2) + linear(h, w2)"),
+                  "h", "s", 0);
+  /* a pointwise kernel reading h at its own element: in place; reading it
+   * transposed (another thread's element): not */
+  const char *sq = "  N: 48", *sx = "  x: [N, N]";
+  expect_in_place("pointwise", spec(&a, sq, sx, ws, "  - h: linear(x, w1)\n  - t: exp(h) * 2\n  - y: linear(t, w2)"),
+                  "h", "t", 1);
+  expect_in_place("pointwise, transposed",
+                  spec(&a, sq, sx, ws, "  - h: linear(x, w1)\n  - t: exp(transpose(h, 0, 1)) * 2\n  - y: linear(t, w2)"),
+                  "h", "t", 0);
+  /* a stored before h is read in the same loop iteration (a reads only x):
+   * a over h would change h's element before b reads it; b, which reads
+   * h before its store, may take its bytes */
+  const char *ab = spec(&a, sq, sx, ws,
+                        "  - h: linear(x, w1)\n  - u: exp(x) * 2\n  - v: h + u\n  - y: linear(u, w2) + linear(v, w2)");
+  expect_in_place("store before the read", ab, "h", "u", 0);
+  expect_in_place("store before the read", ab, "h", "v", 1);
+  /* a row's values read at another row (a broadcast of the row sums over
+   * the columns, transposed): not */
+  expect_in_place("softmax, transposed",
+                  spec(&a, sq, sx, ws,
+                       "  - h: linear(x, w1)\n  - s: softmax(transpose(h, 0, 1), -1)\n  - y: linear(s, w2)"),
+                  "h", "s", 0);
+  arena_free(&a);
+}
+
 static void wrt_kernels(void) {
   wrt_pass("tests/e2e/tinyops_grad.yaml", "LR", 0);
   wrt_pass("bench/specs/tinyops_fwdbwd.yaml", "R", 0);
@@ -752,6 +897,8 @@ int main(int argc, char **argv) {
     loss_kernels("spec/examples/mlp_blocks.yaml", OP_MSE_LOSS);
     attention_kernels();
     gpt2_layouts();
+    gpt2_in_place();
+    in_place_cases();
     cuda_mapping();
   }
   printf("%d passed, %d failed\n", npass, nfail);
