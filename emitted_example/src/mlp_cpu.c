@@ -7,7 +7,15 @@
  *   mlp_loss_*     the training loss only (dropout off)
  *   mlp_train_*    loss and gradients (the partitioner's schedule)
  * Every value lives in the caller's buffers or in the pass's arena (ws) at
- * the offset tgen planned for the dims' maxima. */
+ * the offset tgen planned for the dims' maxima.
+ *
+ * A kernel's loop is a function of its own, kN_part over a range of the
+ * elements (or output elements), so that it can be compiled for AVX-512,
+ * AVX2 and the baseline, the best one for the CPU picked at load time
+ * (the body of an OpenMP parallel region is a function the compiler makes,
+ * which would not be); the kernel runs it on each thread's share. See
+ * MLP_CLONES in mlp_rt.h;
+ * -DMLP_NO_ISA_DISPATCH compiles each loop once, for the compiler's target. */
 #include "mlp_rt.h"
 #include "mlp_math.h"
 
@@ -15,11 +23,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
-  const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
+/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element)
+ * k1_cross_entropy_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k1_cross_entropy_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
+  const int64_t n_r = 10;
+  for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
@@ -41,13 +49,22 @@ static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float 
     loss_sum[o] = (float)s9;
   }
 }
+static void k1_cross_entropy(int64_t dim_B, const float *restrict logits, float *restrict loss_amax, float *restrict loss_sum) {
+  const int64_t n_o = dim_B, n_r = 10;
+  MLP_OMP(parallel if (n_o * n_r > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    k1_cross_entropy_part(lo, hi, dim_B, logits, loss_amax, loss_sum);
+  }
+}
 
-/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element) */
-static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
+/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element)
+ * k2_cross_entropy_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static int64_t k2_cross_entropy_part(int64_t lo, int64_t hi, int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
   int64_t bad = INT64_MAX;
-  const int64_t n_o = 1, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
-  for (int64_t o = 0; o < n_o; o++) {
+  const int64_t n_r = dim_B;
+  for (int64_t o = lo; o < hi; o++) {
     double acc0 = 0;
     double acc1 = 0;
     MLP_OMP(simd reduction(+ : acc0, acc1))
@@ -76,14 +93,25 @@ static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const 
     const float v18 = mlp_div(s16, s17);
     loss[o] = (float)v18;
   }
+  return bad;
+}
+static int64_t k2_cross_entropy(int64_t dim_B, const int32_t *restrict y, const float *restrict loss_sum, const float *restrict loss_amax, const float *restrict logits, float *restrict loss) {
+  const int64_t n_o = 1, n_r = dim_B;
+  int64_t bad = INT64_MAX;
+  MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    bad = k2_cross_entropy_part(lo, hi, dim_B, y, loss_sum, loss_amax, logits, loss);
+  }
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
-static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
-  const int64_t n_o = 1, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
+/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element)
+ * k3_sum_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k3_sum_part(int64_t lo, int64_t hi, int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+  const int64_t n_r = dim_B;
+  for (int64_t o = lo; o < hi; o++) {
     double acc0 = 0;
     MLP_OMP(simd reduction(+ : acc0))
     for (int64_t r = 0; r < n_r; r++) {
@@ -97,12 +125,21 @@ static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
     d_loss_sum[o] = (float)s5;
   }
 }
+static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+  const int64_t n_o = 1, n_r = dim_B;
+  MLP_OMP(parallel if (n_o * n_r > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    k3_sum_part(lo, hi, dim_B, y, d_loss_sum);
+  }
+}
 
-/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
-  const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
+/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element)
+ * k4_cross_entropy_mul_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
+  const int64_t n_r = 10;
+  for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
@@ -141,12 +178,21 @@ static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, co
     loss_sum[o] = (float)s9;
   }
 }
+static void k4_cross_entropy_mul(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, const float *restrict d_loss_sum, float *restrict d_loss, float *restrict loss_amax, float *restrict loss_sum) {
+  const int64_t n_o = dim_B, n_r = 10;
+  MLP_OMP(parallel if (n_o * n_r > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    k4_cross_entropy_mul_part(lo, hi, dim_B, logits, y, d_loss_sum, d_loss, loss_amax, loss_sum);
+  }
+}
 
-/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
-  const int64_t n = 128 * dim_B;
-  MLP_OMP(parallel for simd if (n > 16384) schedule(static))
-  for (int64_t i = 0; i < n; i++) {
+/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements)
+ * k5_relu_mul_part: the loop, over elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k5_relu_mul_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+  MLP_OMP(simd)
+  for (int64_t i = lo; i < hi; i++) {
     const float v0 = h_linear[i];
     const float v1 = v0 < 0 ? 0 : v0;
     h[i] = (float)v1;
@@ -155,6 +201,15 @@ static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *re
     const float v4 = (float)v3;
     const float v5 = v2 * v4;
     d_h[i] = (float)v5;
+  }
+}
+static void k5_relu_mul(int64_t dim_B, const float *restrict h_linear, float *restrict h, const float *restrict d_logits_matmul, float *restrict d_h) {
+  const int64_t n = 128 * dim_B;
+  MLP_OMP(parallel if (n > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n, 16, &lo, &hi);
+    k5_relu_mul_part(lo, hi, dim_B, h_linear, h, d_logits_matmul, d_h);
   }
 }
 

@@ -141,6 +141,7 @@ mlp_status mlp_create(const char *device, mlp_model **out, char *err, size_t err
       return MLP_ENOMEM;
     }
 #else
+    (void)gpu;
     free(m);
     set_err(err, errlen, "mlp_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
     return MLP_EDEVICE;

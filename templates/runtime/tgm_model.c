@@ -153,6 +153,7 @@ tgm_status tgm_create(const char *device, tgm_model **out, char *err, size_t err
       return TGM_ENOMEM;
     }
 #else
+    (void)gpu;
     free(m);
     set_err(err, errlen, "tgm_create: this build has no CUDA path (no CUDA compiler was found when it was configured)%s", "");
     return TGM_EDEVICE;
