@@ -226,6 +226,8 @@ struct R {
   int ip_seq;         /* reads and stores noted so far */
   int ip_bad;         /* a read or store that is not safe in place */
   Vec ip_ld, ip_st;   /* the reads of ip_in's bytes and the stores of ip_out: "loop|phase|index" */
+  int leaf;           /* on the CPU (not csplit): the parallel loop printed as a leaf function's loop over
+                         [lo, hi), no parallel region inside (loop_kernel prints the region that calls it) */
 };
 
 static void emit(R *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -843,10 +845,19 @@ static void store(R *r, const Node *n, Ix *ix, int guard) {
 /* ---------------------------------------------------------------- CPU */
 
 static void cpu_pw_loop(R *r) {
+  if (r->leaf) {
+    emit(r, 0, "%s_OMP(simd%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
+    head(r, "for (int64_t i = lo; i < hi; i++) {");
+    return;
+  }
   emit(r, 0, "%s_OMP(parallel for simd if (n > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
   head(r, "for (int64_t i = 0; i < n; i++) {");
 }
 static void cpu_o_loop(R *r) {
+  if (r->leaf) {
+    head(r, "for (int64_t o = lo; o < hi; o++) {");
+    return;
+  }
   if (!r->csplit) /* a split kernel's threads share each output's reduced elements instead */
     emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
   head(r, "for (int64_t o = 0; o < n_o; o++) {");
@@ -860,7 +871,9 @@ static void cpu_r_loop(R *r) {
 static void cpu_combine(R *r, Op op, const char *acc) { (void)r, (void)op, (void)acc; }
 static void cpu_bad(R *r, int level, const char *pos) { emit(r, level, "  bad = bad < %s ? bad : %s;", pos, pos); }
 static void cpu_close(R *r) {
-  if (r->has_bad)
+  if (r->has_bad && r->leaf) /* the kernel takes the least over the threads */
+    emit(r, 0, "return bad;");
+  else if (r->has_bad)
     emit(r, 0, "return bad == INT64_MAX ? -1 : bad;");
 }
 
@@ -1253,9 +1266,13 @@ static void tile_results(R *r, const char **accs, const char *t) {
  * order, as in a loop per output element. */
 static void column_tiles(R *r, const Shape *rsh) {
   const Kernel *k = r->k;
-  emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME,
-       r->has_bad ? " reduction(min : bad)" : "");
-  head(r, "for (int64_t o0 = 0; o0 < n_o; o0 += %d) {", CTILE);
+  if (r->leaf) { /* lo and hi are multiples of CTILE (or n_o) */
+    head(r, "for (int64_t o0 = lo; o0 < hi; o0 += %d) {", CTILE);
+  } else {
+    emit(r, 0, "%s_OMP(parallel for if (n_o * n_r > 16384) schedule(static)%s)", r->NAME,
+         r->has_bad ? " reduction(min : bad)" : "");
+    head(r, "for (int64_t o0 = 0; o0 < n_o; o0 += %d) {", CTILE);
+  }
   set_var_level(r, "o0", 1);
   emit(r, 1, "const int64_t nc = n_o - o0 < %d ? n_o - o0 : %d;", CTILE, CTILE);
   set_var_level(r, "nc", 1);
@@ -1530,7 +1547,11 @@ static void loop_body(R *r) {
     else
       r->outer_shape.d[r->outer_shape.rank++] = k->full.d[j];
   r->outer_sh = &r->outer_shape;
-  emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
+  if (r->leaf) { /* one a line: the loop over [lo, hi) may not read n_o (prune drops it then) */
+    emit(r, 0, "const %s n_o = %s;", r->it, c_dim(r->g, &k->outer));
+    emit(r, 0, "const %s n_r = %s;", r->it, c_dim(r->g, &k->rnum));
+  } else
+    emit(r, 0, "const %s n_o = %s, n_r = %s;", r->it, c_dim(r->g, &k->outer), c_dim(r->g, &k->rnum));
   if (r->rvec) { /* rows of whole vectors, every vector buffer aligned: else no vector loop */
     Buf al;
     buf_init(&al, r->a);
@@ -1932,6 +1953,7 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
   r->has_bad = probe->saw_take;
   int cuda = !strcmp(d->name, "cuda");
   r->csplit = !cuda && cpu_split_ok(probe);
+  r->leaf = !cuda && !r->csplit;
   r->vflat = NULL;
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
@@ -2023,11 +2045,17 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   buf_init(&sig, f->a);
   buf_init(&args, f->a);
   const char *body = arena_strdup(f->a, prune(&ka, r->lv[0].p));
+  /* a leaf's caller: the loop's size and the condition for threads (as the parallel loops' above) */
+  const char *size = "";
+  if (r->leaf && !k->nreds)
+    size = arena_printf(f->a, "  const int64_t n = %s;\n", c_dim(f->g, &k->numel));
+  else if (r->leaf)
+    size = arena_printf(f->a, "  const int64_t n_o = %s, n_r = %s;\n", c_dim(f->g, &k->outer), c_dim(f->g, &k->rnum));
   int first = 1;
   for (int s = 0; s < f->g->nsyms; s++) {
     const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
-    const char *hit = strstr(body, dn);
-    if (hit && !idc(hit[strlen(dn)])) {
+    const char *hit = strstr(body, dn), *hit2 = strstr(size, dn);
+    if ((hit && !idc(hit[strlen(dn)])) || (hit2 && !idc(hit2[strlen(dn)]))) {
       buf_printf(&sig, "%s%s %s", first ? "" : ", ", r->it, dn);
       buf_printf(&args, "%s%s", first ? "" : ", ", dn);
       first = 0;
@@ -2055,7 +2083,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     buf_printf(&args, "%s%s_cuda_bad_ptr(m->cx)", first ? "" : ", ", f->name);
   }
   const char *ret = r->has_bad && !cuda ? "int64_t" : "void";
-  const char *text = arena_printf(f->a, "(%s) {\n%s%s}\n", sig.p, r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
+  const char *text = arena_printf(f->a, "(%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
+                                  sig.p, r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
   const char *kn = NULL;
   for (int i = 0; i < f->bodies.n; i++)
     if (!strcmp(f->bodies.p[i], text))
@@ -2067,7 +2096,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     static const char *const modes[] = {"one thread per element", "one thread per output element",
                                         "one warp per output element", "one block per output element",
                                         "32 output elements per block, 32 threads each", ""};
-    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s) */\n%s %s %s%s", kn, kernel_covers(p, k, f->spec),
+    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s)%s */\n%s%s %s %s%s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                r->vec               ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec)
                : r->cvec            ? arena_printf(f->a, "%d output elements per block, %d a thread, 32 threads each", 32 * r->cvec, r->cvec)
@@ -2076,7 +2105,18 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
                : k->nreds           ? "a loop per output element"
                                     : "a loop over the elements",
-               f->d->qual, ret, kn, text);
+               !r->leaf ? ""
+                        : arena_printf(f->a, "\n * %s_part: the loop, over %s [lo, hi); compiled per ISA (see the top)",
+                                       kn, !k->nreds ? "elements" : r->mode == M_CTILE ? "the tiles of output elements" : "output elements"),
+               r->leaf ? arena_printf(f->a, "%s_CLONES ", f->NAME) : "", f->d->qual, ret, kn, r->leaf ? "_part" : "", text);
+    if (r->leaf) { /* the kernel: each thread runs the loop over its share */
+      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
+      buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
+      buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
+                 f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
+                 !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1, bad, kn, first ? "" : ", ", args.p);
+      buf_printf(&f->kernels, "%s}\n", r->has_bad ? "  return bad == INT64_MAX ? -1 : bad;\n" : "");
+    }
   }
   k->name = kn;
   if (cuda) {
@@ -2460,8 +2500,18 @@ const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_nam
                  " *   %s_loss_*     the training loss only (dropout off)\n"
                  " *   %s_train_*    loss and gradients (the partitioner's schedule)\n"
                  " * Every value lives in the caller's buffers or in the pass's arena (ws) at\n"
-                 " * the offset tgen planned for the dims' maxima. */\n",
-             f->name, f->name, f->name);
+                 " * the offset tgen planned for the dims' maxima.%s */\n",
+             f->name, f->name, f->name,
+             cuda ? ""
+                  : arena_printf(f->a, "\n *\n"
+                                 " * A kernel's loop is a function of its own, kN_part over a range of the\n"
+                                 " * elements (or output elements), so that it can be compiled for AVX-512,\n"
+                                 " * AVX2 and the baseline, the best one for the CPU picked at load time\n"
+                                 " * (the body of an OpenMP parallel region is a function the compiler makes,\n"
+                                 " * which would not be); the kernel runs it on each thread's share. See\n"
+                                 " * %s_CLONES in %s_rt.h;\n"
+                                 " * -D%s_NO_ISA_DISPATCH compiles each loop once, for the compiler's target.",
+                                 f->NAME, f->name, f->NAME));
   buf_printf(&b, "#include \"%s_rt.h\"\n#include \"%s_math.h\"\n\n#include <math.h>\n#include <stdint.h>\n#include <string.h>\n", f->name, f->name);
   if (cuda)
     buf_printf(&b, "\n#define CK(call) do { if (call) return %s_fail(m, %s_EDEVICE, \"%%s\", %s_cuda_ctx_error(m->cx)); } while (0)\n",

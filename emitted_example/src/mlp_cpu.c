@@ -7,7 +7,15 @@
  *   mlp_loss_*     the training loss only (dropout off)
  *   mlp_train_*    loss and gradients (the partitioner's schedule)
  * Every value lives in the caller's buffers or in the pass's arena (ws) at
- * the offset tgen planned for the dims' maxima. */
+ * the offset tgen planned for the dims' maxima.
+ *
+ * A kernel's loop is a function of its own, kN_part over a range of the
+ * elements (or output elements), so that it can be compiled for AVX-512,
+ * AVX2 and the baseline, the best one for the CPU picked at load time
+ * (the body of an OpenMP parallel region is a function the compiler makes,
+ * which would not be); the kernel runs it on each thread's share. See
+ * MLP_CLONES in mlp_rt.h;
+ * -DMLP_NO_ISA_DISPATCH compiles each loop once, for the compiler's target. */
 #include "mlp_rt.h"
 #include "mlp_math.h"
 
@@ -15,12 +23,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, float *restrict loss_where) {
+/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element)
+ * k1_cross_entropy_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static int64_t k1_cross_entropy_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict logits, const int32_t *restrict y, float *restrict loss_where) {
   int64_t bad = INT64_MAX;
-  const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
-  for (int64_t o = 0; o < n_o; o++) {
+  const int64_t n_r = 10;
+  for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
@@ -52,14 +60,25 @@ static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, con
     const float v19 = v11 ? v18 : 0.0f;
     loss_where[o] = (float)v19;
   }
+  return bad;
+}
+static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, float *restrict loss_where) {
+  const int64_t n_o = dim_B, n_r = 10;
+  int64_t bad = INT64_MAX;
+  MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    bad = k1_cross_entropy_part(lo, hi, dim_B, logits, y, loss_where);
+  }
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element) */
-static void k2_cross_entropy(int64_t dim_B, const float *restrict loss_where, const int32_t *restrict y, float *restrict loss) {
-  const int64_t n_o = 1, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
+/* k2_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces dim_B of [B]  (a loop per output element)
+ * k2_cross_entropy_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k2_cross_entropy_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict loss_where, const int32_t *restrict y, float *restrict loss) {
+  const int64_t n_r = dim_B;
+  for (int64_t o = lo; o < hi; o++) {
     double acc0 = 0;
     double acc1 = 0;
     MLP_OMP(simd reduction(+ : acc0, acc1))
@@ -78,12 +97,21 @@ static void k2_cross_entropy(int64_t dim_B, const float *restrict loss_where, co
     loss[o] = (float)v9;
   }
 }
-
-/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element) */
-static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+static void k2_cross_entropy(int64_t dim_B, const float *restrict loss_where, const int32_t *restrict y, float *restrict loss) {
   const int64_t n_o = 1, n_r = dim_B;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static))
-  for (int64_t o = 0; o < n_o; o++) {
+  MLP_OMP(parallel if (n_o * n_r > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    k2_cross_entropy_part(lo, hi, dim_B, loss_where, y, loss);
+  }
+}
+
+/* k3_sum: spec/examples/mlp.yaml:32 'd_loss'; reduces dim_B of [B]  (a loop per output element)
+ * k3_sum_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k3_sum_part(int64_t lo, int64_t hi, int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+  const int64_t n_r = dim_B;
+  for (int64_t o = lo; o < hi; o++) {
     double acc0 = 0;
     MLP_OMP(simd reduction(+ : acc0))
     for (int64_t r = 0; r < n_r; r++) {
@@ -97,13 +125,22 @@ static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_l
     d_loss_sum[o] = (float)s5;
   }
 }
+static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
+  const int64_t n_o = 1, n_r = dim_B;
+  MLP_OMP(parallel if (n_o * n_r > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    k3_sum_part(lo, hi, dim_B, y, d_loss_sum);
+  }
+}
 
-/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element) */
-static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
+/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (a loop per output element)
+ * k4_cross_entropy_mul_part: the loop, over output elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
   int64_t bad = INT64_MAX;
-  const int64_t n_o = dim_B, n_r = 10;
-  MLP_OMP(parallel for if (n_o * n_r > 16384) schedule(static) reduction(min : bad))
-  for (int64_t o = 0; o < n_o; o++) {
+  const int64_t n_r = 10;
+  for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
@@ -152,14 +189,25 @@ static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *r
       d_loss[ix20] = (float)v31;
     }
   }
+  return bad;
+}
+static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
+  const int64_t n_o = dim_B, n_r = 10;
+  int64_t bad = INT64_MAX;
+  MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
+  {
+    int64_t lo, hi;
+    mlp_share(n_o, 1, &lo, &hi);
+    bad = k4_cross_entropy_mul_part(lo, hi, dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
+  }
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements) */
-static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
-  const int64_t n = 128 * dim_B;
-  MLP_OMP(parallel for simd if (n > 16384) schedule(static))
-  for (int64_t i = 0; i < n; i++) {
+/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements)
+ * k5_relu_mul_part: the loop, over elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k5_relu_mul_part(int64_t lo, int64_t hi, int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
+  MLP_OMP(simd)
+  for (int64_t i = lo; i < hi; i++) {
     const float v0 = h_linear[i];
     const float v1 = v0 < 0 ? 0 : v0;
     h[i] = (float)v1;
@@ -168,6 +216,15 @@ static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h,
     const float v4 = (float)v3;
     const float v5 = v2 * v4;
     d_h[i] = (float)v5;
+  }
+}
+static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
+  const int64_t n = 128 * dim_B;
+  MLP_OMP(parallel if (n > 16384))
+  {
+    int64_t lo, hi;
+    mlp_share(n, 16, &lo, &hi);
+    k5_relu_mul_part(lo, hi, dim_B, h_linear, h, d_logits_matmul, d_h);
   }
 }
 

@@ -67,6 +67,28 @@ uint16_t mlp_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
 #else
 #define MLP_HOT static inline
 #endif
+
+/* MLP_CLONES before a leaf function (no OpenMP parallel region inside: the
+ * region's body is a function the compiler makes, which would not inherit
+ * the attribute) compiles it three times, for AVX-512, AVX2 and the baseline,
+ * the best one for the CPU picked at load time (an ifunc: gcc and clang on
+ * x86 with glibc); elsewhere, or with -DMLP_NO_ISA_DISPATCH, it is nothing
+ * and the function is compiled once, for the compiler's target. The hot loops
+ * of the runtime (mlp_cpu.c) and of the generated kernels (NAME_cpu.c) use
+ * it; MLP_HOT helpers they call are compiled into each copy. The AVX-512 copy
+ * may contract a * b + c into one FMA (gcc's default): within mlp_math.h's
+ * stated errors, but not always the baseline's last bit; with -ffp-contract=off
+ * the generated kernels' copies give the baseline's bits (tests/isa_dispatch.sh). */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
+    defined(__GLIBC__) && defined(__has_attribute) && !defined(MLP_NO_ISA_DISPATCH)
+#if __has_attribute(target_clones)
+#define MLP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef MLP_CLONES
+#define MLP_CLONES
+#endif
+
 MLP_HOT float mlp_bits_f(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);

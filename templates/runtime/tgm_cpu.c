@@ -79,21 +79,15 @@ static int nthreads(void) { return 1; }
 #define UNROLL
 #endif
 
-/* The hot loops are compiled three times (AVX-512, AVX2, baseline) and the
- * best one for the CPU picked at load time (gcc and clang on x86 glibc, where
- * ifuncs exist); elsewhere, or with -DTGM_NO_ISA_DISPATCH, once for the
- * compiler's target. Only leaf functions (no parallel regions) are cloned. */
+/* The hot loops are compiled for AVX-512, AVX2 and the baseline and the best
+ * one for the CPU picked at load time (CLONES: tgm_rt.h's TGM_CLONES); only
+ * leaf functions (no parallel regions) are cloned. ISA_DISPATCH: the GEMM
+ * micro-kernels are chosen at run time too (x86 with gcc or clang). Both off
+ * with -DTGM_NO_ISA_DISPATCH. */
+#define CLONES TGM_CLONES
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
     !defined(TGM_NO_ISA_DISPATCH)
 #define ISA_DISPATCH 1
-#if defined(__GLIBC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#endif
-#ifndef CLONES
-#define CLONES
 #endif
 
 /* Small helpers inside the hot loops must inline even when gcc's unit growth
@@ -463,8 +457,8 @@ __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int64_t k
 #endif
 
 /* Which micro-kernel: -1 the best this CPU runs, else 0 generic, 1 AVX2, 2
- * AVX-512 (tests force each one they can run). */
-static int gemm_isa = -1;
+ * AVX-512 (tests force each one they can run; unread without ISA_DISPATCH). */
+TGM_UNUSED static int gemm_isa = -1;
 
 static Ukernel pick_ukernel(void) {
   static const Ukernel generic = {4, 8, ukernel_generic, "generic"};

@@ -49,6 +49,26 @@
 #define TGM_OMP(...)
 #endif
 
+#ifndef __CUDACC__
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* [*lo, *hi): the calling OpenMP thread's share of [0, n), in whole units of
+ * `unit` elements but the last, in thread order (as schedule(static) splits
+ * a loop); all of it outside a parallel region. The generated CPU kernels run
+ * their loops (leaf functions, for TGM_CLONES) over it. */
+TGM_FN void tgm_share(int64_t n, int64_t unit, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+  const int64_t t = 0, nt = 1;
+#endif
+  const int64_t units = (n + unit - 1) / unit, h = units * (t + 1) / nt * unit;
+  *lo = units * t / nt * unit;
+  *hi = h < n ? h : n;
+}
+#endif
+
 TGM_FN float tgm_fbits(uint32_t u) {
 #ifdef __CUDACC__
   return __uint_as_float(u);

@@ -67,6 +67,28 @@ uint16_t tgm_f32_to_f16(float f);   /* round to nearest even; overflow -> inf */
 #else
 #define TGM_HOT static inline
 #endif
+
+/* TGM_CLONES before a leaf function (no OpenMP parallel region inside: the
+ * region's body is a function the compiler makes, which would not inherit
+ * the attribute) compiles it three times, for AVX-512, AVX2 and the baseline,
+ * the best one for the CPU picked at load time (an ifunc: gcc and clang on
+ * x86 with glibc); elsewhere, or with -DTGM_NO_ISA_DISPATCH, it is nothing
+ * and the function is compiled once, for the compiler's target. The hot loops
+ * of the runtime (tgm_cpu.c) and of the generated kernels (NAME_cpu.c) use
+ * it; TGM_HOT helpers they call are compiled into each copy. The AVX-512 copy
+ * may contract a * b + c into one FMA (gcc's default): within tgm_math.h's
+ * stated errors, but not always the baseline's last bit; with -ffp-contract=off
+ * the generated kernels' copies give the baseline's bits (tests/isa_dispatch.sh). */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) &&                          \
+    defined(__GLIBC__) && defined(__has_attribute) && !defined(TGM_NO_ISA_DISPATCH)
+#if __has_attribute(target_clones)
+#define TGM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef TGM_CLONES
+#define TGM_CLONES
+#endif
+
 TGM_HOT float tgm_bits_f(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);

@@ -832,7 +832,9 @@ static void cuda_mapping(void) {
     expect_text(cu, "tinyops: 32-bit indices", "int64_t i", 0);
     const char *cpu = forward_text(&a, "tinyops", tiny, 0, NULL);
     expect_text(cpu, "tinyops CPU", "_vec<", 0);
-    expect_text(cpu, "tinyops CPU: 64-bit indices", "for (int64_t i = 0; i < n; i++)", 1);
+    expect_text(cpu, "tinyops CPU: 64-bit indices", "for (int64_t i = lo; i < hi; i++)", 1);
+    expect_text(cpu, "tinyops CPU: the loop a leaf compiled per ISA", "TINYOPS_CLONES static void k1_div_part(int64_t lo, int64_t hi, ", 1);
+    expect_text(cpu, "tinyops CPU: each thread's share, in units of 16", "tinyops_share(n, 16, &lo, &hi);", 1);
   }
   const char *dims = "  B: {dynamic: true, max: 64}\n  D: 48";
   /* a broadcast operand stays a scalar load */
@@ -878,6 +880,27 @@ static void cuda_mapping(void) {
   arena_free(&a);
 }
 
+/* The CPU kernels' loops are leaf functions compiled per ISA (NAME_CLONES):
+ * no parallel region inside one (its body would not be cloned), and every
+ * parallel region of a kernel is one that calls a leaf on a thread's share,
+ * but the chunks of a split reduction (few outputs of many elements). */
+static void cpu_leaves(const char *path) {
+  Arena a = {.fail_after = -1};
+  char *src = slurp(&a, path);
+  const char *cpu = src ? forward_text(&a, path, src, 0, NULL) : "";
+  int leaves = 0, shares = count_text(cpu, "_share(");
+  for (const char *t = strstr(cpu, "_CLONES static "); t; t = strstr(t + 1, "_CLONES static ")) {
+    const char *end = strstr(t, "\n}\n"), *par = strstr(t, "_OMP(parallel");
+    check(end && (!par || par > end), "CPU: no parallel region in a leaf", path);
+    leaves++;
+  }
+  int regions = count_text(cpu, "_OMP(parallel"), wrappers = count_text(cpu, "_OMP(parallel if ("),
+      split = count_text(cpu, "_OMP(parallel for schedule(static) if (n_r > 16384))");
+  check(leaves > 0 && leaves == shares && leaves == wrappers, "CPU: a leaf and a region that calls it per kernel", path);
+  check(regions == wrappers + split, "CPU: every parallel region calls a leaf (or is a split reduction's)", path);
+  arena_free(&a);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL;
   static const char *const models[] = {
@@ -900,6 +923,9 @@ int main(int argc, char **argv) {
     gpt2_in_place();
     in_place_cases();
     cuda_mapping();
+    cpu_leaves("spec/examples/mlp_blocks.yaml");
+    cpu_leaves("tests/e2e/all_ops_bf16.yaml");
+    cpu_leaves("tests/data/gpt2_tiny.yaml");
   }
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
