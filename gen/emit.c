@@ -336,12 +336,17 @@ static int needed(Graph *g, Node **roots, int nroots, int *order) {
  * forward; with a training plan, loss and train. */
 void build_passes(Graph *g, const Plan *pl, int fuse, int upto, BPass **ps) {
   int *order = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nnodes + 1));
-  int n = needed(g, g->outputs, g->noutputs, order);
+  int n = needed(g, g->outputs, g->noutputs, order), via = 0;
   ps[PASS_FORWARD] = build_pass(g, PASS_FORWARD, order, n, n);
   if (pl) {
-    order = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nnodes + 1));
-    n = needed(g, &g->loss, 1, order);
-    ps[PASS_LOSS] = build_pass(g, PASS_LOSS, order, n, n);
+    int *lorder = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nnodes + 1));
+    int ln = needed(g, &g->loss, 1, lorder);
+    /* the loss is an output and needs every node the outputs do: the loss
+     * pass is the forward pass (printed once) */
+    for (int k = 0; k < g->noutputs && !via; k++)
+      if (g->outputs[k] == g->loss && ln == n && !memcmp(order, lorder, sizeof(int) * (size_t)n))
+        via = k + 1;
+    ps[PASS_LOSS] = build_pass(g, PASS_LOSS, lorder, ln, ln);
     ps[PASS_TRAIN] = build_pass(g, PASS_TRAIN, pl->order, pl->n, pl->nfwd);
   }
   for (int k = 0; k < NPASS; k++)
@@ -350,6 +355,18 @@ void build_passes(Graph *g, const Plan *pl, int fuse, int upto, BPass **ps) {
       if (upto >= 2)
         plan(ps[k]);
     }
+  if (via && upto >= 2) { /* the forward's arena, then its outputs but the loss */
+    BPass *f = ps[PASS_FORWARD], *l = ps[PASS_LOSS];
+    l->via_forward = via;
+    l->out_at = arena_alloc(g->arena, sizeof(int64_t) * (size_t)(f->nfinals + 1));
+    int64_t at = (f->arena + 255) & ~(int64_t)255;
+    for (int k = 0; k < f->nfinals; k++)
+      if (k != via - 1) {
+        l->out_at[k] = at;
+        at += (layout_bytes(f, f->finals[k]) + 255) & ~(int64_t)255;
+      }
+    l->arena = at;
+  }
 }
 
 /* The arena each pass needs (tgen planned it for the dims' maxima). */
@@ -824,8 +841,9 @@ static const char *readme(E *e, const char *golden_note) {
   buf_printf(&k, "Kernels and arena (every intermediate of a pass lives in its arena, at offsets tgen planned for each dynamic dim's max):\n\n| pass | kernels | arena |\n| --- | --- | --- |\n");
   for (int q = 0; q < NPASS; q++)
     if (e->pass[q])
-      buf_printf(&k, "| %s | %d | %lld bytes (%.1f MiB) |\n", pass_names[q], e->pass[q]->nk, (long long)e->pass[q]->arena,
-                 (double)e->pass[q]->arena / 1048576.0);
+      buf_printf(&k, "| %s | %d%s | %lld bytes (%.1f MiB) |\n", pass_names[q], e->pass[q]->nk,
+                 e->pass[q]->via_forward ? " (the forward pass's: it calls it, the outputs but the loss in its arena)" : "",
+                 (long long)e->pass[q]->arena, (double)e->pass[q]->arena / 1048576.0);
   buf_printf(&k, "\nThe graph's ops (`tgen check MODEL --dump-after schedule` shows which kernel computes each):\n\n");
   buf_printf(&k, "| node | op | result | spec | part |\n| --- | --- | --- | --- | --- |\n");
   for (int i = 0; i < g->nnodes; i++) {

@@ -315,6 +315,10 @@ typedef struct BPass {
   int *buf;          /* per node: its buffer, or -1 */
   int64_t arena;     /* the arena's peak bytes */
   int64_t sym[MAXSYM]; /* the symbol values sizes are planned at (each dynamic dim's max) */
+  int via_forward;   /* PASS_LOSS: 1 + the forward output that is the loss when this pass computes just what
+                        the forward does (it is printed as a call of the forward, its other outputs in the
+                        arena after the forward's); 0: a pass of its own */
+  int64_t *out_at;   /* via_forward: each forward output's offset in the arena (the loss's unused) */
 } BPass;
 
 /* emit.c: the back end's passes of g up to stage upto (0 decompose, 1

@@ -220,8 +220,8 @@ static int cmd_check(int argc, char **argv) {
     buf_printf(&b, "kernels and arena (at each dynamic dim's max):");
     for (int k = 0; k < NPASS; k++)
       if (ps[k])
-        buf_printf(&b, "%s %s %d kernel%s, %.1f MiB", k ? ";" : "", pass_names[k], ps[k]->nk, ps[k]->nk == 1 ? "" : "s",
-                   (double)ps[k]->arena / 1048576.0);
+        buf_printf(&b, "%s %s %d kernel%s%s, %.1f MiB", k ? ";" : "", pass_names[k], ps[k]->nk, ps[k]->nk == 1 ? "" : "s",
+                   ps[k]->via_forward ? " (the forward pass's)" : "", (double)ps[k]->arena / 1048576.0);
     buf_printf(&b, "\n");
   }
   if (dump && !json) {

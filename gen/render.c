@@ -2375,6 +2375,25 @@ static int *grad_last_writers(File *f, BPass *p) {
 }
 
 /* One pass as a C function NAME_<pass>_<dialect>(m, sym, in, out). */
+/* The loss pass l when it computes just what the forward pass fw does (the
+ * loss one of the outputs): a call of the forward, the loss into the pass's
+ * output, the other outputs into the arena after the forward's own. */
+static void loss_via_forward(File *f, const BPass *l, const BPass *fw, Buf *b) {
+  buf_printf(b, "\n/* the loss pass: the forward pass (the loss is its output %d), its other outputs in the arena after the\n"
+                " * forward's own; arena %lld bytes at the dims' maxima */\n",
+             l->via_forward - 1, (long long)l->arena);
+  buf_printf(b, "int %s_loss_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n",
+             f->name, f->d->name, f->name);
+  buf_printf(b, "  void *fo[%d];\n", fw->nfinals);
+  for (int k = 0; k < fw->nfinals; k++)
+    if (k == l->via_forward - 1)
+      buf_printf(b, "  fo[%d] = out[0];  /* %s */\n", k, f->g->outputs[k]->name ? f->g->outputs[k]->name : "the loss");
+    else
+      buf_printf(b, "  fo[%d] = m->ws + %lld;  /* %s */\n", k, (long long)l->out_at[k],
+                 f->g->outputs[k]->name ? f->g->outputs[k]->name : "");
+  buf_printf(b, "  return %s_forward_%s(m, sym, in, fo);\n}\n", f->name, f->d->name);
+}
+
 static void pass_fn(File *f, BPass *p, Buf *b) {
   Graph *g = f->g;
   int cuda = !strcmp(f->d->name, "cuda");
@@ -2480,7 +2499,9 @@ const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_nam
   Buf pb;
   buf_init(&pb, f->a);
   for (int k = 0; k < NPASS; k++) {
-    if (passes[k]) {
+    if (passes[k] && passes[k]->via_forward) {
+      loss_via_forward(f, passes[k], passes[PASS_FORWARD], &pb);
+    } else if (passes[k]) {
       pass_fn(f, passes[k], &pb);
     } else {
       buf_printf(&pb, "\nint %s_%s_%s(struct %s_model *m, const int64_t *sym, const void *const *in, void *const *out) {\n",

@@ -271,6 +271,43 @@ static void async_steps(mlp_model *m, mlp_case *c, int n, const float *l) {
   free(p);
 }
 
+/* 1b. the loss pass (mlp_loss): where a forward output is the loss, its value equals that output's, within the
+ * model dtype's tolerance (tgen may print the loss pass as a call of the forward, the other outputs in its
+ * arena: this catches a wrong output slot); and, without dropout, the training pass's loss. */
+static void loss_pass(mlp_model *m, const char *device, mlp_case *c, int mdt) {
+  float l0 = NAN, l1;
+  /* on a fresh model with m's params, so that no earlier call's loss is left where the loss is read */
+  mlp_model *fresh = NULL;
+  size_t pb = mlp_param_bytes();
+  unsigned char *pv = malloc(pb ? pb : 1);
+  int rc = !pv || mlp_create(device, &fresh, NULL, 0) || mlp_get_params(m, pv, pb) || mlp_set_params(fresh, pv, pb) ||
+           mlp_loss_v(fresh, c->dyn, (const void *const *)c->din, &l0);
+  check(!rc && isfinite(l0), "loss: %.7g (%s)", l0, rc ? (fresh ? mlp_error(fresh) : "no model") : "ok");
+  mlp_destroy(fresh);
+  free(pv);
+  double tol = tolerance(mdt >= 0 ? mdt : mlp_info.loss_dtype);
+  for (int k = 0; k < mlp_info.noutputs; k++) {
+    if (strcmp(mlp_info.outputs[k].name, mlp_info.loss_name))
+      continue;
+    mlp_host out[64];
+    void *dout[64] = {0};
+    int ok = 1;
+    for (int j = 0; j < mlp_info.noutputs && ok; j++)
+      ok = !mlp_host_alloc(&out[j], 1, j, c->sym) && !mlp_to_device(m, &out[j], &dout[j]);
+    ok = ok && !mlp_forward_v(m, c->dyn, (const void *const *)c->din, dout) && !mlp_from_device(m, &out[k], dout[k]);
+    double f = ok ? mlp_get(out[k].data, out[k].dtype, 0) : NAN;
+    check(ok && fabs(l0 - f) <= tol * (fabs(f) > 1e-6 ? fabs(f) : 1e-6), "loss %.7g equals the forward's output '%s' %.7g",
+          l0, mlp_info.outputs[k].name, f);
+    for (int j = 0; j < mlp_info.noutputs; j++) {
+      if (dout[j] && dout[j] != out[j].data)
+        mlp_device_free(m, dout[j]);
+      free(out[j].data);
+    }
+  }
+  if (!mlp_pass_dropout[MLP_PASS_TRAIN] && !mlp_forward_backward_v(m, c->dyn, (const void *const *)c->din, &l1))
+    check(fabs(l0 - l1) <= tol * (fabs(l1) > 1e-6 ? fabs(l1) : 1e-6), "loss %.7g equals forward_backward's %.7g", l0, l1);
+}
+
 int main(int argc, char **argv) {
   if (argc != 4 && argc != 5 && !(argc == 3 && !strcmp(argv[1], "grad-file"))) {
     fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors SCRATCH_DIR [RUNNER]\n       %s grad-file FILE\n",
@@ -336,6 +373,7 @@ int main(int argc, char **argv) {
     input_grads(m, &c, g, loss, mdt);
   free(g);
   g = NULL;
+  loss_pass(m, argv[1], &c, mdt);
   if (!mlp_info.optimizer) {
     rc = mlp_train_step_v(m, c.dyn, (const void *const *)c.din, &loss);
     check(rc == MLP_EINVAL && strstr(mlp_error(m), "no optimizer"), "train_step without an optimizer is refused: %s",

@@ -271,6 +271,43 @@ static void async_steps(tgm_model *m, tgm_case *c, int n, const float *l) {
   free(p);
 }
 
+/* 1b. the loss pass (tgm_loss): where a forward output is the loss, its value equals that output's, within the
+ * model dtype's tolerance (tgen may print the loss pass as a call of the forward, the other outputs in its
+ * arena: this catches a wrong output slot); and, without dropout, the training pass's loss. */
+static void loss_pass(tgm_model *m, const char *device, tgm_case *c, int mdt) {
+  float l0 = NAN, l1;
+  /* on a fresh model with m's params, so that no earlier call's loss is left where the loss is read */
+  tgm_model *fresh = NULL;
+  size_t pb = tgm_param_bytes();
+  unsigned char *pv = malloc(pb ? pb : 1);
+  int rc = !pv || tgm_create(device, &fresh, NULL, 0) || tgm_get_params(m, pv, pb) || tgm_set_params(fresh, pv, pb) ||
+           tgm_loss_v(fresh, c->dyn, (const void *const *)c->din, &l0);
+  check(!rc && isfinite(l0), "loss: %.7g (%s)", l0, rc ? (fresh ? tgm_error(fresh) : "no model") : "ok");
+  tgm_destroy(fresh);
+  free(pv);
+  double tol = tolerance(mdt >= 0 ? mdt : tgm_info.loss_dtype);
+  for (int k = 0; k < tgm_info.noutputs; k++) {
+    if (strcmp(tgm_info.outputs[k].name, tgm_info.loss_name))
+      continue;
+    tgm_host out[64];
+    void *dout[64] = {0};
+    int ok = 1;
+    for (int j = 0; j < tgm_info.noutputs && ok; j++)
+      ok = !tgm_host_alloc(&out[j], 1, j, c->sym) && !tgm_to_device(m, &out[j], &dout[j]);
+    ok = ok && !tgm_forward_v(m, c->dyn, (const void *const *)c->din, dout) && !tgm_from_device(m, &out[k], dout[k]);
+    double f = ok ? tgm_get(out[k].data, out[k].dtype, 0) : NAN;
+    check(ok && fabs(l0 - f) <= tol * (fabs(f) > 1e-6 ? fabs(f) : 1e-6), "loss %.7g equals the forward's output '%s' %.7g",
+          l0, tgm_info.outputs[k].name, f);
+    for (int j = 0; j < tgm_info.noutputs; j++) {
+      if (dout[j] && dout[j] != out[j].data)
+        tgm_device_free(m, dout[j]);
+      free(out[j].data);
+    }
+  }
+  if (!tgm_pass_dropout[TGM_PASS_TRAIN] && !tgm_forward_backward_v(m, c->dyn, (const void *const *)c->din, &l1))
+    check(fabs(l0 - l1) <= tol * (fabs(l1) > 1e-6 ? fabs(l1) : 1e-6), "loss %.7g equals forward_backward's %.7g", l0, l1);
+}
+
 int main(int argc, char **argv) {
   if (argc != 4 && argc != 5 && !(argc == 3 && !strcmp(argv[1], "grad-file"))) {
     fprintf(stderr, "usage: %s cpu|cuda GOLDEN.safetensors SCRATCH_DIR [RUNNER]\n       %s grad-file FILE\n",
@@ -336,6 +373,7 @@ int main(int argc, char **argv) {
     input_grads(m, &c, g, loss, mdt);
   free(g);
   g = NULL;
+  loss_pass(m, argv[1], &c, mdt);
   if (!tgm_info.optimizer) {
     rc = tgm_train_step_v(m, c.dyn, (const void *const *)c.din, &loss);
     check(rc == TGM_EINVAL && strstr(tgm_error(m), "no optimizer"), "train_step without an optimizer is refused: %s",
