@@ -1657,6 +1657,23 @@ template <class T, int D> __device__ __forceinline__ void load_tile(T *dst, cons
     cp16(dst + r * LD + c, src + (int64_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
   }
 }
+/* Key/value tile i of nk (the forward's and k_flash_bwd_q's loop, double buffered in sK, sV: tile j in
+ * buffer j % 2): once every thread is done with tile i - 1, starts copying tile i + 1 into its buffers, then
+ * waits until tile i (copied one step earlier, or before the loop) is in shared memory for every thread. */
+template <class T, int D>
+__device__ __forceinline__ void next_kv(T *sK, T *sV, const T *k, const T *v, int ldk, int ldv, int i, int nk, int Tk) {
+  constexpr int TILE = 64 * (D + 8);
+  __syncthreads();
+  if (i + 1 < nk) {
+    load_tile<T, D>(sK + ((i + 1) & 1) * TILE, k, ldk, (i + 1) * 64, Tk);
+    load_tile<T, D>(sV + ((i + 1) & 1) * TILE, v, ldv, (i + 1) * 64, Tk);
+    commit();
+    wait<1>();
+  } else {
+    wait<0>();
+  }
+  __syncthreads();
+}
 /* Starts copying src[r0..r0 + 63] (f32; zeros past n) into dst[64]. */
 __device__ __forceinline__ void load_row(float *dst, const float *src, int r0, int n) {
   for (int e = threadIdx.x; e < 64; e += 128)
@@ -1813,16 +1830,7 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < nk; i++) {
     const int k0 = i * 64;
     const T *cK = sK + (i & 1) * TILE, *cV = sV + (i & 1) * TILE;
-    __syncthreads(); /* tile i - 1's reads are done: its buffers take tile i + 1 */
-    if (i + 1 < nk) {
-      fa::load_tile<T, D>(sK + ((i + 1) & 1) * TILE, k, L.ld[1], k0 + 64, Tk);
-      fa::load_tile<T, D>(sV + ((i + 1) & 1) * TILE, v, L.ld[2], k0 + 64, Tk);
-      fa::commit();
-      fa::wait<1>();
-    } else {
-      fa::wait<0>();
-    }
-    __syncthreads(); /* tile i (and q) copied by every thread */
+    fa::next_kv<T, D>(sK, sV, k, v, L.ld[1], L.ld[2], i, nk, Tk);
     if (i == 0)
       for (int d = 0; d < D / 16; d++)
         fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
@@ -2143,16 +2151,7 @@ __global__ void __launch_bounds__(128, flash_bwd_blocks(D))
   for (int i = 0; i < nk; i++) {
     const int k0 = i * 64;
     const T *cK = sK + (i & 1) * TILE, *cV = sV + (i & 1) * TILE;
-    __syncthreads(); /* tile i - 1's reads are done: its buffers take tile i + 1 */
-    if (i + 1 < nk) {
-      fa::load_tile<T, D>(sK + ((i + 1) & 1) * TILE, k, L.ld[1], k0 + 64, Tk);
-      fa::load_tile<T, D>(sV + ((i + 1) & 1) * TILE, v, L.ld[2], k0 + 64, Tk);
-      fa::commit();
-      fa::wait<1>();
-    } else {
-      fa::wait<0>();
-    }
-    __syncthreads();
+    fa::next_kv<T, D>(sK, sV, k, v, L.ld[1], L.ld[2], i, nk, Tk);
     if (i == 0)
       for (int d = 0; d < D / 16; d++) {
         fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
