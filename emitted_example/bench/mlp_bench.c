@@ -30,14 +30,13 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* Integer input k's elements uniform in [0, n) (splitmix64 of the element's position and k). */
+/* Integer input k's elements uniform in [0, n): words 0 and 1 of the runtime's Philox at counter (i, k). */
 static void fill_ints(mlp_host *h, int k, int64_t n) {
+  const uint32_t key[2] = {12345u, 0u};
   for (int64_t i = 0; i < h->numel; i++) {
-    uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15u + (uint64_t)k * 0xbf58476d1ce4e5b9u + 0x94d049bb133111ebu;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    z ^= z >> 31;
-    ((int32_t *)h->data)[i] = (int32_t)(z % (uint64_t)n);
+    uint32_t ctr[4] = {(uint32_t)i, (uint32_t)((uint64_t)i >> 32), (uint32_t)k, 0u}, r[4];
+    mlp_philox4x32(ctr, key, r);
+    ((int32_t *)h->data)[i] = (int32_t)((((uint64_t)r[0] << 32) | r[1]) % (uint64_t)n);
   }
 }
 
