@@ -1368,9 +1368,9 @@ static int column_prefix(const Kernel *k) {
  * columns, each thread V neighbouring columns (oc V .. oc V + V - 1) over
  * its rows r, loading each buffer's V elements of row r as one vector
  * (the kernel's buffers at that element are aligned, n_o a multiple of V:
- * loop_kernel checked), accumulating into V accumulators; then per column
- * the 32 row groups combine (tgm_column_*), split over blocks as M_COLUMN
- * is. Levels: 1 a tile, 2 a row r, 3 a column of the thread; then 2 a
+ * loop_kernel checked), accumulating into V accumulators; then the
+ * block's row groups combine each accumulator's V columns in one pass into
+ * warp 0, which stores (tgm_column_*_v), split over blocks as M_COLUMN is. Levels: 1 a tile, 2 a row r, 3 a column of the thread; then 2 a
  * column again, for the results. */
 static void column_vectors(R *r, const Shape *rsh) {
   const Kernel *k = r->k;
@@ -1413,25 +1413,21 @@ static void column_vectors(R *r, const Shape *rsh) {
   r->vflat = NULL;
   close_level(r);
   close_level(r);
-  /* the 32 row groups' partials of each column, in order (then, split, the blocks') */
-  for (int i = 0; i < k->nreds; i++) {
-    const char *f = k->reds[i]->op == OP_AMAX ? "max" : "sum";
-    emit(r, 1, "for (int lane = 0; lane < %d; lane++)", V);
-    emit(r, 1, "  %s[lane] = %s_column_%s(%s[lane]);", accs[i], r->name, f, accs[i]);
-  }
+  /* the row groups' partials of each column, in order, into warp 0 (then,
+   * split, the blocks': reduction i's partials are gridDim.y rows of n_o) */
+  for (int i = 0; i < k->nreds; i++)
+    emit(r, 1, "%s_column_%s_v(%s, %d);", r->name, k->reds[i]->op == OP_AMAX ? "max" : "sum", accs[i], V);
   if (r->split) {
     emit(r, 1, "if (threadIdx.x / 32 == 0 && live)  /* this block's partials */");
     emit(r, 1, "  for (int lane = 0; lane < %d; lane++) {", V);
     for (int i = 0; i < k->nreds; i++)
-      emit(r, 1, "    split_part[((oc * %d + lane) * %d + %d) * gridDim.y + blockIdx.y] = %s[lane];", V, k->nreds, i, accs[i]);
+      emit(r, 1, "    split_part[(%d * gridDim.y + blockIdx.y) * n_o + oc * %d + lane] = %s[lane];", i, V, accs[i]);
     emit(r, 1, "  }");
     emit(r, 1, "if (!%s_split_last(&split_count[o0 / %d]))  /* the tile's last block to finish goes on */", r->name, 32 * V);
     emit(r, 1, "  continue;");
-    for (int i = 0; i < k->nreds; i++) {
-      emit(r, 1, "for (int lane = 0; lane < %d; lane++)", V);
-      emit(r, 1, "  %s[lane] = %s_split_column_%s(split_part + ((oc * %d + lane) * %d + %d) * gridDim.y, live);", accs[i],
-           r->name, k->reds[i]->op == OP_AMAX ? "max" : "sum", V, k->nreds, i);
-    }
+    for (int i = 0; i < k->nreds; i++)
+      emit(r, 1, "%s_split_column_%s_v(split_part + %d * gridDim.y * n_o, n_o, oc, live, %s, %d);", r->name,
+           k->reds[i]->op == OP_AMAX ? "max" : "sum", i, accs[i], V);
   }
   open_level(r);
   head(r, "for (int lane = 0; lane < %d; lane++) {", V);
@@ -1740,8 +1736,16 @@ static void choose_mode(R *r) {
   }
 }
 
-/* A split reduction's least reduced elements per block (tgm_split's per). */
-static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : 512; }
+/* A split reduction's least reduced elements per block (tgm_split's per),
+ * and the blocks it aims at in all (its total). A vector column kernel's
+ * blocks are of COLUMN_VBLOCK threads and end in one pass over their
+ * partials (tgm_column_reduce_v): on GPT-2's layer-norm gradients
+ * ([16384, 768] bf16, 2 sums) 512 threads in 88 blocks a tile took 31 us,
+ * 1024 in 44 31 us, 256 in 88 35 us; the per-column tail it replaced took
+ * 58 us at its best (1024 threads, 32 blocks a tile; H100, session 11). */
+#define COLUMN_VBLOCK 512
+static int split_per(R *r) { return r->mode == M_BLOCK ? 4096 : r->cvec ? 128 : 512; }
+static int split_total(R *r) { return r->mode == M_BLOCK || !r->cvec ? 512 : 256; }
 
 static int small(R *r, Dim d) {
   int64_t v;
@@ -1838,7 +1842,7 @@ static int split_ok(R *r) {
   if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || !split_sizes(r, &no, &nr))
     return 0;
   int64_t tw = r->mode == M_BLOCK ? 1 : 32 * (r->cvec ? r->cvec : 1), tiles = (no + tw - 1) / tw;
-  int64_t per = (nr + split_per(r) - 1) / split_per(r), q = (512 + tiles - 1) / tiles, blocks = per < q ? per : q;
+  int64_t per = (nr + split_per(r) - 1) / split_per(r), q = (split_total(r) + tiles - 1) / tiles, blocks = per < q ? per : q;
   blocks = blocks > 256 ? 256 : blocks;
   return tiles <= 256 && nr >= 2 * split_per(r) && tiles * tw * r->k->nreds * blocks <= SPLIT_PARTS;
 }
@@ -2123,13 +2127,15 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / 32, WARP_BLOCK)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
-                       : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), 1024", f->name, n, 32 * (r->cvec ? r->cvec : 1))
+                       : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, 32 * (r->cvec ? r->cvec : 1),
+                                                           r->cvec ? COLUMN_VBLOCK : 1024)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));
     if (r->split) { /* gridDim.y: the blocks per output tile */
       const int tw = 32 * (r->cvec ? r->cvec : 1); /* a column tile's outputs */
       const char *tiles = r->mode == M_BLOCK ? n : arena_printf(f->a, "((%s) + %d) / %d", n, tw - 1, tw);
-      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s)), %d", f->name, n, r->mode == M_BLOCK ? 1 : tw,
-                          f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, r->mode == M_BLOCK ? 512 : 1024);
+      grid = arena_printf(f->a, "dim3(%s_blocks(%s, %d), %s_split(%s, %d, %s, %d)), %d", f->name, n, r->mode == M_BLOCK ? 1 : tw,
+                          f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, split_total(r),
+                          r->mode == M_BLOCK ? 512 : r->cvec ? COLUMN_VBLOCK : 1024);
     }
     buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {

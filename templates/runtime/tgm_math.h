@@ -449,6 +449,25 @@ TGM_FN float tgm_column_reduce(float v, int is_max) {
     t = is_max ? tgm_max(t, part[j][x]) : t + part[j][x];
   return t;
 }
+/* The same for n <= 8 neighbouring columns a thread (v[0..n-1], each
+ * thread's own): one barrier pair for all n, and warp 0's lanes add the k
+ * partials of their n columns in order y = 0, 1, ..., n loads in flight at
+ * a time. Only warp 0 gets the totals; the others' v are left as they were
+ * (the vector column kernels store from warp 0). */
+TGM_FN void tgm_column_reduce_v(float *v, int n, int is_max) {
+  __shared__ float part[32][8][33];
+  int x = threadIdx.x % 32, y = threadIdx.x / 32, ny = blockDim.x / 32;
+  __syncthreads();
+  for (int l = 0; l < n; l++)
+    part[y][l][x] = v[l];
+  __syncthreads();
+  if (y == 0)
+    for (int j = 1; j < ny; j++)
+      for (int l = 0; l < n; l++)
+        v[l] = is_max ? tgm_max(v[l], part[j][l][x]) : v[l] + part[j][l][x];
+}
+TGM_FN void tgm_column_sum_v(float *v, int n) { tgm_column_reduce_v(v, n, 0); }
+TGM_FN void tgm_column_max_v(float *v, int n) { tgm_column_reduce_v(v, n, 1); }
 TGM_FN float tgm_column_sum(float v) { return tgm_column_reduce(v, 0); }
 TGM_FN float tgm_column_max(float v) { return tgm_column_reduce(v, 1); }
 TGM_FN float tgm_block_sum(float v) { return tgm_block_reduce(v, 0); }
@@ -489,15 +508,36 @@ TGM_FN float tgm_split_column_reduce(const float *part, int live, int is_max) {
     v = is_max ? tgm_max(v, __ldcg(part + p)) : v + __ldcg(part + p);
   return tgm_column_reduce(v, is_max);
 }
+/* The last block's totals of a vector column kernel's split (its n <= 8
+ * columns from oc * n; each block's partials a row of n_o floats at part +
+ * blockIdx.y * n_o): thread (x, y) adds rows y, y + k, ... (n loads in
+ * flight, neighbouring floats), then warp 0 combines the k partials as
+ * tgm_column_reduce_v does. The totals are warp 0's v. */
+TGM_FN void tgm_split_column_reduce_v(const float *part, int n_o, int oc, int live, float *v, int n, int is_max) {
+  for (int l = 0; l < n; l++)
+    v[l] = is_max ? -INFINITY : 0.0f;
+  for (unsigned p = threadIdx.x / 32; live && p < gridDim.y; p += blockDim.x / 32)
+    for (int l = 0; l < n; l++) {
+      float t = __ldcg(part + (size_t)p * n_o + oc * n + l);
+      v[l] = is_max ? tgm_max(v[l], t) : v[l] + t;
+    }
+  tgm_column_reduce_v(v, n, is_max);
+}
+TGM_FN void tgm_split_column_sum_v(const float *part, int n_o, int oc, int live, float *v, int n) {
+  tgm_split_column_reduce_v(part, n_o, oc, live, v, n, 0);
+}
+TGM_FN void tgm_split_column_max_v(const float *part, int n_o, int oc, int live, float *v, int n) {
+  tgm_split_column_reduce_v(part, n_o, oc, live, v, n, 1);
+}
 TGM_FN float tgm_split_block_sum(const float *part) { return tgm_split_block_reduce(part, 0); }
 TGM_FN float tgm_split_block_max(const float *part) { return tgm_split_block_reduce(part, 1); }
 TGM_FN float tgm_split_column_sum(const float *part, int live) { return tgm_split_column_reduce(part, live, 0); }
 TGM_FN float tgm_split_column_max(const float *part, int live) { return tgm_split_column_reduce(part, live, 1); }
 /* Blocks per output tile of a split reduction of n_r elements: at least
- * `per` elements each, about 512 blocks in all over `tiles` tiles, at most
- * 256 (tgen sizes the partials for this). */
-static inline unsigned tgm_split(int64_t n_r, int64_t per, int64_t tiles) {
-  int64_t p = (n_r + per - 1) / per, q = (512 + tiles - 1) / tiles;
+ * `per` elements each, about `total` blocks in all over `tiles` tiles, at
+ * most 256 (tgen sizes the partials for this). */
+static inline unsigned tgm_split(int64_t n_r, int64_t per, int64_t tiles, int64_t total) {
+  int64_t p = (n_r + per - 1) / per, q = (total + tiles - 1) / tiles;
   p = p < q ? p : q;
   return (unsigned)(p < 1 ? 1 : p > 256 ? 256 : p);
 }

@@ -856,6 +856,26 @@ static void cuda_mapping(void) {
                                            "  - s: sum(x, 0)\n  - y: exp(s)"),
                     1, NULL);
   expect_text(cu, "column sum over many rows: split", "t_split_column_sum(", 1);
+  /* bf16 column sums and a max of 768 columns (GPT-2's layer-norm and bias
+   * gradients): 8 columns a thread, each accumulator's 8 combined in one
+   * pass into warp 0, the blocks' partials rows of n_o floats (h, a GEMM's
+   * result in the arena, is aligned for vectors; an input may not be) */
+  cu = forward_text(&a, "column vectors",
+                    arena_printf(&a, "dtype: bf16\n%s",
+                                 spec(&a, "  B: {dynamic: true, max: 65536}\n  D: 768", "  x: [B, D]", "  w: [D, D]",
+                                      "  - h: matmul(x, w)\n  - s: sum(h, 0)\n  - q: sum(h * h, 0)\n  - m: amax(h, 0)\n"
+                                      "outputs: [s, q, m]")),
+                    1, NULL);
+  expect_text(cu, "column vectors: 8 columns a thread", "const int oc = o0 / 8 + threadIdx.x % 32;", 1);
+  check(count_text(cu, "t_column_sum_v(acc") == 2 && count_text(cu, "t_column_max_v(acc") == 1,
+        "column vectors: one combine per accumulator (2 sums, 1 max)", "");
+  check(count_text(cu, "t_split_column_sum_v(split_part + ") == 2 && count_text(cu, "t_split_column_max_v(split_part + ") == 1,
+        "column vectors: the last block totals each accumulator's rows of partials", "");
+  expect_text(cu, "column vectors: reduction 2's partials after 2 x gridDim.y rows",
+              "split_part[(2 * gridDim.y + blockIdx.y) * n_o + oc * 8 + lane] = ", 1);
+  expect_text(cu, "column vectors: blocks of 512, 128 rows or more each, about 256 in all",
+              "t_split(dim_B, 128, ((768) + 255) / 256, 256)), 512, 0, st>>>", 1);
+  expect_text(cu, "column vectors: no per-column combine", "t_column_sum(", 0);
   cu = forward_text(&a, "small sum", spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x)"), 1, NULL);
   expect_text(cu, "sum of 64 x 48: one block", "split", 0);
   cu = forward_text(&a, "long softmax", spec(&a, "  B: 4\n  D: 65536", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
