@@ -214,6 +214,7 @@ struct R {
   const char *vidx;   /* the vector loop's index ("iv"; "rv": vectors of the row at o) */
   int vload_lv;       /* the level of the vector loop's loads */
   char *contig;       /* per buffer: loaded at the kernel's element i (a vector load's candidate) */
+  char *bcast;        /* per buffer: a row kernel's load at the row position r alone (a layer norm's weight) */
   Vec vstores;        /* the lane body's vector stores: "buffer|local" */
   int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
   int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
@@ -602,6 +603,20 @@ static const char *load(R *r, const Node *n, Ix *ix) {
         v = arena_printf(r->a, "v%d", r->nvars++);
         const char *vt = vec_type(r, n->dtype);
         emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[%s];", vt, v, vt, vec_base(r, p), r->vidx);
+        memo_put(r, key, v, r->vload_lv);
+        set_var_level(r, v, r->vload_lv);
+      }
+      at = arena_printf(r->a, "%s.v[lane]", v);
+    }
+  } else if (r->p->buf && kernel_rows(r->k) && !strcmp(i, "r") && r->p->buf[n->id] != r->ip_in) {
+    int bi = r->p->buf[n->id]; /* the same elements for every row: one vector load a vector of the row */
+    r->bcast[bi] = 1;
+    if (r->lanes && r->rvec && dtype_size(n->dtype) * r->rvec == 16) {
+      const char *key = arena_printf(r->a, "bvec|%s", p), *v = memo_get(r, key);
+      if (!v) {
+        v = arena_printf(r->a, "v%d", r->nvars++);
+        const char *vt = vec_type(r, n->dtype);
+        emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[rv];", vt, v, vt, p);
         memo_put(r, key, v, r->vload_lv);
         set_var_level(r, v, r->vload_lv);
       }
@@ -1092,6 +1107,7 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   r->stamp = ++r->t->stamp;
   r->written = arena_alloc(a, (size_t)p->nb + 1);
   r->contig = arena_alloc(a, (size_t)p->nb + 1);
+  r->bcast = arena_alloc(a, (size_t)p->nb + 1);
   r->it = "int64_t";
   r->capv = 256;
   r->vlev = arena_alloc(a, sizeof(char *) * (size_t)r->capv);
@@ -1552,7 +1568,7 @@ static void loop_body(R *r) {
     Buf al;
     buf_init(&al, r->a);
     for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
-      if (r->contig[bi])
+      if (r->contig[bi] || (r->bcast[bi] && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16))
         buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[bi].name);
     emit(r, 0, "const %s nrv = n_r %% %d == 0 && (%s) %% 16 == 0 ? n_r / %d : 0;  /* vectors of %d elements a row */",
          r->it, r->rvec, al.p, r->rvec, r->rvec);
@@ -1969,7 +1985,7 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
         r->contig[bi] = probe->contig[bi] || probe->written[bi];
     if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0))) {
       for (int bi = 0; bi < p->nb; bi++)
-        r->contig[bi] = probe->contig[bi];
+        r->contig[bi] = probe->contig[bi], r->bcast[bi] = probe->bcast[bi];
       int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);

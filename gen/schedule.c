@@ -910,6 +910,7 @@ void schedule(BPass *p, int fuse) {
   memcpy(kept, keep, (size_t)p->n);
   Node **user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the one consumer, if one */
   Node **act_user = arena_alloc(s->a, sizeof(Node *) * (size_t)(p->n + 1)); /* the first relu/gelu of it */
+  int *pw_reads = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)); /* its pointwise readers in the backward */
   for (int i = 0; i < p->n; i++)
     for (int k = 0; k < p->nodes[i]->nin; k++)
       if (p->nodes[i]->in[k]) {
@@ -917,6 +918,7 @@ void schedule(BPass *p, int fuse) {
         user[x->id] = c;
         if ((c->op == OP_RELU || c->op == OP_GELU) && !act_user[x->id])
           act_user[x->id] = c;
+        pw_reads[x->id] += op_info[c->op].cls == C_PW && c->id >= p->nfwd;
       }
   for (int i = 0; i < p->n; i++) {
     Node *n = p->nodes[i];
@@ -936,7 +938,11 @@ void schedule(BPass *p, int fuse) {
    * activation may instead read a product that is stored anyway (saved for
    * the backward, or read elsewhere): the store writes that product as well
    * (its aux). An activation's gradient (gelu_grad) with the product as its
-   * dy reads its x in the store, x computed before the GEMM. */
+   * dy reads its x in the store, x computed before the GEMM, unless another
+   * pointwise op of the backward reads x (the recomputed activation, when
+   * the partitioner saved only x): then one loop kernel reads x once for
+   * both (GPT-2: 400 MB a layer instead of the epilogue's 300 and the
+   * recomputation's 200). */
   Node **epi = arena_alloc(s->a, sizeof(Node *) * 4 * (size_t)(p->n + 1)); /* act, add, residual, aux */
   for (int i = 0; fuse && i < p->n; i++) {
     Node *n = p->nodes[i], *tail = n, **e = &epi[4 * i];
@@ -950,7 +956,8 @@ void schedule(BPass *p, int fuse) {
       tail = c;
       c = p->nuse[c->id] == 1 && !kept[c->id] ? user[c->id] : NULL;
     } else if (sole && c && c->op == OP_GELU_GRAD && c->in[0] == n && c->in[1] != n && c->in[1]->id < n->id &&
-               c->dtype == n->dtype && shape_eq(&c->shape, &n->shape) && shape_eq(&c->in[1]->shape, &n->shape)) {
+               c->dtype == n->dtype && shape_eq(&c->shape, &n->shape) && shape_eq(&c->in[1]->shape, &n->shape) &&
+               (c->id < p->nfwd || pw_reads[c->in[1]->id] == 1)) {
       e[0] = c;
       e[3] = c->in[1];
       tail = c;

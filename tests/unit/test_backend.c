@@ -483,8 +483,9 @@ static void attention_kernels(void) {
  * (placed there; that operand has no kernel of its own); each backward
  * call writes d_q, d_k and d_v into the one gradient of qkv (a concat with
  * no kernel); the MLP's first GEMM applies gelu with its input stored
- * beside the output (aux) in the forward, and the GEMM of its gradient
- * applies gelu's gradient in its store (no loop kernel computes one); each
+ * beside the output (aux) in the forward; the backward, which recomputes
+ * gelu(x) from the saved x, applies gelu's gradient in the same loop
+ * kernel (with every activation saved, in the store of its GEMM); each
  * linear's bias gradient is summed by the GEMM of its weight's gradient,
  * which reads the same dy. */
 static void gpt2_layouts(void) {
@@ -496,7 +497,7 @@ static void gpt2_layouts(void) {
     arena_free(&a);
     return;
   }
-  int att = 0, att_placed = 0, grads = 0, grads_placed = 0, gelu_aux = 0, dgelu = 0, dgelu_nodes = 0, bgrads = 0;
+  int att = 0, att_placed = 0, grads = 0, grads_placed = 0, gelu_aux = 0, dgelu = 0, dgelu_nodes = 0, bgrads = 0, both = 0;
   for (int i = 0; i < p->n; i++) {
     const Node *n = p->nodes[i];
     const Layout *l = p->place[i];
@@ -514,6 +515,15 @@ static void gpt2_layouts(void) {
     const Kernel *k = p->k[c];
     gelu_aux += k->kind == K_GEMM && k->act && k->act->op == OP_GELU && k->aux == k->anchor && k->nouts == 2;
     dgelu += k->kind == K_GEMM && k->act && k->act->op == OP_GELU_GRAD && k->aux == k->act->in[1];
+    int kg = 0, kgg = 0; /* a loop kernel storing gelu(x) (recomputed) and gelu_grad(dy, x) */
+    for (int q = 0; k->kind == K_LOOP && q < k->nouts; q++) {
+      const Node *o = k->outs[q];
+      while (op_info[o->op].cls == C_VIEW) /* (stored as the view its GEMM reads) */
+        o = o->in[0];
+      kg |= o->op == OP_GELU;
+      kgg |= o->op == OP_GELU_GRAD;
+    }
+    both += kg && kgg;
     bgrads += k->kind == K_GEMM && k->bgrad && k->anchor->op == OP_MATMUL && k->nouts == 2 && k->outs[1] == k->bgrad &&
               k->bgrad->op == OP_SUM;
   }
@@ -523,10 +533,26 @@ static void gpt2_layouts(void) {
         "gpt2_tiny: attention writes its output and its gradients where the GEMMs read them", detail);
   snprintf(detail, sizeof detail, "%d GEMMs with gelu and aux, %d with gelu's gradient, %d gelu_grad nodes", gelu_aux,
            dgelu, dgelu_nodes);
-  check(gelu_aux == 2 && dgelu == 2 && dgelu_nodes == 2, "gpt2_tiny: gelu and its gradient in the GEMMs' stores", detail);
+  check(gelu_aux == 2 && dgelu == 0 && dgelu_nodes == 2, "gpt2_tiny: gelu in the forward GEMMs' stores", detail);
+  snprintf(detail, sizeof detail, "%d loop kernels store both", both);
+  check(both == 2, "gpt2_tiny: the backward recomputes gelu(x) and applies gelu's gradient in one kernel reading x once",
+        detail);
   snprintf(detail, sizeof detail, "%d GEMMs store a bias gradient", bgrads);
   check(bgrads == 8, "gpt2_tiny: each linear's bias gradient in the store of its weight's gradient GEMM (4 a layer)",
         detail);
+  /* saving every activation (no recomputed gelu to share x with): the
+   * gradient's GEMM applies gelu's gradient in its store */
+  const char *src = slurp(&a, "tests/data/gpt2_tiny.yaml");
+  Plan pl2 = {0};
+  p = src ? train_pass_of(&a, "tests/data/gpt2_tiny.yaml", arena_printf(&a, "%scompile: {remat: save-all}\n", src), 1, &pl2)
+          : NULL;
+  dgelu = 0;
+  for (int c = 0; p && c < p->nk; c++) {
+    const Kernel *k = p->k[c];
+    dgelu += k->kind == K_GEMM && k->act && k->act->op == OP_GELU_GRAD && k->aux == k->act->in[1];
+  }
+  snprintf(detail, sizeof detail, "%d GEMMs with gelu's gradient", dgelu);
+  check(p && dgelu == 2, "gpt2_tiny, save-all: gelu's gradient in the GEMMs' stores", detail);
   arena_free(&a);
 }
 
@@ -894,6 +920,21 @@ static void cuda_mapping(void) {
   check(count_text(cu, load) == 1, "layer_norm: x's vectors loaded once, into the registers", "");
   check(count_text(cu, "[rj].v[lane])") == 3, "layer_norm: the three phases read the registers", "");
   check(count_text(cu, "for (int rj = 0; rj < 2; rj++) {") == 3, "layer_norm: three phases over the same 2 vectors", "");
+  /* its weight and bias: the same elements for every row, one vector load
+   * a vector of the row (not 8 scalar loads), aligned as the rows are */
+  cu = forward_text(&a, "layer_norm rows, affine",
+                    arena_printf(&a, "dtype: f16\n%s",
+                                 spec(&a, "  B: 64\n  D: 512", "  x: [B, D]",
+                                      "  w: {shape: [D], init: ones}\n  b: {shape: [D], init: zeros}",
+                                      "  - y: layer_norm(x, w, b)")),
+                    1, &p);
+  const char *w = buf_of(p, "w"), *bb = buf_of(p, "b");
+  expect_text(cu, "layer_norm: w's vector at the row's vector rv",
+              arena_printf(&a, " = ((const t_vec<uint16_t, 8> *)%s)[rv];", w), 1);
+  expect_text(cu, "layer_norm: b's vector at the row's vector rv",
+              arena_printf(&a, " = ((const t_vec<uint16_t, 8> *)%s)[rv];", bb), 1);
+  expect_text(cu, "layer_norm: w in the vectors' alignment check", arena_printf(&a, "(uintptr_t)%s | ", w), 1);
+  expect_text(cu, "layer_norm: w by element only past the vectors", arena_printf(&a, "_load_f16(%s[r])", w), 1);
   /* one phase (a row sum): nothing to keep */
   cu = forward_text(&a, "row sum", spec(&a, "  B: 64\n  D: 512", "  x: [B, D]", NULL, "  - s: sum(x, 1)"), 1, NULL);
   expect_text(cu, "row sum: one pass, no register row", "rj <", 0);
