@@ -543,12 +543,102 @@ static void gemm_direct(const mlp_gemm *g, const GemmOne *o, int par) {
   }
 }
 
+/* GEMMs of few rows with B transposed (a linear layer's x W^T at a small
+ * batch): C[m][n] = sum over k of A[m][k] B'[n][k], both rows contiguous in
+ * k, so nothing is packed (packing the weight, N x K, would cost as much as
+ * the product: half of mlp3's time at batch 32). A tile of MR rows by NR
+ * columns keeps MR x NR sums of DOT_VL lanes (k mod DOT_VL), adds each
+ * one's lanes in a fixed tree, then the k past the last whole DOT_VL in
+ * order: the same bits for any thread count and any of the tiles below.
+ * Rows and columns past mv and nv read row 0 (their sums are dropped). */
+#define DOT_VL 16
+#define DOT_MAX_M 64
+#define DOT_COLS 64 /* columns a task: each row's epilogue runs on 64 at a time */
+#define DOT_BODY(MR, NR, MADD)                                                                                         \
+  const float *ar[MR], *br[NR];                                                                                        \
+  UNROLL for (int i = 0; i < MR; i++) ar[i] = a + (i < mv ? i : 0) * lda;                                              \
+  UNROLL for (int j = 0; j < NR; j++) br[j] = b + (j < nv ? j : 0) * ldb;                                              \
+  float acc[MR][NR][DOT_VL];                                                                                           \
+  UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) SIMD for (int v = 0; v < DOT_VL; v++)        \
+      acc[i][j][v] = 0.0f;                                                                                             \
+  int64_t k = 0;                                                                                                       \
+  for (; k + DOT_VL <= K; k += DOT_VL)                                                                                 \
+    UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) SIMD for (int v = 0; v < DOT_VL; v++)      \
+        acc[i][j][v] = MADD(ar[i][k + v], br[j][k + v], acc[i][j][v]);                                                  \
+  UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) {                                            \
+      float *x = acc[i][j];                                                                                            \
+      for (int w = DOT_VL / 2; w > 0; w /= 2)                                                                          \
+        for (int v = 0; v < w; v++)                                                                                    \
+          x[v] += x[v + w];                                                                                            \
+      float sum = x[0];                                                                                                \
+      for (int64_t kk = k; kk < K; kk++)                                                                               \
+        sum = MADD(ar[i][kk], br[j][kk], sum);                                                                         \
+      c[i * ldc + j] = sum;                                                                                            \
+    }
+
+typedef void (*dot_fn)(int64_t K, const float *restrict a, int64_t lda, int mv, const float *restrict b, int64_t ldb,
+                       int nv, float *restrict c, int64_t ldc);
+typedef struct DotKernel {
+  int mr, nr;
+  dot_fn fn;
+} DotKernel;
+static void dot_generic(int64_t K, const float *restrict a, int64_t lda, int mv, const float *restrict b, int64_t ldb,
+                        int nv, float *restrict c, int64_t ldc) {
+  DOT_BODY(1, 2, GENERIC_MADD)
+}
+#ifdef ISA_DISPATCH
+__attribute__((target("avx2,fma"))) static void dot_avx2(int64_t K, const float *restrict a, int64_t lda, int mv,
+                                                         const float *restrict b, int64_t ldb, int nv,
+                                                         float *restrict c, int64_t ldc) {
+  DOT_BODY(2, 2, fmaf)
+}
+__attribute__((target("avx512f,avx2,fma"))) static void dot_avx512(int64_t K, const float *restrict a, int64_t lda,
+                                                                   int mv, const float *restrict b, int64_t ldb, int nv,
+                                                                   float *restrict c, int64_t ldc) {
+  DOT_BODY(4, 4, fmaf)
+}
+#endif
+/* The tile for the micro-kernel pick_ukernel chose (so the tests' choice
+ * reaches it too). */
+static DotKernel pick_dot(void) {
+  DotKernel d = {1, 2, dot_generic};
+#ifdef ISA_DISPATCH
+  const char *uk = pick_ukernel().name;
+  if (!strcmp(uk, "avx512"))
+    d = (DotKernel){4, 4, dot_avx512};
+  else if (!strcmp(uk, "avx2"))
+    d = (DotKernel){2, 2, dot_avx2};
+#endif
+  return d;
+}
+
+/* One small-M GEMM by dot tiles: a task is MR rows by DOT_COLS columns
+ * (tiles of NR), then each row's epilogue over them; tasks in parallel when
+ * `par` and the work is large enough. */
+static void gemm_dot(const mlp_gemm *g, const GemmOne *o, int par) {
+  const DotKernel d = pick_dot();
+  const int64_t M = g->M, N = g->N, K = g->K, lda = g->lda, ldb = g->ldb;
+  const int64_t mb = (M + d.mr - 1) / d.mr, nb = (N + DOT_COLS - 1) / DOT_COLS;
+  const float *A = o->A, *B = o->B;
+  (void)par;
+  OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= 65536.0))
+  for (int64_t t = 0; t < mb * nb; t++) {
+    const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS, mv = min64(d.mr, M - i0), nc = min64(DOT_COLS, N - j0);
+    float tile[4 * DOT_COLS];
+    for (int64_t j = 0; j < nc; j += d.nr)
+      d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)min64(d.nr, nc - j), tile + j, DOT_COLS);
+    for (int64_t i = 0; i < mv; i++)
+      gemm_epilogue(g, o, i0 + i, j0, nc, tile + i * DOT_COLS);
+  }
+}
+
 /* The blocking of one shape: the micro-kernel and the block sizes, cut down
  * to the problem (a small GEMM packs no more than it has). */
 typedef struct GemmPlan {
   Ukernel uk;
   int64_t kcb, ncb, mcb, nk; /* nk: K slices */
   int direct;                /* too small to pack, or K = 0 */
+  int dot;                   /* few rows of f32, B transposed: gemm_dot, nothing packed */
 } GemmPlan;
 
 static GemmPlan gemm_plan(const mlp_gemm *g) {
@@ -556,7 +646,8 @@ static GemmPlan gemm_plan(const mlp_gemm *g) {
   memset(&p, 0, sizeof p);
   p.uk = pick_ukernel();
   p.direct = g->K == 0 || (double)g->M * (double)g->N * (double)g->K < GEMM_DIRECT;
-  if (!p.direct) {
+  p.dot = !p.direct && g->dt == MLP_F32 && !g->ta && g->tb && g->M <= DOT_MAX_M && g->K >= DOT_VL;
+  if (!p.direct && !p.dot) {
     int mr = p.uk.mr, nr = p.uk.nr;
     p.kcb = min64(g->K, GEMM_KC);
     p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
@@ -574,7 +665,7 @@ typedef struct GemmWs {
 
 static GemmWs gemm_ws_alloc(const GemmPlan *p) {
   GemmWs w = {NULL, NULL, NULL};
-  if (p->direct)
+  if (p->direct || p->dot)
     return w;
   w.ap = malloc(sizeof(float) * (size_t)(p->mcb * p->kcb));
   w.bp = malloc(sizeof(float) * (size_t)(p->kcb * p->ncb));
@@ -665,7 +756,9 @@ static GemmOne gemm_one(const mlp_gemm *g, int64_t b) {
 /* GEMM b of the batch: direct when the plan says so or there is no scratch. */
 static void gemm_run(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, int64_t b, int par) {
   GemmOne o = gemm_one(g, b);
-  if (p->direct || !w->ap)
+  if (p->dot)
+    gemm_dot(g, &o, par);
+  else if (p->direct || !w->ap)
     gemm_direct(g, &o, par);
   else
     gemm_tiled(g, p, w, &o, par);
@@ -766,7 +859,7 @@ int mlp_cpu_gemm(const mlp_gemm *g) {
 #ifdef _OPENMP
   nested = omp_in_parallel();
 #endif
-  if (!p.direct && !small && !nested && gemm_cblas(g))
+  if (!p.direct && !p.dot && !small && !nested && gemm_cblas(g))
     return 0;
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
