@@ -1386,8 +1386,9 @@ static int column_prefix(const Kernel *k) {
  * (the kernel's buffers at that element are aligned, n_o a multiple of V:
  * loop_kernel checked), accumulating into V accumulators; then the
  * block's row groups combine each accumulator's V columns in one pass into
- * warp 0, which stores (tgm_column_*_v), split over blocks as M_COLUMN is. Levels: 1 a tile, 2 a row r, 3 a column of the thread; then 2 a
- * column again, for the results. */
+ * warp 0, which stores (tgm_column_*_v), split over blocks as M_COLUMN is.
+ * Levels: 1 a tile, 2 a row r, 3 a column of the thread; then 2 a column
+ * again, for the results. */
 static void column_vectors(R *r, const Shape *rsh) {
   const Kernel *k = r->k;
   const int V = r->cvec;
@@ -1858,7 +1859,8 @@ static int split_ok(R *r) {
   if ((r->mode != M_BLOCK && r->mode != M_COLUMN) || !split_sizes(r, &no, &nr))
     return 0;
   int64_t tw = r->mode == M_BLOCK ? 1 : 32 * (r->cvec ? r->cvec : 1), tiles = (no + tw - 1) / tw;
-  int64_t per = (nr + split_per(r) - 1) / split_per(r), q = (split_total(r) + tiles - 1) / tiles, blocks = per < q ? per : q;
+  int64_t per = (nr + split_per(r) - 1) / split_per(r), q = (split_total(r) + tiles - 1) / tiles;
+  int64_t blocks = per < q ? per : q;
   blocks = blocks > 256 ? 256 : blocks;
   return tiles <= 256 && nr >= 2 * split_per(r) && tiles * tw * r->k->nreds * blocks <= SPLIT_PARTS;
 }

@@ -564,7 +564,7 @@ static void gemm_direct(const mlp_gemm *g, const GemmOne *o, int par) {
   int64_t k = 0;                                                                                                       \
   for (; k + DOT_VL <= K; k += DOT_VL)                                                                                 \
     UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) SIMD for (int v = 0; v < DOT_VL; v++)      \
-        acc[i][j][v] = MADD(ar[i][k + v], br[j][k + v], acc[i][j][v]);                                                  \
+        acc[i][j][v] = MADD(ar[i][k + v], br[j][k + v], acc[i][j][v]);                                                 \
   UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) {                                            \
       float *x = acc[i][j];                                                                                            \
       for (int w = DOT_VL / 2; w > 0; w /= 2)                                                                          \
