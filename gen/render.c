@@ -801,7 +801,7 @@ static const char *val(R *r, const Node *n, Ix *ix) {
     }
     if (n->op == OP_CAST) {
       const char *c = conv(r, ops[0], n->in[0]->dtype, n->dtype);
-      if (n->dtype == DT_BF16 || n->dtype == DT_F16) /* the cast rounds */
+      if ((n->dtype == DT_BF16 || n->dtype == DT_F16) && n->in[0]->dtype != DT_BOOL) /* the cast rounds (0 and 1 are exact) */
         c = arena_printf(r->a, "%s_round_%s(%s)", r->name, n->dtype == DT_BF16 ? "bf16" : "f16", c);
       v = bind(r, vtype(n->dtype), c);
       break;

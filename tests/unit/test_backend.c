@@ -871,6 +871,13 @@ static void cuda_mapping(void) {
   cu = forward_text(&a, "bf16", arena_printf(&a, "dtype: bf16\n%s", spec(&a, dims, "  x: [B, D]", NULL, "  - y: exp(x) * 2")), 1,
                     &p);
   expect_text(cu, "bf16 pointwise: 8 lanes", arena_printf(&a, "((const t_vec<uint16_t, 8> *)%s)[iv]", buf_of(p, "x")), 1);
+  /* a bool cast to bf16 is 0 or 1, exact: not rounded (the product is) */
+  cu = forward_text(&a, "bool cast", arena_printf(&a, "dtype: bf16\n%s", spec(&a, dims, "  x: [B, D]", NULL,
+                                                                             "  - y: x * cast(gt(x, 0), bf16)")),
+                    1, NULL);
+  check(count_text(cu, " = (float)v") == 2 && count_text(cu, "_round_bf16((float)") == 0 &&
+            count_text(cu, "_round_bf16(v") == 2,
+        "bf16: a cast of a comparison is not rounded, the product after it is (vector and scalar loops)", "");
   /* more than 2^30 elements: 64-bit indices */
   cu = forward_text(&a, "huge", spec(&a, "  N: 65536", "  x: [N, N]", NULL, "  - y: x * 2"), 1, NULL);
   expect_text(cu, "2^32 elements: 64-bit indices", "const int64_t n = ", 1);
