@@ -18,16 +18,20 @@ graph evaluated op by op with torch's ops (torch_oracle.run_grad, bf16 as the
 spec says), autograd, an f32 master copy of every param, the global-norm
 clip and torch.optim.AdamW with the spec's hyperparameters, from P0.
 
-PyTorch trains twice: as it is, and with cuBLAS's bf16 GEMMs reducing in
-the other precision (torch.backends.cuda.matmul.
-allow_bf16_reduced_precision_reduction flipped): the same math rounded
-differently, so the two torch curves show how far bf16 noise alone moves a
-curve. Prints the curves and their differences; writes OUT/loss_curve.txt
-and OUT/loss_curve.png (when matplotlib is there). Pass: tgen's curve is
-within the torch noise of torch's: its largest relative difference at most
-twice the two torch curves' (and at least 3%: the loss is itself a bf16
-value, 0.4% a step at 3.0), and its mean no more than twice theirs plus
-one bf16 step of the loss. Exit 1 otherwise.
+PyTorch trains three times: as it is (torch); with cuBLAS's bf16 GEMMs
+reducing in the other precision (torch': torch.backends.cuda.matmul.
+allow_bf16_reduced_precision_reduction flipped); and with each batch's rows
+in reverse order (torch'': every gradient the same sum, added in another
+order). The same math rounded differently, so the torch' and torch'' curves
+show how far bf16 noise alone moves a curve. (They understate it: one bf16
+ulp in one gradient element at step 1 moved tgen's curve by 3% at step 50;
+bench/results/h100_gpu_session11_loss_curve.txt.) Prints the curves and their
+differences; writes OUT/loss_curve.txt and OUT/loss_curve.png (when
+matplotlib is there). Pass: tgen's curve is within the torch noise of
+torch's: its largest relative difference at most twice the larger of
+the torch' and torch'' differences (and at least 3%: the loss is itself a bf16 value,
+0.4% a step at 3.0), and its mean no more than twice theirs plus one bf16
+step of the loss. Exit 1 otherwise.
 """
 import argparse
 import os
@@ -85,7 +89,7 @@ def main():
     dtype = {p["ckpt"]: T.DTYPES[p["dtype"]] for p in g["params"]}
     o = tr["optimizer"]["adamw"]
 
-    def torch_curve(reduced):
+    def torch_curve(reduced, reverse=False):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         master = {p["ckpt"]: init[p["ckpt"]].to("cuda", torch.float32) for p in g["params"]}
         opt = torch.optim.AdamW(list(master.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
@@ -94,6 +98,8 @@ def main():
         t0 = time.time()
         for s in range(n):
             batch = {k: v[s * B:(s + 1) * B].to("cuda") for k, v in inputs.items()}
+            if reverse:  # the same rows in the other order: the same sums, added in another order
+                batch = {k: v.flip(0).contiguous() for k, v in batch.items()}
             params = {k: m.to(dtype[k]) for k, m in master.items()}
             loss, grads = T.run_grad(g, params, batch, device="cuda", compute="model", check=False)
             for k, m in master.items():
@@ -102,27 +108,33 @@ def main():
                 torch.nn.utils.clip_grad_norm_(list(master.values()), tr["grad_clip"])
             opt.step()
             curve.append(float(loss))
-        print(f"torch (bf16 reduced-precision reduction {reduced}): {n} steps in {time.time() - t0:.1f} s (op by op)",
-              flush=True)
+        print(f"torch (bf16 reduced-precision reduction {reduced}, rows reversed {reverse}): {n} steps in "
+              f"{time.time() - t0:.1f} s (op by op)", flush=True)
         return curve
 
     default = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-    ref, alt = torch_curve(default), torch_curve(not default)
+    ref, alt, rev = torch_curve(default), torch_curve(not default), torch_curve(default, reverse=True)
 
     def diffs(x, y):
         r = [abs(a - b) / abs(b) for a, b in zip(x, y)]
         return max(r), sum(abs(a - b) for a, b in zip(x, y)) / len(x)
 
-    lines = ["step  tgen       torch      torch'     tgen-torch  torch'-torch"]
+    lines = ["step  tgen       torch      torch'     torch''    tgen-torch  torch'-torch  torch''-torch"]
     for s in range(n):
-        lines.append(f"{s + 1:4d}  {tgen[s]:.6f}  {ref[s]:.6f}  {alt[s]:.6f}  {tgen[s] - ref[s]:+.6f}   {alt[s] - ref[s]:+.6f}")
-    (tw, tm), (nw, nm) = diffs(tgen, ref), diffs(alt, ref)
+        lines.append(f"{s + 1:4d}  {tgen[s]:.6f}  {ref[s]:.6f}  {alt[s]:.6f}  {rev[s]:.6f}  {tgen[s] - ref[s]:+.6f}   "
+                     f"{alt[s] - ref[s]:+.6f}     {rev[s] - ref[s]:+.6f}")
+    (tw, tm), (aw, am), (rw, rm) = diffs(tgen, ref), diffs(alt, ref), diffs(rev, ref)
+    nw, nm = max(aw, rw), max(am, rm)  # the noise: the larger of the two references'
     ulp = 2.0 ** -7 * max(abs(v) for v in ref[n // 2:])  # one bf16 step of the loss over the second half
     ok = tw <= max(0.03, 2 * nw) and tm <= 2 * nm + ulp and all(v == v for v in tgen)
     lines.append(f"tgen vs torch: largest relative difference {tw:.4f}, mean |difference| {tm:.4f}")
-    lines.append(f"torch' vs torch (bf16 noise): largest relative difference {nw:.4f}, mean |difference| {nm:.4f}")
+    lines.append(f"torch' vs torch (the other bf16 GEMM reduction): largest relative difference {aw:.4f}, mean |difference| "
+                 f"{am:.4f}")
+    lines.append(f"torch'' vs torch (each batch's rows in reverse order: the same sums, added in another order): largest "
+                 f"relative difference {rw:.4f}, mean |difference| {rm:.4f}")
     lines.append(f"pass: largest <= max(0.03, 2 x {nw:.4f}) and mean <= 2 x {nm:.4f} + {ulp:.4f}: {'PASS' if ok else 'FAIL'}")
-    lines.append(f"first loss {tgen[0]:.4f} (torch {ref[0]:.4f}), last {tgen[-1]:.4f} (torch {ref[-1]:.4f}, torch' {alt[-1]:.4f})")
+    lines.append(f"first loss {tgen[0]:.4f} (torch {ref[0]:.4f}), last {tgen[-1]:.4f} (torch {ref[-1]:.4f}, torch' {alt[-1]:.4f}, "
+                 f"torch'' {rev[-1]:.4f})")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(a.out, "loss_curve.txt"), "w") as f:
@@ -135,6 +147,7 @@ def main():
         plt.plot(range(1, n + 1), tgen, label="tgen (CUDA, bf16)")
         plt.plot(range(1, n + 1), ref, "--", label="PyTorch (bf16, autograd, AdamW)")
         plt.plot(range(1, n + 1), alt, ":", label="PyTorch, the other bf16 GEMM reduction")
+        plt.plot(range(1, n + 1), rev, "-.", label="PyTorch, each batch's rows reversed")
         plt.xlabel("step")
         plt.ylabel("loss")
         plt.title(f"GPT-2 124M, {B} x {seq} byte tokens of Shakespeare a step")
