@@ -577,6 +577,13 @@ static void ip_note(R *r, Vec *v, const char *i) {
   vec_push(r->a, v, a);
 }
 
+/* Whether buffer bi, read at the row position alone, is loaded a vector at
+ * a time beside the row's vectors (one vector of the row's width, 16
+ * bytes): the loads and the kernel's alignment check both ask. */
+static int bcast_vec(const R *r, int bi) {
+  return r->bcast[bi] && r->rvec && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16;
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
@@ -611,7 +618,7 @@ static const char *load(R *r, const Node *n, Ix *ix) {
   } else if (r->p->buf && kernel_rows(r->k) && !strcmp(i, "r") && r->p->buf[n->id] != r->ip_in) {
     int bi = r->p->buf[n->id]; /* the same elements for every row: one vector load a vector of the row */
     r->bcast[bi] = 1;
-    if (r->lanes && r->rvec && dtype_size(n->dtype) * r->rvec == 16) {
+    if (r->lanes && bcast_vec(r, bi)) {
       const char *key = arena_printf(r->a, "bvec|%s", p), *v = memo_get(r, key);
       if (!v) {
         v = arena_printf(r->a, "v%d", r->nvars++);
@@ -1569,7 +1576,7 @@ static void loop_body(R *r) {
     Buf al;
     buf_init(&al, r->a);
     for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
-      if (r->contig[bi] || (r->bcast[bi] && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16))
+      if (r->contig[bi] || bcast_vec(r, bi))
         buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[bi].name);
     emit(r, 0, "const %s nrv = n_r %% %d == 0 && (%s) %% 16 == 0 ? n_r / %d : 0;  /* vectors of %d elements a row */",
          r->it, r->rvec, al.p, r->rvec, r->rvec);

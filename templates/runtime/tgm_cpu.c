@@ -969,6 +969,7 @@ static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
 #define DOT_VL 16
 #define DOT_MAX_M 64
 #define DOT_COLS 64 /* columns a task: each row's epilogue runs on 64 at a time */
+#define DOT_MAX_MR 4 /* the most rows of a tile below */
 #define DOT_BODY(MR, NR, MADD)                                                                                         \
   const float *ar[MR], *br[NR];                                                                                        \
   UNROLL for (int i = 0; i < MR; i++) ar[i] = a + (i < mv ? i : 0) * lda;                                              \
@@ -1010,19 +1011,20 @@ __attribute__((target("avx2,fma"))) static void dot_avx2(int64_t K, const float 
 __attribute__((target("avx512f,avx2,fma"))) static void dot_avx512(int64_t K, const float *restrict a, int64_t lda,
                                                                    int mv, const float *restrict b, int64_t ldb, int nv,
                                                                    float *restrict c, int64_t ldc) {
-  DOT_BODY(4, 4, fmaf)
+  DOT_BODY(DOT_MAX_MR, 4, fmaf)
 }
 #endif
-/* The tile for the micro-kernel pick_ukernel chose (so the tests' choice
- * reaches it too). */
-static DotKernel pick_dot(void) {
+/* The tile for micro-kernel uk (the plan's: so the tests' choice reaches
+ * it too). */
+static DotKernel pick_dot(const char *uk) {
   DotKernel d = {1, 2, dot_generic};
 #ifdef ISA_DISPATCH
-  const char *uk = pick_ukernel().name;
   if (!strcmp(uk, "avx512"))
-    d = (DotKernel){4, 4, dot_avx512};
+    d = (DotKernel){DOT_MAX_MR, 4, dot_avx512};
   else if (!strcmp(uk, "avx2"))
     d = (DotKernel){2, 2, dot_avx2};
+#else
+  (void)uk;
 #endif
   return d;
 }
@@ -1030,8 +1032,8 @@ static DotKernel pick_dot(void) {
 /* One small-M GEMM by dot tiles: a task is MR rows by DOT_COLS columns
  * (tiles of NR), then each row's epilogue over them; tasks in parallel when
  * `par` and the work is large enough. */
-static void gemm_dot(const tgm_gemm *g, const GemmOne *o, int par) {
-  const DotKernel d = pick_dot();
+static void gemm_dot(const tgm_gemm *g, const char *uk, const GemmOne *o, int par) {
+  const DotKernel d = pick_dot(uk);
   const int64_t M = g->M, N = g->N, K = g->K, lda = g->lda, ldb = g->ldb;
   const int64_t mb = (M + d.mr - 1) / d.mr, nb = (N + DOT_COLS - 1) / DOT_COLS;
   const float *A = o->A, *B = o->B;
@@ -1039,7 +1041,7 @@ static void gemm_dot(const tgm_gemm *g, const GemmOne *o, int par) {
   OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= 65536.0))
   for (int64_t t = 0; t < mb * nb; t++) {
     const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS, mv = min64(d.mr, M - i0), nc = min64(DOT_COLS, N - j0);
-    float tile[4 * DOT_COLS];
+    float tile[DOT_MAX_MR * DOT_COLS];
     for (int64_t j = 0; j < nc; j += d.nr)
       d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)min64(d.nr, nc - j), tile + j, DOT_COLS);
     for (int64_t i = 0; i < mv; i++)
@@ -1172,7 +1174,7 @@ static GemmOne gemm_one(const tgm_gemm *g, int64_t b) {
 static void gemm_run(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, int64_t b, int par) {
   GemmOne o = gemm_one(g, b);
   if (p->dot)
-    gemm_dot(g, &o, par);
+    gemm_dot(g, p->uk.name, &o, par);
   else if (p->direct || !w->ap)
     gemm_direct(g, &o, par);
   else
