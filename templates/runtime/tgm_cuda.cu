@@ -737,6 +737,49 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
  * product was written there (f32; or, for bf16/f16 outputs, the product and
  * bias rounded to C's dtype as PyTorch's linear does; read and written by
  * the same thread). */
+/* The epilogue on V outputs of one row (x: the product, or zeros), o the
+ * offset of the first in C's layout, j its column. */
+template <class T, int V, class I>
+__device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ bias, T *aux, const T *res, T *C, int act,
+                                int acc, int dact) {
+  if (bias) {
+    Vec<T, V> bv = *reinterpret_cast<const Vec<T, V> *>(bias + j);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      x[k] += to_f(bv.v[k]);
+  }
+  if (dact) { /* an activation's backward: times act'(aux), aux read */
+    Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      x[k] *= tgm_gelu_grad(to_f(av.v[k]), act == TGM_ACT_GELU_TANH);
+  } else if (aux) {
+    Vec<T, V> av;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      av.v[k] = from_f<T>(x[k]);
+    *reinterpret_cast<Vec<T, V> *>(aux + o) = av;
+  }
+  if (act != TGM_ACT_NONE && !dact) {
+#pragma unroll
+    for (int k = 0; k < V; k++) /* relu: NaN stays NaN */
+      x[k] = act == TGM_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : tgm_gelu(x[k], act == TGM_ACT_GELU_TANH);
+  }
+  if (res) {
+    Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      x[k] += to_f(rv.v[k]);
+  }
+  Vec<T, V> cv;
+  if (acc)
+    cv = *reinterpret_cast<const Vec<T, V> *>(C + o);
+#pragma unroll
+  for (int k = 0; k < V; k++)
+    cv.v[k] = from_f<T>(acc ? to_f(cv.v[k]) + x[k] : x[k]);
+  *reinterpret_cast<Vec<T, V> *>(C + o) = cv;
+}
+
 template <class T, class P, int V, class I>
 __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ bias, T *aux, const T *res, T *C, I M,
                                 I N, I ldc, I sc, I total, int act, int acc, int dact) {
@@ -756,42 +799,87 @@ __global__ void k_gemm_epilogue(const P *G, I gld, I gs, const T *__restrict__ b
       for (int k = 0; k < V; k++)
         x[k] = 0.0f;
     }
-    if (bias) {
-      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V> *>(bias + j);
+    gemm_epi<T, V, I>(x, o, j, bias, aux, res, C, act, acc, dact);
+  }
+}
+
+/* tgm_cuda_gemm for few rows: f32, M <= 32, B transposed ([N, K], a linear
+ * layer's weight), one batch; an MLP at batch 32, where cuBLASLt's kernels
+ * take ~10 us for 17 MFLOP. Block (x, y) owns columns [8x, 8x + 8) and rows
+ * [8y, 8y + 8) of C; its warps split K in chunks of 128, a lane taking 4
+ * consecutive k of each chunk. A lane sums its 8 x 8 products over its
+ * chunks in registers; then 5 butterfly steps over the warp each keep half
+ * of the sums and add the partner lane's half (62 shuffles), leaving lane l
+ * the sums of row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1; the block adds
+ * its warps' sums in warp order in shared memory and runs tgm_gemm's
+ * epilogue, a thread an output (two with one warp). The same bits every run. VEC: 16-byte loads
+ * (K, lda, ldb multiples of 4, A and B 16-byte aligned). */
+constexpr int kSmallRows = 32, kSmallWarps = 8;
+template <bool VEC>
+__device__ inline void small_load4(const float *p, bool row_ok, int64_t left, float (&v)[4]) {
+  if (VEC) {
+    float4 q = row_ok && left > 0 ? *reinterpret_cast<const float4 *>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] += to_f(bv.v[k]);
-    }
-    if (dact) { /* an activation's backward: times act'(aux), aux read */
-      Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
+    for (int q = 0; q < 4; q++)
+      v[q] = row_ok && q < left ? p[q] : 0.0f;
+  }
+}
+
+/* One butterfly step: lanes whose bit HALF / 2 is set keep the upper HALF
+ * of s[0, 2 HALF), the others the lower, each adding its partner's. */
+template <int HALF> __device__ inline void small_fold(float (&s)[64], int lane) {
+  const bool up = lane & (HALF / 2);
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] *= tgm_gelu_grad(to_f(av.v[k]), act == TGM_ACT_GELU_TANH);
-    } else if (aux) {
-      Vec<T, V> av;
+  for (int i = 0; i < HALF; i++) {
+    float keep = up ? s[HALF + i] : s[i], give = up ? s[i] : s[HALF + i];
+    s[i] = keep + __shfl_xor_sync(0xffffffffu, give, HALF / 2);
+  }
+}
+
+template <bool VEC>
+__global__ void k_gemm_small(const float *__restrict__ A, int64_t lda, const float *__restrict__ B, int64_t ldb,
+                             int M, int N, int64_t K, const float *__restrict__ bias, float *aux, const float *res,
+                             float *C, int64_t ldc, int act, int acc, int dact) {
+  __shared__ float part[kSmallWarps][64];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int n0 = blockIdx.x * 8, m0 = blockIdx.y * 8;
+  float s[64];
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        av.v[k] = from_f<T>(x[k]);
-      *reinterpret_cast<Vec<T, V> *>(aux + o) = av;
-    }
-    if (act != TGM_ACT_NONE && !dact) {
+  for (int i = 0; i < 64; i++)
+    s[i] = 0.0f;
+  for (int64_t k = (int64_t)(w * 32 + lane) * 4; k < K; k += (int64_t)nw * 128) {
+    float a[8][4], b[8][4];
 #pragma unroll
-      for (int k = 0; k < V; k++) /* relu: NaN stays NaN */
-        x[k] = act == TGM_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : tgm_gelu(x[k], act == TGM_ACT_GELU_TANH);
-    }
-    if (res) {
-      Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);
+    for (int r = 0; r < 8; r++)
+      small_load4<VEC>(A + (int64_t)(m0 + r) * lda + k, m0 + r < M, K - k, a[r]);
 #pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] += to_f(rv.v[k]);
-    }
-    Vec<T, V> cv;
-    if (acc)
-      cv = *reinterpret_cast<const Vec<T, V> *>(C + o);
+    for (int c = 0; c < 8; c++)
+      small_load4<VEC>(B + (int64_t)(n0 + c) * ldb + k, n0 + c < N, K - k, b[c]);
 #pragma unroll
-    for (int k = 0; k < V; k++)
-      cv.v[k] = from_f<T>(acc ? to_f(cv.v[k]) + x[k] : x[k]);
-    *reinterpret_cast<Vec<T, V> *>(C + o) = cv;
+    for (int r = 0; r < 8; r++)
+#pragma unroll
+      for (int c = 0; c < 8; c++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+          s[r * 8 + c] = fmaf(a[r][q], b[c][q], s[r * 8 + c]);
+  }
+  small_fold<32>(s, lane);
+  small_fold<16>(s, lane);
+  small_fold<8>(s, lane);
+  small_fold<4>(s, lane);
+  small_fold<2>(s, lane);
+  part[w][2 * lane] = s[0];
+  part[w][2 * lane + 1] = s[1];
+  __syncthreads();
+  for (int t = threadIdx.x; t < 64; t += blockDim.x) { /* one warp: two outputs a thread */
+    const int m = m0 + t / 8, n = n0 + t % 8;
+    float x[1] = {part[0][t]};
+    for (int i = 1; i < nw; i++)
+      x[0] += part[i][t];
+    if (m < M && n < N)
+      gemm_epi<float, 1, int64_t>(x, (int64_t)m * ldc + n, (int64_t)n, bias, aux, res, C, act, acc, dact);
   }
 }
 
@@ -2667,6 +2755,30 @@ int tgm_cuda_linear(tgm_cuda_ctx *cx, int dt, const void *x, const void *w, cons
 }
 /*@end linear@*/
 
+/* Whether tgm_cuda_gemm takes k_gemm_small for g (K > 0). */
+static bool small_gemm_ok(const tgm_gemm *g) {
+  return g->dt == TGM_F32 && !g->ta && g->tb && g->batch == 1 && g->M <= kSmallRows && g->K > 0 && !g->bgrad &&
+         g->N * g->K <= ((int64_t)1 << 21);
+}
+
+static int small_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
+  const int64_t chunks = (g->K + 127) / 128;
+  const int nw = (int)(chunks < kSmallWarps ? chunks : kSmallWarps);
+  const bool vec = g->K % 4 == 0 && g->lda % 4 == 0 && g->ldb % 4 == 0 && aligned(g->A, 16) && aligned(g->B, 16);
+  dim3 grid((unsigned)((g->N + 7) / 8), (unsigned)((g->M + 7) / 8));
+  const float *A = (const float *)g->A, *B = (const float *)g->B, *bias = (const float *)g->bias,
+              *res = (const float *)g->residual;
+  float *aux = (float *)g->aux, *C = (float *)g->C;
+  if (vec)
+    k_gemm_small<true><<<grid, 32 * nw, 0, cx->stream>>>(A, g->lda, B, g->ldb, (int)g->M, (int)g->N, g->K, bias, aux, res,
+                                                         C, g->ldc, g->act, g->accumulate, g->dact);
+  else
+    k_gemm_small<false><<<grid, 32 * nw, 0, cx->stream>>>(A, g->lda, B, g->ldb, (int)g->M, (int)g->N, g->K, bias, aux,
+                                                          res, C, g->ldc, g->act, g->accumulate, g->dact);
+  TGM_CUDA_LAUNCHED("k_gemm_small");
+  return 0;
+}
+
 /* One (batched) GEMM with its epilogue (tgm_rt.h). cuBLASLt alone when one of
  * its epilogues (with beta) expresses the whole request; else the product
  * without epilogue and k_gemm_epilogue after it: without accumulation the
@@ -2724,6 +2836,8 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   }
   if (g->K == 0)
     return gemm_epilogue(cx, g, NULL, 0, 0, 0);
+  if (small_gemm_ok(g))
+    return small_gemm(cx, g);
   if (lt_epilogue_for(g, &epi, &beta, &cin)) {
     if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
       return rc;

@@ -245,7 +245,9 @@ static void run_case(const Case &c, int repeat = 1) {
   uint32_t epi;
   float beta;
   const void *cin;
-  const char *path = K > 0 && lt_epilogue_for(&d, &epi, &beta, &cin) ? "lt" : "lt+k";
+  const char *path = K > 0 && small_gemm_ok(&d)                       ? "small"
+                     : K > 0 && lt_epilogue_for(&d, &epi, &beta, &cin) ? "lt"
+                                                                         : "lt+k";
   char lab[300];
   snprintf(lab, sizeof lab,
            "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld batch=%lld pad=%lld bc=%d bias=%d act=%s aux=%d res=%d%s acc=%d%s%s%s "
@@ -336,6 +338,16 @@ static void test_gemm(void) {
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0, 0}, 2);
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0}, 2);
   }
+  /* few rows (k_gemm_small: f32, M <= 32, B transposed): mlp3's layers at batch 32, partial row and
+   * column tiles, K over several warps and chunks, K not a multiple of 4 (scalar loads), every epilogue */
+  static const int64_t ss[][3] = {{32, 512, 512}, {32, 10, 512}, {32, 9, 130}, {17, 24, 2000}, {9, 1, 4}, {1, 300, 1031}};
+  for (size_t k = 0; k < sizeof ss / sizeof *ss; k++)
+    for (int e = 0; e < 64; e += 5, rot++)
+      run_case(Case{TGM_F32, 0, 1, ss[k][0], ss[k][1], ss[k][2], 1, rot % 3 == 0 ? 4 : rot % 3 == 1 ? 1 : 0, 0, 0,
+                    e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, (e >> 4) & 1 && !((e >> 5) & 1) && rot % 2, rot % 4 == 3,
+                    0, 0});
+  for (size_t k = 0; k < sizeof ss / sizeof *ss; k++) /* gelu's backward at aux */
+    run_case(Case{TGM_F32, 0, 1, ss[k][0], ss[k][1], ss[k][2], 1, 0, 0, 0, 1, TGM_ACT_GELU, 0, 0, 0, 0, 0, 1, 0});
   /* an activation's backward at aux (dact: always the epilogue kernel, lt_epilogue_for says why),
    * and the sum over k of op(A) (bgrad: BGRADB alone, else its own kernel), GPT-2's weight-gradient
    * shape among them (M = N = 768, K = 2048, A transposed) */
