@@ -216,24 +216,30 @@ void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
 /* The micro-kernel: c[MR][NR] = sum over k < kc of a[k][MR] (x) b[k][NR],
  * from packed panels. Plain C that compilers keep in registers and vectorise
  * once the i and j loops are unrolled; one copy per instruction set, chosen at
- * run time on x86 (gcc and clang), with FMA where the target has it. */
+ * run time on x86 (gcc and clang), with FMA where the target has it. A second
+ * copy reads A's MR rows where they are (f32, row i at a + i lda, k
+ * contiguous), so that a row-major f32 A needs no packing: the same
+ * multiply-adds in the same order, so the same bits. */
 #define MUL_ADD(x, y, z) ((x) * (y) + (z))
-#define UKERNEL_BODY(MR, NR, MADD)                                                                                     \
+#define UKERNEL_BODY(MR, NR, MADD, AK, AI)                                                                             \
   float acc[MR][NR];                                                                                                   \
   UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) acc[i][j] = 0.0f;                            \
   for (int64_t k = 0; k < kc; k++) {                                                                                   \
-    const float *restrict ak = a + k * MR, *restrict bk = b + k * NR;                                                  \
+    const float *restrict ak = a + k * (AK), *restrict bk = b + k * NR;                                                \
     UNROLL for (int i = 0; i < MR; i++) {                                                                              \
-      const float ai = ak[i];                                                                                          \
+      const float ai = ak[i * (AI)];                                                                                   \
       UNROLL for (int j = 0; j < NR; j++) acc[i][j] = MADD(ai, bk[j], acc[i][j]);                                      \
     }                                                                                                                  \
   }                                                                                                                    \
   UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) c[i * NR + j] = acc[i][j];
 
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c);
+typedef void (*ukernel_rows_fn)(int64_t kc, const float *restrict a, int64_t lda, const float *restrict b,
+                                float *restrict c);
 typedef struct Ukernel {
   int mr, nr;
-  ukernel_fn fn;
+  ukernel_fn fn;        /* A packed */
+  ukernel_rows_fn rows; /* A's rows in place */
   const char *name;
 } Ukernel;
 #define MAX_MR 8
@@ -245,17 +251,30 @@ typedef struct Ukernel {
 #define GENERIC_MADD MUL_ADD
 #endif
 static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c) {
-  UKERNEL_BODY(4, 8, GENERIC_MADD)
+  UKERNEL_BODY(4, 8, GENERIC_MADD, 4, 1)
+}
+static void ukernel_generic_rows(int64_t kc, const float *restrict a, int64_t lda, const float *restrict b,
+                                 float *restrict c) {
+  UKERNEL_BODY(4, 8, GENERIC_MADD, 1, lda)
 }
 
 #ifdef ISA_DISPATCH
 __attribute__((target("avx2,fma"))) static void ukernel_avx2(int64_t kc, const float *restrict a,
                                                              const float *restrict b, float *restrict c) {
-  UKERNEL_BODY(5, 16, fmaf)
+  UKERNEL_BODY(5, 16, fmaf, 5, 1)
+}
+__attribute__((target("avx2,fma"))) static void ukernel_avx2_rows(int64_t kc, const float *restrict a, int64_t lda,
+                                                                  const float *restrict b, float *restrict c) {
+  UKERNEL_BODY(5, 16, fmaf, 1, lda)
 }
 __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int64_t kc, const float *restrict a,
                                                                        const float *restrict b, float *restrict c) {
-  UKERNEL_BODY(8, 32, fmaf)
+  UKERNEL_BODY(8, 32, fmaf, 8, 1)
+}
+__attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512_rows(int64_t kc, const float *restrict a,
+                                                                            int64_t lda, const float *restrict b,
+                                                                            float *restrict c) {
+  UKERNEL_BODY(8, 32, fmaf, 1, lda)
 }
 #endif
 
@@ -264,9 +283,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int64_t k
 MLP_UNUSED static int gemm_isa = -1;
 
 static Ukernel pick_ukernel(void) {
-  static const Ukernel generic = {4, 8, ukernel_generic, "generic"};
+  static const Ukernel generic = {4, 8, ukernel_generic, ukernel_generic_rows, "generic"};
 #ifdef ISA_DISPATCH
-  static const Ukernel avx2 = {5, 16, ukernel_avx2, "avx2"}, avx512 = {8, 32, ukernel_avx512, "avx512"};
+  static const Ukernel avx2 = {5, 16, ukernel_avx2, ukernel_avx2_rows, "avx2"},
+                       avx512 = {8, 32, ukernel_avx512, ukernel_avx512_rows, "avx512"};
   /* (the CPU model is read by a constructor; kernels run after those) */
   int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
   int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -300,9 +320,11 @@ static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t k0, 
       for (int64_t k = 0; k < kc; k++)
         dst[k * mr + i] = src[k];
     }
-  } else {
-    for (int64_t k = 0; k < kc; k++)
-      memcpy(dst + k * mr, A + (k0 + k) * lda + i0, sizeof(float) * (size_t)mv);
+  } else { /* a few floats a row: a loop, not a memcpy call */
+    for (int64_t k = 0; k < kc; k++) {
+      const float *restrict src = A + (k0 + k) * lda + i0;
+      SIMD for (int64_t i = 0; i < mv; i++) dst[k * mr + i] = src[i];
+    }
   }
   if (mv < mr)
     for (int64_t k = 0; k < kc; k++)
@@ -315,8 +337,10 @@ static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t k0, 
 static void pack_b(int tb, const float *B, int64_t ldb, int64_t k0, int64_t j0, int64_t nv, int64_t kc, int nr,
                    float *restrict dst) {
   if (!tb) {
-    for (int64_t k = 0; k < kc; k++)
-      memcpy(dst + k * nr, B + (k0 + k) * ldb + j0, sizeof(float) * (size_t)nv);
+    for (int64_t k = 0; k < kc; k++) {
+      const float *restrict src = B + (k0 + k) * ldb + j0;
+      SIMD for (int64_t j = 0; j < nv; j++) dst[k * nr + j] = src[j];
+    }
   } else {
     for (int64_t j = 0; j < nv; j++) {
       const float *src = B + (j0 + j) * ldb + k0;
@@ -688,44 +712,69 @@ static void gemm_ws_free(GemmWs *w) {
   free(w->acc);
 }
 
-/* One GEMM, packed and blocked: for each nc-column panel and mc-row block, the
+/* A rectangle of C: rows [m0, m1), columns [n0, n1). */
+typedef struct GemmPiece {
+  int64_t m0, m1, n0, n1;
+} GemmPiece;
+
+/* One GEMM (or the piece pc_ of it), packed and blocked: for each nc-column panel and mc-row block, the
  * K slices in order (pack B's kc x nc slice, A's mc x kc slice, run the
  * micro-tiles, summing slices in the block's f32 sums); the last slice's
  * micro-tiles go through the epilogue into C. B's slice is packed again for
- * each row block only when K has several slices. Threads (when `par` and the
- * work is large enough) share the packing and split the micro-tiles; every
- * output's sum is formed in the same order whatever the thread count. */
-static void gemm_tiled(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, const GemmOne *o, int par) {
+ * each row block only when K has several slices. A row-major f32 A is not
+ * packed: the micro-kernel reads its rows in place (a block's last panel of
+ * fewer than mr rows excepted, which each thread that needs it packs into
+ * its own buffer). Threads (when `par` and the work is large enough) share
+ * the packing and split the micro-tiles, a thread's tiles running down the
+ * row panels under one panel of B; every output's sum is formed in the same
+ * order whatever the thread count. */
+static void gemm_tiled(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, const GemmOne *o, int par,
+                       const GemmPiece *pc_) {
   const Ukernel uk = p->uk;
   const int mr = uk.mr, nr = uk.nr;
-  const int64_t M = g->M, N = g->N, K = g->K, kcb = p->kcb, ncb = p->ncb, mcb = p->mcb, nk = p->nk;
+  const int64_t M = pc_->m1, N = pc_->n1, K = g->K, kcb = p->kcb, ncb = p->ncb, mcb = p->mcb, nk = p->nk;
+  const int a_rows = g->dt == MLP_F32 && !g->ta; /* A's rows read in place */
   int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= 65536.0;
   (void)usepar;
   OMP(parallel if (usepar))
   {
-    for (int64_t jc = 0; jc < N; jc += ncb) {
+    float edge[MAX_MR * GEMM_KC]; /* a_rows: the block's last panel when it has fewer than mr rows */
+    for (int64_t jc = pc_->n0; jc < N; jc += ncb) {
       int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
-      for (int64_t ic = 0; ic < M; ic += mcb) {
+      for (int64_t ic = pc_->m0; ic < M; ic += mcb) {
         int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
         for (int64_t q = 0; q < nk; q++) {
           int64_t pc = q * kcb, kc = min64(kcb, K - pc);
-          if (nk > 1 || ic == 0) {
+          int edge_packed = 0;
+          if (nk > 1 || ic == pc_->m0) {
             OMP(for schedule(static))
             for (int64_t jp = 0; jp < npan; jp++)
               pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr,
                         w->bp + jp * kc * nr);
           }
-          OMP(for schedule(static))
-          for (int64_t ip = 0; ip < mpan; ip++)
-            pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
-                      w->ap + ip * kc * mr);
+          if (!a_rows) {
+            OMP(for schedule(static))
+            for (int64_t ip = 0; ip < mpan; ip++)
+              pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
+                        w->ap + ip * kc * mr);
+          }
           OMP(for schedule(static))
           for (int64_t t = 0; t < npan * mpan; t++) {
             int64_t jp = t / mpan, ip = t % mpan;
             int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+            const float *bpan = w->bp + jp * kc * nr;
             float tile[MAX_MR * MAX_NR];
             float *acc = w->acc ? w->acc + t * mr * nr : NULL;
-            uk.fn(kc, w->ap + ip * kc * mr, w->bp + jp * kc * nr, tile);
+            if (!a_rows) {
+              uk.fn(kc, w->ap + ip * kc * mr, bpan, tile);
+            } else if (mv == mr) {
+              uk.rows(kc, (const float *)o->A + i0 * g->lda + pc, g->lda, bpan, tile);
+            } else {
+              if (!edge_packed)
+                pack_a(0, o->A, g->lda, i0, pc, mv, kc, mr, edge);
+              edge_packed = 1;
+              uk.fn(kc, edge, bpan, tile);
+            }
             if (q + 1 < nk) { /* not the last slice: into the block's sums */
               if (q == 0)
                 memcpy(acc, tile, sizeof(float) * (size_t)(mr * nr));
@@ -759,12 +808,74 @@ static GemmOne gemm_one(const mlp_gemm *g, int64_t b) {
 /* GEMM b of the batch: direct when the plan says so or there is no scratch. */
 static void gemm_run(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, int64_t b, int par) {
   GemmOne o = gemm_one(g, b);
+  const GemmPiece all = {0, g->M, 0, g->N};
   if (p->dot)
     gemm_dot(g, p->uk.name, &o, par);
   else if (p->direct || !w->ap)
     gemm_direct(g, &o, par);
   else
-    gemm_tiled(g, p, w, &o, par);
+    gemm_tiled(g, p, w, &o, par, &all);
+}
+
+/* 1 = one GEMM's threads share its packing (gemm_tiled's barriers); 0 = it is
+ * cut into a piece per thread (gemm_pieces). (Benchmarks set it.) */
+static int gemm_shared = 0;
+
+/* A packed GEMM over nt threads as nt rectangles of C, each thread running
+ * its own serially with its own scratch: no barriers, at the price of
+ * packing some of B (or A) more than once. The grid (pr x pc pieces) is the
+ * one whose piece costs least: its multiply-adds plus the packing it does
+ * (a transposing pack of B or A about 16 times a multiply-add's cost per
+ * element, a copy 4). Each output's sum is formed as in one piece: the same
+ * bits for any grid. Returns 0 when the plan's scratch cannot be had. */
+static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
+  const int64_t mr = p->uk.mr, nr = p->uk.nr, M = g->M, N = g->N, K = g->K;
+  const int a_rows = g->dt == MLP_F32 && !g->ta;
+  int pr = 1, pcn = 1;
+  double best = -1;
+  for (int r = 1; r <= nt; r++) {
+    int c = nt / r;
+    int64_t mp = ((M + r - 1) / r + mr - 1) / mr * mr, np = ((N + c - 1) / c + nr - 1) / nr * nr;
+    if ((r > 1 && mp * (r - 1) >= M) || (c > 1 && np * (c - 1) >= N))
+      continue; /* a piece would be empty */
+    double cost = (double)mp * (double)np * (double)K + (double)np * (double)K * (g->tb ? 16.0 : 4.0) +
+                  (a_rows ? 0.0 : (double)mp * (double)K * (g->ta ? 4.0 : 16.0));
+    if (best < 0 || cost < best) {
+      best = cost;
+      pr = r;
+      pcn = c;
+    }
+  }
+  int failed = 0; /* scratch is had for every piece before any runs, so a failure leaves C as it was */
+  OMP(parallel num_threads(pr * pcn))
+  {
+#ifdef _OPENMP
+    const int id = omp_get_thread_num();
+#else
+    const int id = 0;
+#endif
+    const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
+    GemmPiece pc = {id / pcn * mp, min64(M, (id / pcn + 1) * mp), id % pcn * np, min64(N, (id % pcn + 1) * np)};
+    GemmPlan sp = *p; /* the same K slices; blocks no larger than the piece */
+    sp.mcb = min64(p->mcb, (pc.m1 - pc.m0 + mr - 1) / mr * mr);
+    sp.ncb = min64(p->ncb, (pc.n1 - pc.n0 + nr - 1) / nr * nr);
+    const int some = pc.m0 < pc.m1 && pc.n0 < pc.n1;
+    GemmWs w = {NULL, NULL, NULL};
+    if (some && !(w = gemm_ws_alloc(&sp)).ap) {
+      OMP(atomic write)
+      failed = 1;
+    }
+    OMP(barrier)
+    int stop;
+    OMP(atomic read)
+    stop = failed;
+    if (some && !stop) {
+      GemmOne o = gemm_one(g, 0);
+      gemm_tiled(g, &sp, &w, &o, 0, &pc);
+    }
+    gemm_ws_free(&w);
+  }
+  return !failed;
 }
 
 #ifdef MLP_HAVE_CBLAS
@@ -876,6 +987,9 @@ int mlp_cpu_gemm(const mlp_gemm *g) {
     }
     return 0;
   }
+  if (g->batch == 1 && !gemm_shared && !p.direct && !p.dot && nthreads() > 1 &&
+      (double)g->M * (double)g->N * (double)g->K >= 65536.0 && gemm_pieces(g, &p, nthreads()))
+    return 0;
   GemmWs w = gemm_ws_alloc(&p);
   for (int64_t b = 0; b < g->batch; b++)
     gemm_run(g, &p, &w, b, 1);

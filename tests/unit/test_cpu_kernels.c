@@ -1717,6 +1717,48 @@ static void test_gemm(void) {
       tfree(&y1);
       tfree(&y2);
     }
+  /* one GEMM cut into a piece per thread (gemm_pieces): every grid the thread
+   * counts give, against 1 thread and against the threads sharing one
+   * blocking (gemm_shared); f32 with A read in place (its last row panel
+   * short), A transposed, bf16; K in two slices; accumulating, a residual */
+  if (omp_get_max_threads() != 1) {
+    static const GemmCase pcs[] = {
+        {TGM_F32, 0, 1, 203, 150, 300, 1, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0},
+        {TGM_F32, 1, 0, 130, 333, 70, 1, 0, 0, 0, 0, TGM_ACT_NONE, 0, 0, 1, 0, 0, 0, 0},
+        {TGM_BF16, 0, 0, 96, 64, 290, 1, 2, 0, 0, 1, TGM_ACT_RELU, 0, 1, 0, 0, 0, 0, 0},
+    };
+    int saved = omp_get_max_threads(), via = gemm_via_blas();
+#ifdef TGM_HAVE_CBLAS
+    gemm_no_blas = 1;
+#endif
+    for (size_t k = 0; k < sizeof pcs / sizeof *pcs; k++) {
+      static const int nts[] = {1, 2, 3, 5, 8, 16};
+      T ref = {0};
+      for (int s = -1; s < (int)(sizeof nts / sizeof *nts); s++) {
+        omp_set_num_threads(s < 0 ? 4 : nts[s]);
+        gemm_shared = s < 0;
+        uint64_t seed = rng;
+        T y = gemm_case(&pcs[k]);
+        rng = seed;
+        if (s < 0) {
+          ref = y;
+          continue;
+        }
+        check(y.n == ref.n && memcmp(y.p, ref.p, esize(pcs[k].dt) * (size_t)y.n) == 0,
+              fmt("%s: in pieces at %d threads, the same bits as one shared blocking", gemm_label(&pcs[k]), nts[s]));
+        tfree(&y);
+      }
+      gemm_shared = 0;
+      rng += 1;
+      tfree(&ref);
+    }
+#ifdef TGM_HAVE_CBLAS
+    gemm_no_blas = !via;
+#else
+    (void)via;
+#endif
+    omp_set_num_threads(saved);
+  }
 #endif
 }
 
