@@ -956,9 +956,10 @@ static void gemm_bgrad(const mlp_gemm *g) {
   }
 }
 
-int mlp_cpu_gemm(const mlp_gemm *g) {
-  if (!gemm_args_ok(g))
+int mlp_cpu_gemm(const mlp_gemm *g0) {
+  if (!gemm_args_ok(g0))
     return -1;
+  const mlp_gemm fold = mlp_gemm_folded(g0), *g = &fold;
   if (g->bgrad && g->batch == 1)
     gemm_bgrad(g);
   if (g->M == 0 || g->N == 0 || g->batch == 0)

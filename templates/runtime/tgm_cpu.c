@@ -1370,9 +1370,10 @@ static void gemm_bgrad(const tgm_gemm *g) {
   }
 }
 
-int tgm_cpu_gemm(const tgm_gemm *g) {
-  if (!gemm_args_ok(g))
+int tgm_cpu_gemm(const tgm_gemm *g0) {
+  if (!gemm_args_ok(g0))
     return -1;
+  const tgm_gemm fold = tgm_gemm_folded(g0), *g = &fold;
   if (g->bgrad && g->batch == 1)
     gemm_bgrad(g);
   if (g->M == 0 || g->N == 0 || g->batch == 0)

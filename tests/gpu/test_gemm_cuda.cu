@@ -338,6 +338,18 @@ static void test_gemm(void) {
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0, 0}, 2);
     run_case(Case{dts[di], 0, 1, 130, 96, 33, 2, 0, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0}, 2);
   }
+  /* a batch sharing B whose A and C rows run on (gap 0: the CPU folds it into one GEMM, tgm_gemm_folded;
+   * cuBLASLt takes it batched, which measured as fast on GPT-2), a larger bf16 one (256 x 192 x 768,
+   * batch 4), every epilogue in turn; and with a gap */
+  for (int di = 0; di < 3; di++)
+    for (int e = 0; e < 64; e += 9, rot++) {
+      const bool big = e == 0 && di == 1;
+      Case c = {dts[di], 0, rot & 1, big ? 256 : 64, big ? 192 : 96, big ? 768 : 130, big ? 4 : 5,
+                rot % 2 && !big ? 3 : 0, 0, 2, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1, (e >> 5) & 1, 0, 0, 0, 0};
+      run_case(c);
+      c.gap = 8;
+      run_case(c);
+    }
   /* few rows (k_gemm_small: f32, M <= 32, B transposed): mlp3's layers at batch 32, partial row and
    * column tiles, K over several warps and chunks, K not a multiple of 4 (scalar loads), every epilogue */
   static const int64_t ss[][3] = {{32, 512, 512}, {32, 10, 512}, {32, 9, 130}, {17, 24, 2000}, {9, 1, 4}, {1, 300, 1031}};

@@ -1629,6 +1629,19 @@ static void test_gemm(void) {
           tfree(&y);
         }
       }
+  /* a batch that is one GEMM of batch x M rows (B shared, A's and C's rows running on: gap 0, A not
+   * transposed; tgm_gemm_folded), with every epilogue in turn, padded rows or not; and the same with a
+   * gap (not folded) */
+  for (int d = 0; d < 3; d++)
+    for (int e = 0; e < 64; e += 9, rot++) {
+      GemmCase c = {dts[d], 0, rot & 1, 64, 96, 130, 5, rot % 2 ? 3 : 0, 0, 2, e & 1, (e >> 1) & 3, (e >> 3) & 1,
+                    (e >> 4) & 1, (e >> 5) & 1, 0, 0, 0, 0};
+      T y = gemm_case(&c);
+      tfree(&y);
+      c.gap = 4;
+      y = gemm_case(&c);
+      tfree(&y);
+    }
   /* an activation's backward at aux (dact: gelu forms), and the sum over k
    * of op(A) (bgrad, one batch), with either transpose, bias and residual
    * in turn */
