@@ -431,6 +431,15 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
  * threaded; also done when there are many batches. */
 #define GEMM_SMALL 4194304.0
 
+/* GEMMs of fewer multiply-adds than this run built in even where a CBLAS is
+ * linked: cut into a piece per thread (gemm_pieces), the built-in one took
+ * GPT-block shapes (512 x 384 x 128 to 512 x 512 x 128) in 28-88 us on 16
+ * Xeon cores against OpenBLAS's 67-151 (h100_cpu16_session12_gemm.txt);
+ * at 2^30 multiply-adds the two were even. (Tests set it to 0.) */
+#ifndef GEMM_CBLAS_MIN
+#define GEMM_CBLAS_MIN 67108864.0
+#endif
+
 
 
 /* ---------------------------------------------------------------- gemm */
@@ -967,14 +976,15 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
   const GemmPlan p = gemm_plan(g);
   /* Small GEMMs of a batch run one per thread (each serial) rather than each
    * threaded, as do many; the blocking is the same either way, so are the
-   * bits. The CBLAS (f32) takes the rest when it can. */
+   * bits. The CBLAS (f32) takes the large ones (GEMM_CBLAS_MIN) when it can. */
   const int small = g->batch > 1 && (double)g->M * (double)g->N * (double)g->K < GEMM_SMALL;
 #ifdef MLP_HAVE_CBLAS
   int nested = 0;
 #ifdef _OPENMP
   nested = omp_in_parallel();
 #endif
-  if (!p.direct && !p.dot && !small && !nested && gemm_cblas(g))
+  if (!p.direct && !p.dot && !small && !nested && (double)g->M * (double)g->N * (double)g->K >= GEMM_CBLAS_MIN &&
+      gemm_cblas(g))
     return 0;
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
