@@ -1000,6 +1000,7 @@ static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
  * in order: the same bits for any thread count and any of the tiles below.
  * Rows and columns past mv and nv read row 0 (their sums are dropped). */
 #define DOT_VL 16
+_Static_assert(DOT_VL == 16, "DOT_BODY's sum tree is written out for 16 lanes");
 #define DOT_MAX_M 64
 #define DOT_COLS 64 /* columns a task: each row's epilogue runs on 64 at a time */
 #define DOT_MAX_MR 4 /* the most rows of a tile below */
@@ -1015,10 +1016,12 @@ static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
     UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) SIMD for (int v = 0; v < DOT_VL; v++)      \
         acc[i][j][v] = MADD(ar[i][k + v], br[j][k + v], acc[i][j][v]);                                                 \
   UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) {                                            \
-      float *x = acc[i][j];                                                                                            \
-      for (int w = DOT_VL / 2; w > 0; w /= 2)                                                                          \
-        for (int v = 0; v < w; v++)                                                                                    \
-          x[v] += x[v + w];                                                                                            \
+      float *x = acc[i][j]; /* the tree, one fixed-width step at a time (so each is one vector add) */                \
+      SIMD for (int v = 0; v < 8; v++) x[v] += x[v + 8];                                                               \
+      SIMD for (int v = 0; v < 4; v++) x[v] += x[v + 4];                                                               \
+      x[0] += x[2];                                                                                                    \
+      x[1] += x[3];                                                                                                    \
+      x[0] += x[1];                                                                                                    \
       float sum = x[0];                                                                                                \
       for (int64_t kk = k; kk < K; kk++)                                                                               \
         sum = MADD(ar[i][kk], br[j][kk], sum);                                                                         \
