@@ -41,6 +41,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1111,38 +1112,74 @@ static GemmPlan gemm_plan(const tgm_gemm *g) {
 }
 
 /* A plan's scratch: packed A (mc x kc) and B (kc x nc) blocks, and the f32
- * sums of an mc x nc block between K slices (only when K has several). It
- * is the calling thread's, kept from one GEMM to the next and only ever
- * grown: a fresh malloc of megabytes per GEMM was fresh pages each time,
- * their faults and the TLB shootdowns of freeing them (~5% of the MLP
- * blocks' step on 16 cores). A thread holds one plan's scratch at a time. */
+ * sums of an mc x nc block between K slices (only when K has several), in
+ * one buffer taken from a small pool and given back after the GEMM: a fresh
+ * malloc of megabytes per GEMM was fresh pages each time, their faults and
+ * the TLB shootdowns of freeing them (~5% of the MLP blocks' step on 16
+ * cores). The pool is global (threads come and go with the thread count)
+ * and holds at most GEMM_WS_POOL buffers, each as large as it was made. */
 typedef struct GemmWs {
   float *ap, *bp, *acc;
+  size_t cap; /* floats at ap */
 } GemmWs;
 
-static _Thread_local float *gemm_ws_mem;
-static _Thread_local size_t gemm_ws_cap; /* floats */
+#define GEMM_WS_POOL 64
+static struct {
+  float *p;
+  size_t n;
+} gemm_ws_pool[GEMM_WS_POOL];
+static atomic_flag gemm_ws_lock = ATOMIC_FLAG_INIT;
+
+static void gemm_ws_locked(int on) {
+  if (!on)
+    atomic_flag_clear_explicit(&gemm_ws_lock, memory_order_release);
+  else
+    while (atomic_flag_test_and_set_explicit(&gemm_ws_lock, memory_order_acquire))
+      ;
+}
 
 static GemmWs gemm_ws_alloc(const GemmPlan *p) {
-  GemmWs w = {NULL, NULL, NULL};
+  GemmWs w = {NULL, NULL, NULL, 0};
   if (p->direct || p->dot)
     return w;
   const size_t na = (size_t)(p->mcb * p->kcb), nb = (size_t)(p->kcb * p->ncb),
                nc = p->nk > 1 ? (size_t)(p->mcb * p->ncb) : 0, n = na + nb + nc;
-  if (n > gemm_ws_cap) {
-    free(gemm_ws_mem);
-    gemm_ws_mem = malloc(sizeof(float) * n);
-    gemm_ws_cap = gemm_ws_mem ? n : 0;
-    if (!gemm_ws_mem)
-      return w;
-  }
-  w.ap = gemm_ws_mem;
+  float *old = NULL;
+  gemm_ws_locked(1);
+  for (int i = 0; i < GEMM_WS_POOL && !w.ap; i++)
+    if (gemm_ws_pool[i].p && gemm_ws_pool[i].n >= n) {
+      w.ap = gemm_ws_pool[i].p, w.cap = gemm_ws_pool[i].n;
+      gemm_ws_pool[i].p = NULL;
+    }
+  for (int i = 0; i < GEMM_WS_POOL && !w.ap && !old; i++)
+    if (gemm_ws_pool[i].p) { /* none large enough: one smaller goes, so the pool does not fill with them */
+      old = gemm_ws_pool[i].p;
+      gemm_ws_pool[i].p = NULL;
+    }
+  gemm_ws_locked(0);
+  free(old);
+  if (!w.ap && (w.ap = malloc(sizeof(float) * n)) != NULL)
+    w.cap = n;
+  if (!w.ap)
+    return w;
   w.bp = w.ap + na;
   w.acc = nc ? w.bp + nb : NULL;
   return w;
 }
 
-static void gemm_ws_free(GemmWs *w) { (void)w; /* kept for the thread's next GEMM */ }
+static void gemm_ws_free(GemmWs *w) {
+  if (!w->ap)
+    return;
+  gemm_ws_locked(1);
+  for (int i = 0; i < GEMM_WS_POOL && w->ap; i++)
+    if (!gemm_ws_pool[i].p) {
+      gemm_ws_pool[i].p = w->ap, gemm_ws_pool[i].n = w->cap;
+      w->ap = NULL;
+    }
+  gemm_ws_locked(0);
+  free(w->ap); /* the pool is full */
+  w->ap = w->bp = w->acc = NULL;
+}
 
 /* A rectangle of C: rows [m0, m1), columns [n0, n1). */
 typedef struct GemmPiece {
@@ -1292,7 +1329,7 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
     sp.mcb = min64(p->mcb, (pc.m1 - pc.m0 + mr - 1) / mr * mr);
     sp.ncb = min64(p->ncb, (pc.n1 - pc.n0 + nr - 1) / nr * nr);
     const int some = pc.m0 < pc.m1 && pc.n0 < pc.n1;
-    GemmWs w = {NULL, NULL, NULL};
+    GemmWs w = {NULL, NULL, NULL, 0};
     if (some && !(w = gemm_ws_alloc(&sp)).ap) {
       OMP(atomic write)
       failed = 1;
