@@ -508,6 +508,22 @@ static Ukernel pick_ukernel(void) {
 #define GEMM_NC 3072
 #endif
 
+/* d[0, n) = s[0, n) for a packed panel's row: the micro-kernels' widths as
+ * fixed-size copies (inlined), where a loop of runtime length became a call
+ * to memcpy per row of 8 to 32 floats. */
+static inline void copy_floats(float *restrict d, const float *restrict s, int64_t n) {
+  switch (n) {
+  case 32: memcpy(d, s, 32 * sizeof(float)); break;
+  case 16: memcpy(d, s, 16 * sizeof(float)); break;
+  case 8: memcpy(d, s, 8 * sizeof(float)); break;
+  case 5: memcpy(d, s, 5 * sizeof(float)); break;
+  case 4: memcpy(d, s, 4 * sizeof(float)); break;
+  default:
+    for (int64_t i = 0; i < n; i++)
+      d[i] = s[i];
+  }
+}
+
 /* dst[k][mr] = A(i0 + i, k0 + k), rows past mv zero. A(i, k) = A[i lda + k],
  * or A[k lda + i] when transposed. */
 static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t k0, int64_t mv, int64_t kc, int mr,
@@ -518,11 +534,9 @@ static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t k0, 
       for (int64_t k = 0; k < kc; k++)
         dst[k * mr + i] = src[k];
     }
-  } else { /* a few floats a row: a loop, not a memcpy call */
-    for (int64_t k = 0; k < kc; k++) {
-      const float *restrict src = A + (k0 + k) * lda + i0;
-      SIMD for (int64_t i = 0; i < mv; i++) dst[k * mr + i] = src[i];
-    }
+  } else {
+    for (int64_t k = 0; k < kc; k++)
+      copy_floats(dst + k * mr, A + (k0 + k) * lda + i0, mv);
   }
   if (mv < mr)
     for (int64_t k = 0; k < kc; k++)
@@ -535,10 +549,8 @@ static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t k0, 
 static void pack_b(int tb, const float *B, int64_t ldb, int64_t k0, int64_t j0, int64_t nv, int64_t kc, int nr,
                    float *restrict dst) {
   if (!tb) {
-    for (int64_t k = 0; k < kc; k++) {
-      const float *restrict src = B + (k0 + k) * ldb + j0;
-      SIMD for (int64_t j = 0; j < nv; j++) dst[k * nr + j] = src[j];
-    }
+    for (int64_t k = 0; k < kc; k++)
+      copy_floats(dst + k * nr, B + (k0 + k) * ldb + j0, nv);
   } else {
     for (int64_t j = 0; j < nv; j++) {
       const float *src = B + (j0 + j) * ldb + k0;
@@ -1416,8 +1428,13 @@ static void gemm_bgrad(const tgm_gemm *g) {
     const int64_t nm = min64(64, M - m0);
     double acc[64] = {0};
 #define M_(LD, ST)                                                                                                     \
-  for (int64_t k = 0; k < K; k++)                                                                                      \
-    SIMD for (int64_t j = 0; j < nm; j++) acc[j] += LD(A, g->ta ? k * lda + m0 + j : (m0 + j) * lda + k);               \
+  if (g->ta && nm == 64) { /* a whole tile of contiguous rows: its sums stay in registers */                           \
+    for (int64_t k = 0; k < K; k++)                                                                                    \
+      SIMD for (int64_t j = 0; j < 64; j++) acc[j] += LD(A, k * lda + m0 + j);                                         \
+  } else {                                                                                                             \
+    for (int64_t k = 0; k < K; k++)                                                                                    \
+      SIMD for (int64_t j = 0; j < nm; j++) acc[j] += LD(A, g->ta ? k * lda + m0 + j : (m0 + j) * lda + k);             \
+  }                                                                                                                    \
   for (int64_t j = 0; j < nm; j++)                                                                                     \
     ST(y, m0 + j, (float)acc[j]);
     DT_CASES(g->dt, M_)
