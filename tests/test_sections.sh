@@ -74,7 +74,7 @@ att_bwd=0
 has attention && [ $trains = 1 ] && att_bwd=1
 check attention_backward $att_bwd
 marker '#include <cub/' $emb_bwd
-marker 'k_flash_bwd_kv' $att_bwd
+marker 'k_flash_bwd' $att_bwd
 marker 'k_softmax_rows' "$(want attention)"
 marker 'philox4x32' $drop
 # the GEMM, cast and fill are always there

@@ -1745,7 +1745,7 @@ template <class T, int D> __device__ __forceinline__ void load_tile(T *dst, cons
     cp16(dst + r * LD + c, src + (int64_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
   }
 }
-/* Key/value tile i of nk (the forward's and k_flash_bwd_q's loop, double buffered in sK, sV: tile j in
+/* Key/value tile i of nk (the forward's and flash_bwd_q's loop, double buffered in sK, sV: tile j in
  * buffer j % 2): once every thread is done with tile i - 1, starts copying tile i + 1 into its buffers, then
  * waits until tile i (copied one step earlier, or before the loop) is in shared memory for every thread. */
 template <class T, int D>
@@ -2111,33 +2111,34 @@ int attention_typed(tgm_cuda_ctx *cx, int dt, const T *q, const T *k, const T *v
 /*@uses attention_backward@*/
 /* ---------------------------------------------------------------- attention backward */
 
-/* FlashAttention-2's backward for bf16/f16 with head dim D (64 or 128), in
- * two kernels so that every gradient element is summed by one warp in a
- * fixed order (deterministic; FlashAttention adds dq with atomics instead, at
- * the price of 2 of these 7 tile products), with the forward's mma.sync
- * building blocks (fa::):
- *   k_flash_bwd_kv: a block of 4 warps takes 64 keys of one batch element,
+/* FlashAttention-2's backward for bf16/f16 with head dim D (64 or 128), as
+ * two kinds of block so that every gradient element is summed by one warp in
+ * a fixed order (deterministic; FlashAttention adds dq with atomics instead,
+ * at the price of 2 of these 7 tile products), with the forward's mma.sync
+ * building blocks (fa::), both kinds in one launch (k_flash_bwd, below):
+ *   flash_bwd_kv: a block of 4 warps takes 64 keys of one batch element,
  *     each warp 16 of them, and walks the query tiles (causal: from its own
  *     first key on): S^T = k q^T and dP^T = v dy^T in registers, P^T =
  *     exp(scale S^T - lse) and dS^T = P^T (dP^T - delta) in f32, then dv +=
  *     P^T dy and dk += dS^T q, the two as A operands straight from the
  *     accumulators (rounded to T there); dk *= scale at the end.
- *   k_flash_bwd_q: a block takes 64 queries, each warp 16, and walks the key
+ *   flash_bwd_q: a block takes 64 queries, each warp 16, and walks the key
  *     tiles (causal: up to its last query): S and dP, dS as above, dq += dS k.
  * lse and delta (f32, batch stride Tq) come from the forward and the
  * generated rowsum(dy * y). q, k, v, dy, dq, dk, dv (tensors 0..6 of the
  * Layout) have their own row and batch strides (q, k, v's batch strides 0
  * where they broadcast). Rows past Tq or Tk read zeros and write nothing. */
 template <class T, int D>
-__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
-    k_flash_bwd_kv(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-                   const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
-                   T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
+__device__ __forceinline__ void flash_bwd_kv(int kt, const T *__restrict__ q, const T *__restrict__ k,
+                                             const T *__restrict__ v, const T *__restrict__ dy,
+                                             const float *__restrict__ lse, const float *__restrict__ delta,
+                                             T *__restrict__ dk, T *__restrict__ dv, const fa::Layout<7> &L, int Tq,
+                                             int Tk, int causal, float scale) {
   constexpr int LD = D + 8, TILE = 64 * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T *sK = (T *)smem, *sV = sK + TILE, *sQ = sV + TILE, *sO = sQ + 2 * TILE; /* sQ, sO: two tiles each */
   float *sL = (float *)(sO + 2 * TILE), *sD = sL + 2 * 64;                     /* two rows each */
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, k0 = blockIdx.x * 64;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, k0 = kt * 64;
   const int key[2] = {k0 + w * 16 + g, k0 + w * 16 + g + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
@@ -2209,17 +2210,18 @@ __global__ void __launch_bounds__(128, flash_bwd_blocks(D))
     fa::store_acc<T, D>(dk + L.off(5, hi, lo), L.ld[5], gk, k0 + w * 16, Tk, sc);
 }
 
-/* Query tiles as k_flash_fwd's grid (causal: the last first); key tiles double buffered. */
+/* Query tile qt (64 queries); key tiles double buffered. */
 template <class T, int D>
-__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
-    k_flash_bwd_q(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-                  const T *__restrict__ dy, const float *__restrict__ lse, const float *__restrict__ delta,
-                  T *__restrict__ dq, fa::Layout<7> L, int Tq, int Tk, int causal, float scale) {
+__device__ __forceinline__ void flash_bwd_q(int qt, const T *__restrict__ q, const T *__restrict__ k,
+                                            const T *__restrict__ v, const T *__restrict__ dy,
+                                            const float *__restrict__ lse, const float *__restrict__ delta,
+                                            T *__restrict__ dq, const fa::Layout<7> &L, int Tq, int Tk, int causal,
+                                            float scale) {
   constexpr int LD = D + 8, TILE = 64 * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T *sQ = (T *)smem, *sO = sQ + TILE, *sK = sO + TILE, *sV = sK + 2 * TILE; /* sK, sV: two tiles each */
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 64;
+  const int q0 = qt * 64;
   const int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
@@ -2264,6 +2266,31 @@ __global__ void __launch_bounds__(128, flash_bwd_blocks(D))
   fa::store_acc<T, D>(dq + L.off(4, hi, lo), L.ld[4], gq, q0 + w * 16, Tq, sc);
 }
 
+/* Both of the backward's kernels in one launch, so that each fills the
+ * other's last wave: nkv key tiles (flash_bwd_kv; 0 when dk and dv are not
+ * wanted) and nq query tiles (flash_bwd_q; 0 when dq is not), taken
+ * alternately while both last, each kind heaviest first under a causal
+ * mask (key tiles from the first, query tiles from the last). */
+template <class T, int D>
+__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
+    k_flash_bwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dy,
+                const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dq,
+                T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
+                int nkv, int nq) {
+  const int b = blockIdx.x, both = nkv < nq ? nkv : nq;
+  int kt = -1, i = -1; /* a key tile, or the i-th query tile in the order above */
+  if (b < 2 * both)
+    (b & 1 ? i : kt) = b / 2;
+  else if (nkv > both)
+    kt = b - both;
+  else
+    i = b - both;
+  if (kt >= 0)
+    flash_bwd_kv<T, D>(kt, q, k, v, dy, lse, delta, dk, dv, L, Tq, Tk, causal, scale);
+  else
+    flash_bwd_q<T, D>(causal ? nq - 1 - i : i, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
+}
+
 /* The materialised backward's elementwise steps over rows of Tk (row r is
  * query r % Tq): P = exp(S - lse) (S already scaled; causal: 0 where
  * j > i), and dS = P (dP - delta). */
@@ -2284,18 +2311,17 @@ __global__ void k_att_ds(const float *dP, const T *P, const float *__restrict__ 
     dS[e] = from_f<T>(to_f(P[e]) * (dP[e] - delta[e / Tk]));
 }
 
-/* k_flash_bwd_kv (dk or dv wanted) and k_flash_bwd_q (dq wanted) over
- * every batch element, as flash_launch. The caller checked flash_fits. */
+/* k_flash_bwd (its key tiles when dk or dv is wanted, its query tiles when
+ * dq is) over every batch element, as flash_launch. The caller checked flash_fits. */
 template <class T, int D>
 int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                      const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw, const int64_t *ld, int64_t Tq,
                      int64_t Tk, int causal, float scale) {
-  constexpr size_t bytes = fa::smem_bytes<D>(6, 4); /* k_flash_bwd_q takes 6 tiles too */
+  constexpr size_t bytes = fa::smem_bytes<D>(6, 4); /* flash_bwd_q takes 6 tiles too */
   static bool attr[64]; /* per device, as flash_launch */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
   if (!set || !*set) {
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd_kv<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd_q<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (set)
       *set = true;
   }
@@ -2310,18 +2336,13 @@ int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const
       for (L.lo0 = 0; L.lo0 < bw.inner; L.lo0 += 65535) {
         int64_t ny = bw.inner - L.lo0 < 65535 ? bw.inner - L.lo0 : 65535;
         int64_t nz = bw.mid - L.hi0 < 65535 ? bw.mid - L.hi0 : 65535;
-        dim3 gkv((unsigned)((Tk + 63) / 64), (unsigned)ny, (unsigned)nz), gq((unsigned)((Tq + 63) / 64), gkv.y, gkv.z);
-        if (dk || dv) {
-          k_flash_bwd_kv<T, D><<<gkv, 128, bytes, cx->stream>>>(
-              qt, kt, vt, dyt, lt, delt, dk ? dk + off[5] : NULL, dv ? dv + off[6] : NULL, L, (int)Tq, (int)Tk, causal,
-              scale);
-          TGM_CUDA_LAUNCHED("k_flash_bwd_kv");
-        }
-        if (dq) {
-          k_flash_bwd_q<T, D><<<gq, 128, bytes, cx->stream>>>(
-              qt, kt, vt, dyt, lt, delt, dq + off[4], L, (int)Tq, (int)Tk, causal, scale);
-          TGM_CUDA_LAUNCHED("k_flash_bwd_q");
-        }
+        const int nkv = dk || dv ? (int)((Tk + 63) / 64) : 0, nq = dq ? (int)((Tq + 63) / 64) : 0;
+        if (nkv + nq == 0)
+          continue;
+        k_flash_bwd<T, D><<<dim3((unsigned)(nkv + nq), (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
+            qt, kt, vt, dyt, lt, delt, dq ? dq + off[4] : NULL, dk ? dk + off[5] : NULL, dv ? dv + off[6] : NULL, L,
+            (int)Tq, (int)Tk, causal, scale, nkv, nq);
+        TGM_CUDA_LAUNCHED("k_flash_bwd");
       }
   }
   return 0;
