@@ -1327,22 +1327,21 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
       pcn = c;
     }
   }
-  int failed = 0; /* scratch is had for every piece before any runs, so a failure leaves C as it was */
-  OMP(parallel num_threads(pr * pcn))
+  const int npieces = pr * pcn;
+  const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
+  GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
+  sp.mcb = min64(p->mcb, mp);
+  sp.ncb = min64(p->ncb, np);
+  int failed = 0; /* scratch is had for every thread before any piece runs, so a failure leaves C as it was */
+  OMP(parallel num_threads(npieces))
   {
 #ifdef _OPENMP
-    const int id = omp_get_thread_num();
+    const int id = omp_get_thread_num(), team = omp_get_num_threads(); /* (the team may be smaller than asked) */
 #else
-    const int id = 0;
+    const int id = 0, team = 1;
 #endif
-    const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
-    GemmPiece pc = {id / pcn * mp, min64(M, (id / pcn + 1) * mp), id % pcn * np, min64(N, (id % pcn + 1) * np)};
-    GemmPlan sp = *p; /* the same K slices; blocks no larger than the piece */
-    sp.mcb = min64(p->mcb, (pc.m1 - pc.m0 + mr - 1) / mr * mr);
-    sp.ncb = min64(p->ncb, (pc.n1 - pc.n0 + nr - 1) / nr * nr);
-    const int some = pc.m0 < pc.m1 && pc.n0 < pc.n1;
     GemmWs w = {NULL, NULL, NULL, 0};
-    if (some && !(w = gemm_ws_alloc(&sp)).ap) {
+    if (id < npieces && !(w = gemm_ws_alloc(&sp)).ap) {
       OMP(atomic write)
       failed = 1;
     }
@@ -1350,9 +1349,12 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
     int stop;
     OMP(atomic read)
     stop = failed;
-    if (some && !stop) {
-      GemmOne o = gemm_one(g, 0);
-      gemm_tiled(g, &sp, &w, &o, 0, &pc);
+    for (int q = id; q < npieces && !stop; q += team) {
+      GemmPiece pc = {q / pcn * mp, min64(M, (q / pcn + 1) * mp), q % pcn * np, min64(N, (q % pcn + 1) * np)};
+      if (pc.m0 < pc.m1 && pc.n0 < pc.n1) {
+        GemmOne o = gemm_one(g, 0);
+        gemm_tiled(g, &sp, &w, &o, 0, &pc);
+      }
     }
     gemm_ws_free(&w);
   }

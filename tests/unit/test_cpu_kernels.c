@@ -1761,6 +1761,17 @@ static void test_gemm(void) {
               fmt("%s: in pieces at %d threads, the same bits as one shared blocking", gemm_label(&pcs[k]), nts[s]));
         tfree(&y);
       }
+      /* a team smaller than the pieces (OpenMP's dynamic threads give at most the cores: each thread
+       * runs several pieces) */
+      omp_set_dynamic(1);
+      omp_set_num_threads(64);
+      uint64_t seed = rng;
+      T y = gemm_case(&pcs[k]);
+      rng = seed;
+      omp_set_dynamic(0);
+      check(y.n == ref.n && memcmp(y.p, ref.p, esize(pcs[k].dt) * (size_t)y.n) == 0,
+            fmt("%s: 64 pieces on a dynamic team, the same bits", gemm_label(&pcs[k])));
+      tfree(&y);
       gemm_shared = 0;
       rng += 1;
       tfree(&ref);
