@@ -1383,7 +1383,10 @@ int mlp_cuda_cast(mlp_cuda_ctx *cx, int dt_in, int dt_out, const void *x, void *
 
 
 
-/* Whether mlp_cuda_gemm takes k_gemm_small for g (K > 0). */
+/* Whether mlp_cuda_gemm takes k_gemm_small for g (K > 0). Each of its up to
+ * 4 row blocks reads all of B, so B is kept to 8 MB (N K <= 2^21), where the
+ * re-reads hit L2; it was measured at mlp3's shapes (N K = 2^18 and 5120),
+ * and larger weights are left to cuBLASLt, which reads B once. */
 static bool small_gemm_ok(const mlp_gemm *g) {
   return g->dt == MLP_F32 && !g->ta && g->tb && g->batch == 1 && g->M <= kSmallRows && g->K > 0 && !g->bgrad &&
          g->N * g->K <= ((int64_t)1 << 21);
