@@ -304,6 +304,8 @@ static Ukernel pick_ukernel(void) {
 #ifndef GEMM_KC
 #define GEMM_KC 256
 #endif
+/* GEMMs of fewer multiply-adds than this run on one thread. */
+#define GEMM_PAR_MIN 65536.0
 #ifndef GEMM_MC
 #define GEMM_MC 192
 #endif
@@ -673,7 +675,7 @@ static void gemm_dot(const mlp_gemm *g, const char *uk, const GemmOne *o, int pa
   const int64_t mb = (M + d.mr - 1) / d.mr, nb = (N + DOT_COLS - 1) / DOT_COLS;
   const float *A = o->A, *B = o->B;
   (void)par;
-  OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= 65536.0))
+  OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= GEMM_PAR_MIN))
   for (int64_t t = 0; t < mb * nb; t++) {
     const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS, mv = min64(d.mr, M - i0), nc = min64(DOT_COLS, N - j0);
     float tile[DOT_MAX_MR * DOT_COLS];
@@ -691,6 +693,7 @@ typedef struct GemmPlan {
   int64_t kcb, ncb, mcb, nk; /* nk: K slices */
   int direct;                /* too small to pack, or K = 0 */
   int dot;                   /* few rows of f32, B transposed: gemm_dot, nothing packed */
+  int a_rows;                /* f32 A not transposed: its rows read in place, not packed */
 } GemmPlan;
 
 static GemmPlan gemm_plan(const mlp_gemm *g) {
@@ -705,11 +708,12 @@ static GemmPlan gemm_plan(const mlp_gemm *g) {
     p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
     p.mcb = min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
     p.nk = (g->K + p.kcb - 1) / p.kcb;
+    p.a_rows = g->dt == MLP_F32 && !g->ta;
   }
   return p;
 }
 
-/* A plan's scratch: packed A (mc x kc) and B (kc x nc) blocks, and the f32
+/* A plan's scratch: packed A (mc x kc, unless its rows are read in place) and B (kc x nc) blocks, and the f32
  * sums of an mc x nc block between K slices (only when K has several), in
  * one buffer taken from a small pool and given back after the GEMM: a fresh
  * malloc of megabytes per GEMM was fresh pages each time, their faults and
@@ -740,7 +744,7 @@ static GemmWs gemm_ws_alloc(const GemmPlan *p) {
   GemmWs w = {NULL, NULL, NULL, 0};
   if (p->direct || p->dot)
     return w;
-  const size_t na = (size_t)(p->mcb * p->kcb), nb = (size_t)(p->kcb * p->ncb),
+  const size_t na = p->a_rows ? 0 : (size_t)(p->mcb * p->kcb), nb = (size_t)(p->kcb * p->ncb),
                nc = p->nk > 1 ? (size_t)(p->mcb * p->ncb) : 0, n = na + nb + nc;
   float *old = NULL;
   gemm_ws_locked(1);
@@ -800,8 +804,8 @@ static void gemm_tiled(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, co
   const Ukernel uk = p->uk;
   const int mr = uk.mr, nr = uk.nr;
   const int64_t M = pc_->m1, N = pc_->n1, K = g->K, kcb = p->kcb, ncb = p->ncb, mcb = p->mcb, nk = p->nk;
-  const int a_rows = g->dt == MLP_F32 && !g->ta; /* A's rows read in place */
-  int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= 65536.0;
+  const int a_rows = p->a_rows;
+  int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= GEMM_PAR_MIN;
   (void)usepar;
   OMP(parallel if (usepar))
   {
@@ -888,7 +892,7 @@ static void gemm_run(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, int6
  * cut into a piece per thread (gemm_pieces). (Benchmarks set it.) */
 static int gemm_shared = 0;
 
-/* A packed GEMM over nt threads as nt rectangles of C, each thread running
+/* A packed GEMM over nt threads as at most nt rectangles of C, each thread running
  * its own serially with its own scratch: no barriers, at the price of
  * packing some of B (or A) more than once. The grid (pr x pc pieces) is the
  * one whose piece costs least: its multiply-adds plus the packing it does
@@ -897,7 +901,7 @@ static int gemm_shared = 0;
  * bits for any grid. Returns 0 when the plan's scratch cannot be had. */
 static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
   const int64_t mr = p->uk.mr, nr = p->uk.nr, M = g->M, N = g->N, K = g->K;
-  const int a_rows = g->dt == MLP_F32 && !g->ta;
+  const int a_rows = p->a_rows;
   int pr = 1, pcn = 1;
   double best = -1;
   for (int r = 1; r <= nt; r++) {
@@ -935,12 +939,11 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
     int stop;
     OMP(atomic read)
     stop = failed;
+    const GemmOne o = gemm_one(g, 0);
     for (int q = id; q < npieces && !stop; q += team) {
       GemmPiece pc = {q / pcn * mp, min64(M, (q / pcn + 1) * mp), q % pcn * np, min64(N, (q % pcn + 1) * np)};
-      if (pc.m0 < pc.m1 && pc.n0 < pc.n1) {
-        GemmOne o = gemm_one(g, 0);
+      if (pc.m0 < pc.m1 && pc.n0 < pc.n1)
         gemm_tiled(g, &sp, &w, &o, 0, &pc);
-      }
     }
     gemm_ws_free(&w);
   }
@@ -1039,17 +1042,17 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
   if (g->M == 0 || g->N == 0 || g->batch == 0)
     return 0;
   const GemmPlan p = gemm_plan(g);
+  const double work = (double)g->M * (double)g->N * (double)g->K; /* multiply-adds per batch element */
   /* Small GEMMs of a batch run one per thread (each serial) rather than each
    * threaded, as do many; the blocking is the same either way, so are the
    * bits. The CBLAS (f32) takes the large ones (GEMM_CBLAS_MIN) when it can. */
-  const int small = g->batch > 1 && (double)g->M * (double)g->N * (double)g->K < GEMM_SMALL;
+  const int small = g->batch > 1 && work < GEMM_SMALL;
 #ifdef MLP_HAVE_CBLAS
   int nested = 0;
 #ifdef _OPENMP
   nested = omp_in_parallel();
 #endif
-  if (!p.direct && !p.dot && !small && !nested && (double)g->M * (double)g->N * (double)g->K >= GEMM_CBLAS_MIN &&
-      gemm_cblas(g))
+  if (!p.direct && !p.dot && !small && !nested && work >= GEMM_CBLAS_MIN && gemm_cblas(g))
     return 0;
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
@@ -1063,8 +1066,8 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
     }
     return 0;
   }
-  if (g->batch == 1 && !gemm_shared && !p.direct && !p.dot && nthreads() > 1 &&
-      (double)g->M * (double)g->N * (double)g->K >= 65536.0 && gemm_pieces(g, &p, nthreads()))
+  if (g->batch == 1 && !gemm_shared && !p.direct && !p.dot && nthreads() > 1 && work >= GEMM_PAR_MIN &&
+      gemm_pieces(g, &p, nthreads()))
     return 0;
   GemmWs w = gemm_ws_alloc(&p);
   for (int64_t b = 0; b < g->batch; b++)
