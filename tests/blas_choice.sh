@@ -60,6 +60,11 @@ expect "the reference BLAS named: as ON, refused" "${MODEL}_BLAS=ON asks for a C
   -D${MODEL}_BLAS_LIBRARY="$lib/libblas.so"
 expect "OpenBLAS found, default: used" "CPU GEMM: OpenBLAS \(.*libopenblas.so" \
   -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH="$work/openblas"
+expect "  ... where its kernels are as wide as the built-in one's (AUTO)" \
+  "CPU GEMM: OpenBLAS \(.*libopenblas.so; the built-in GEMM instead where OpenBLAS runs narrower kernels" \
+  -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH="$work/openblas"
+expect "OpenBLAS asked for (ON): used for every large GEMM" "CPU GEMM: OpenBLAS \(.*libopenblas.so; -D${MODEL}_BLAS=OFF" \
+  -D${MODEL}_BLAS=ON -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH="$work/openblas"
 expect "OpenBLAS found, OFF: the built-in GEMM" "CPU GEMM: built-in blocked GEMM \(-D${MODEL}_BLAS=OFF\)" \
   -D${MODEL}_BLAS=OFF -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH="$work/openblas"
 expect "an unknown CBLAS named, default: used (a library named is asked for)" \

@@ -1805,6 +1805,43 @@ static void run_gemm(void) {
   test_gemm();
 }
 
+#ifdef TGM_HAVE_CBLAS
+/* -DTGM_BLAS=AUTO's rule (gemm_blas_auto): the large GEMMs stay built in
+ * where OpenBLAS's kernels are narrower than the built-in AVX-512 one (its
+ * core is none of its AVX-512 ones); then a GEMM gives the built-in's bits. */
+static void test_blas_width_rule(void) {
+  snprintf(ctx, sizeof ctx, "CBLAS chosen by AUTO");
+  const char *core = openblas_get_corename ? openblas_get_corename() : NULL;
+  int wide = 0;
+  static const char *const names[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "SKYLAKEX", "COOPERLAKE",
+                                      "SAPPHIRERAPIDS", "skylakex", "cooperlake", "sapphirerapids"};
+  for (size_t i = 0; core && i < sizeof names / sizeof *names; i++)
+    wide |= strstr(core, names[i]) != NULL;
+  gemm_blas_auto = 1;
+  for (int isa = 2; isa >= 1; isa--) { /* the AVX-512 kernel, then (rule off) the AVX2 one */
+    gemm_isa = isa;
+    Ukernel uk = pick_ukernel();
+    int expect = core && !wide && !strcmp(uk.name, "avx512");
+    check(cblas_narrow() == expect, fmt("OpenBLAS core %s, built-in kernel %s: the large GEMMs %s", core ? core : "(none)",
+                                        uk.name, expect ? "stay built in" : "go to the CBLAS"));
+    const GemmCase c = {TGM_F32, 0, 1, 203, 150, 300, 1, 0, 0, 0, 1, TGM_ACT_GELU, 1, 0, 0, 0, 0, 0, 0};
+    uint64_t seed = rng;
+    T y1 = gemm_case(&c);
+    rng = seed;
+    gemm_no_blas = 1;
+    T y2 = gemm_case(&c);
+    gemm_no_blas = 0;
+    if (expect)
+      check(y1.n == y2.n && memcmp(y1.p, y2.p, sizeof(float) * (size_t)y1.n) == 0,
+            fmt("%s: kept built in by the rule, the built-in GEMM's bits", gemm_label(&c)));
+    tfree(&y1);
+    tfree(&y2);
+  }
+  gemm_isa = -1;
+  gemm_blas_auto = 0;
+}
+#endif
+
 int main(void) {
 #ifdef _OPENMP
   const int nthr[3] = {1, omp_get_max_threads(), 3};
@@ -1842,6 +1879,9 @@ int main(void) {
     run_gemm();
 #endif
   }
+#ifdef TGM_HAVE_CBLAS
+  test_blas_width_rule();
+#endif
   snprintf(ctx, sizeof ctx, "interpreter");
   test_dropout_interp();
   printf("%d passed, %d failed\n", npass, nfail);
