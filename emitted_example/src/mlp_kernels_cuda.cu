@@ -109,6 +109,7 @@ struct mlp_cuda_ctx {
   cublasLtHandle_t lt;       /* cuBLASLt (mlp_cuda_gemm); calls pass `stream` */
   struct mlp_cuda_gemm_plan plans[MLP_CUDA_GEMM_PLANS]; /* mlp_cuda_gemm's plan cache, round robin */
   int next_plan;
+  int x3;                    /* k_gemm_x3 runs here (sm_90a code loaded on a compute capability 9.0 GPU) */
   int tune;                  /* max-autotune: a GEMM's first call times the heuristic's candidates */
   char tune_file[512];       /* the choices' file ("": kept in memory only) */
   int tune_read;             /* tune_file was read */
@@ -524,6 +525,247 @@ __global__ void k_gemm_small(const float *__restrict__ A, int64_t lda, const flo
     if (m < M && n < N)
       gemm_epi<float, 1, int64_t>(x, (int64_t)m * ldc + n, (int64_t)n, bias, aux, res, C, act, acc, dact);
   }
+}
+
+/* f32 GEMMs on Hopper's tensor cores at f32's accuracy (k_gemm_x3, sm_90a):
+ * each operand element x is split into two TF32 parts, x = hi + lo (hi =
+ * x rounded to TF32, lo = the rest rounded to TF32), and a b is summed as
+ * lo_a hi_b + hi_a lo_b + hi_a hi_b (the lo lo term is below f32's
+ * rounding). The tensor cores' sums do not round to nearest, so each K
+ * tile of 32 goes into a zeroed partial that is then added to the f32 sums
+ * with an ordinary add: the error is then sgemm's (measured: 3.0e-7 to
+ * 4.2e-7 of the largest output at K = 516 and 1028, cuBLAS's sgemm 2.0e-7
+ * to 3.6e-7; one tensor-core accumulator for all of K was 10-30x that),
+ * and mlp_blocks' GEMMs run 55-61 TFLOP/s against sgemm's 52-55
+ * (`bench/results/h100_gpu_session13_3xtf32.txt`).
+ * A block of 128 x 128 outputs is two warpgroups of 64 rows; a K tile of
+ * A and B comes in by cp.async (three stages), A's fragments are split in
+ * registers (wgmma's A from registers), B's tile is split into two K-major
+ * TF32 tiles in shared memory (core matrices of 8 rows x 16 bytes, no
+ * swizzle), made for tile kt + 1 while tile kt's wgmmas run. The epilogue
+ * is gemm_epi's. */
+constexpr int kX3M = 128, kX3N = 128, kX3K = 32, kX3Stages = 3, kX3Threads = 256;
+constexpr int kX3B = kX3N * kX3K; /* floats in one TF32 part of B's tile */
+/* a raw tile: rows of K (kc: K contiguous, padded 4) or K rows of R (padded 8): conflict-free fragment reads */
+template <bool KC, int R> struct X3Tile {
+  enum { ld = KC ? kX3K + 4 : R + 8, size = KC ? R * (kX3K + 4) : kX3K * (R + 8) };
+};
+template <bool TA, bool TB> constexpr int x3_smem() {
+  return (4 * kX3B + kX3Stages * (X3Tile<!TA, kX3M>::size + X3Tile<TB, kX3N>::size)) * (int)sizeof(float);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint32_t x3_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void x3_split(float x, uint32_t &h, uint32_t &l) {
+  h = x3_tf32(x);
+  l = x3_tf32(x - __uint_as_float(h));
+}
+__device__ __forceinline__ void x3_cp16(float *s, const float *g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g),
+               "r"(ok ? 16 : 0));
+}
+/* shared-memory matrix descriptor, no swizzle: lbo bytes between core matrices adjacent in K, sbo in N */
+__device__ __forceinline__ uint64_t x3_desc(const float *p, uint32_t lbo, uint32_t sbo) {
+  uint64_t a = (unsigned)__cvta_generic_to_shared(p);
+  return ((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void x3_wgmma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+               "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+/* mlp_gemm's epilogue on two outputs of a row (columns c and c + 1 < N, at o in C's layout; pair: both
+ * at once, 8-byte aligned), out of line: inlined 32 times it slowed the kernel's main loop */
+__device__ __noinline__ void x3_epi(float x0, float x1, bool pair, int64_t o, int c, int N, const float *__restrict__ bias,
+                                    float *aux, const float *res, float *C, int act, int accum, int dact) {
+  if (pair) {
+    float x[2] = {x0, x1};
+    gemm_epi<float, 2, int64_t>(x, o, (int64_t)c, bias, aux, res, C, act, accum, dact);
+    return;
+  }
+  float a[1] = {x0}, b[1] = {x1};
+  if (c < N)
+    gemm_epi<float, 1, int64_t>(a, o, (int64_t)c, bias, aux, res, C, act, accum, dact);
+  if (c + 1 < N)
+    gemm_epi<float, 1, int64_t>(b, o + 1, (int64_t)(c + 1), bias, aux, res, C, act, accum, dact);
+}
+/* keeps registers an asynchronous wgmma reads or writes where they are until it is waited for */
+template <int N_> __device__ __forceinline__ void x3_fence(float (&x)[N_]) {
+#pragma unroll
+  for (int i = 0; i < N_; i++)
+    asm volatile("" : "+f"(x[i])::"memory");
+}
+__device__ __forceinline__ void x3_fence(uint32_t (&x)[4][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; s++)
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+      asm volatile("" : "+r"(x[s][q])::"memory");
+}
+#endif
+
+/* TA: A stored [K, M] (else [M, K]); TB: B stored [N, K] (else [K, N]); V: outputs a thread's epilogue step */
+template <bool TA, bool TB, int V>
+__global__ void __launch_bounds__(kX3Threads, 1)
+    k_gemm_x3(const float *__restrict__ A, int64_t lda, int64_t sa, const float *__restrict__ B, int64_t ldb, int64_t sb,
+              int M, int N, int K, const float *__restrict__ bias, float *aux, const float *res, float *C, int64_t ldc,
+              int64_t sc, int act, int accum, int dact) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) float x3_sm[];
+  using TileA = X3Tile<!TA, kX3M>;
+  using TileB = X3Tile<TB, kX3N>;
+  float *Bhl = x3_sm, *As = x3_sm + 4 * kX3B, *Bs = As + kX3Stages * TileA::size; /* Bhl: [2 buffers][hi, lo] */
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.y * kX3M, n0 = blockIdx.x * kX3N;
+  A += blockIdx.z * sa;
+  B += blockIdx.z * sb;
+  const int64_t cz = blockIdx.z * sc;
+  const int nk = (K + kX3K - 1) / kX3K;
+  auto load = [&](int stage, int kt) { /* 1024 16-byte pieces per operand, 4 a thread; outside M, N, K: zeros */
+    const int k0 = kt * kX3K;
+    float *as = As + stage * TileA::size, *bs = Bs + stage * TileB::size;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int c = tid + i * kX3Threads;
+      if (!TA) {
+        const int r = c >> 3, kc = (c & 7) * 4;
+        const bool ok = m0 + r < M && k0 + kc < K;
+        x3_cp16(as + r * TileA::ld + kc, A + (ok ? (int64_t)(m0 + r) * lda + k0 + kc : 0), ok);
+      } else {
+        const int r = c >> 5, mc = (c & 31) * 4;
+        const bool ok = k0 + r < K && m0 + mc < M;
+        x3_cp16(as + r * TileA::ld + mc, A + (ok ? (int64_t)(k0 + r) * lda + m0 + mc : 0), ok);
+      }
+      if (TB) {
+        const int r = c >> 3, kc = (c & 7) * 4;
+        const bool ok = n0 + r < N && k0 + kc < K;
+        x3_cp16(bs + r * TileB::ld + kc, B + (ok ? (int64_t)(n0 + r) * ldb + k0 + kc : 0), ok);
+      } else {
+        const int r = c >> 5, nc = (c & 31) * 4;
+        const bool ok = k0 + r < K && n0 + nc < N;
+        x3_cp16(bs + r * TileB::ld + nc, B + (ok ? (int64_t)(k0 + r) * ldb + n0 + nc : 0), ok);
+      }
+    }
+  };
+  /* B's tile in stage `stage` as its two TF32 parts in buffer `buf`: word w is k step s = w / 1024, core
+   * matrix (j = n / 8, c = which 4 of the step's 8 k), its row n % 8, element k % 4 */
+  auto convert = [&](int stage, int buf) {
+    const float *bs = Bs + stage * TileB::size;
+    float *bh = Bhl + buf * 2 * kX3B, *bl = bh + kX3B;
+#pragma unroll
+    for (int i = 0; i < kX3B / kX3Threads; i++) {
+      const int w = tid + i * kX3Threads, e = w & 3, r = (w >> 2) & 7, c = (w >> 5) & 1, j = (w >> 6) & 15, s = w >> 10;
+      const int n = j * 8 + r, k = s * 8 + c * 4 + e;
+      uint32_t h, l;
+      x3_split(TB ? bs[n * TileB::ld + k] : bs[k * TileB::ld + n], h, l);
+      bh[w] = __uint_as_float(h);
+      bl[w] = __uint_as_float(l);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* for the tensor cores' reads */
+  };
+  float acc[64], p[64];
+#pragma unroll
+  for (int i = 0; i < 64; i++)
+    acc[i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kX3Stages - 1; s++) {
+    if (s < nk)
+      load(s, s);
+    asm volatile("cp.async.commit_group;");
+  }
+  asm volatile("cp.async.wait_group %0;" ::"n"(kX3Stages - 2));
+  __syncthreads();
+  convert(0, 0);
+  __syncthreads();
+  for (int kt = 0; kt < nk; kt++) {
+    const float *as = As + (kt % kX3Stages) * TileA::size, *bh = Bhl + (kt & 1) * 2 * kX3B, *bl = bh + kX3B;
+    uint32_t ah[4][4], al[4][4]; /* the four k steps' A fragments (m16 x k8 a warp), split */
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const int r = wg * 64 + warp * 16 + g, kk = s * 8;
+      float x[4];
+      if (!TA) {
+        x[0] = as[r * TileA::ld + kk + t];
+        x[1] = as[(r + 8) * TileA::ld + kk + t];
+        x[2] = as[r * TileA::ld + kk + t + 4];
+        x[3] = as[(r + 8) * TileA::ld + kk + t + 4];
+      } else {
+        x[0] = as[(kk + t) * TileA::ld + r];
+        x[1] = as[(kk + t) * TileA::ld + r + 8];
+        x[2] = as[(kk + t + 4) * TileA::ld + r];
+        x[3] = as[(kk + t + 4) * TileA::ld + r + 8];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        x3_split(x[q], ah[s][q], al[s][q]);
+    }
+    x3_fence(ah);
+    x3_fence(al);
+    x3_fence(p);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const uint64_t dh = x3_desc(bh + s * 1024, 128, 256), dl = x3_desc(bl + s * 1024, 128, 256);
+      x3_wgmma(p, al[s], dh, s > 0);
+      x3_wgmma(p, ah[s], dl, 1);
+      x3_wgmma(p, ah[s], dh, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    if (kt + 1 < nk) { /* while they run: the next tile in, the one after it asked for, B's next parts made */
+      asm volatile("cp.async.wait_group 0;");
+      __syncthreads();
+      if (kt + kX3Stages - 1 < nk)
+        load((kt + kX3Stages - 1) % kX3Stages, kt + kX3Stages - 1);
+      asm volatile("cp.async.commit_group;");
+      convert((kt + 1) % kX3Stages, (kt + 1) & 1);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    x3_fence(ah);
+    x3_fence(al);
+    x3_fence(p);
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+      acc[i] += p[i];
+    __syncthreads(); /* B's next parts are in; this tile's buffers are free */
+  }
+  asm volatile("cp.async.wait_group 0;");
+  /* acc[4 i .. 4 i + 3]: rows g and g + 8 of the warp's 16, columns 8 i + 2 t and + 1 */
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    const int c = n0 + i * 8 + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = m0 + wg * 64 + warp * 16 + g + 8 * h;
+      if (r >= M)
+        continue;
+      if (V == 0) { /* no epilogue: the sums as they are */
+        if (c + 1 < N)
+          *reinterpret_cast<float2 *>(C + cz + (int64_t)r * ldc + c) = make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        else if (c < N)
+          C[cz + (int64_t)r * ldc + c] = acc[4 * i + 2 * h];
+      } else {
+        x3_epi(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1], V == 2 && c + 1 < N, cz + (int64_t)r * ldc + c, c, N, bias, aux,
+               res, C, act, accum, dact);
+      }
+    }
+  }
+#endif
+}
+
+/* Whether this build's k_gemm_x3 has its body (the sm_90a image is the one loaded). */
+__global__ void k_gemm_x3_probe(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
 }
 
 /* mlp_gemm's bgrad where cuBLASLt's BGRADB does not take the call:
@@ -1144,6 +1386,8 @@ int mlp_cuda_use_device(int device, char *err, size_t errlen) {
   return (int)e;
 }
 
+static void x3_setup(mlp_cuda_ctx *cx); /* (with mlp_cuda_gemm, below) */
+
 int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
   int n = 0, dev = 0;
   cudaError_t e;
@@ -1186,6 +1430,7 @@ int mlp_cuda_ctx_create(mlp_cuda_ctx **out, char *err, size_t errlen) {
     goto cuda_error;
   }
   cx->stream = cx->own;
+  x3_setup(cx);
   if ((e = dev_malloc(cx, (void **)&cx->d_bad, sizeof *cx->d_bad)) != cudaSuccess) {
     what = "cudaMalloc (d_bad)";
     goto cuda_error;
@@ -1410,6 +1655,92 @@ static int small_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
   return 0;
 }
 
+/* Whether mlp_cuda_gemm takes k_gemm_x3 for g (f32, K > 0, no bgrad): its
+ * 16-byte loads need the operands' contiguous dims in fours and aligned
+ * rows; and it pays only with about two waves of its 128 x 128 tiles (one
+ * block an SM): at 1024 x 1024 x 4096 (64 tiles) cuBLAS's split-K sgemm
+ * took 0.18 ms against its 0.31, at 1024 x 4096 x 4096 (256) 0.66 against
+ * 0.61. (Tests set x3_force: any shape that it can load.) */
+static bool x3_force = false;
+static bool x3_ok(const mlp_cuda_ctx *cx, const mlp_gemm *g) {
+  if (!cx->x3 || g->dt != MLP_F32 || g->K <= 0 || g->bgrad || g->M > INT_MAX || g->N > INT_MAX || g->K > INT_MAX ||
+      g->batch > 65535)
+    return false;
+  if (!aligned(g->A, 16) || !aligned(g->B, 16) || g->lda % 4 || g->ldb % 4 || g->sa % 4 || g->sb % 4 ||
+      (g->ta ? g->M : g->K) % 4 || (g->tb ? g->K : g->N) % 4)
+    return false;
+  const int64_t tiles = (g->M + kX3M - 1) / kX3M * ((g->N + kX3N - 1) / kX3N) * g->batch;
+  return x3_force || (tiles * 4 >= 7 * (int64_t)cx->sms && g->K >= 256);
+}
+
+template <bool TA, bool TB, int V> static void x3_launch_v(mlp_cuda_ctx *cx, const mlp_gemm *g) {
+  dim3 grid((unsigned)((g->N + kX3N - 1) / kX3N), (unsigned)((g->M + kX3M - 1) / kX3M), (unsigned)g->batch);
+  k_gemm_x3<TA, TB, V><<<grid, kX3Threads, x3_smem<TA, TB>(), cx->stream>>>(
+      (const float *)g->A, g->lda, g->sa, (const float *)g->B, g->ldb, g->sb, (int)g->M, (int)g->N, (int)g->K,
+      (const float *)g->bias, (float *)g->aux, (const float *)g->residual, (float *)g->C, g->ldc, g->sc, g->act,
+      g->accumulate, g->dact);
+}
+template <bool TA, bool TB> static void x3_launch(mlp_cuda_ctx *cx, const mlp_gemm *g, int v) {
+  if (v == 0)
+    x3_launch_v<TA, TB, 0>(cx, g);
+  else if (v == 2)
+    x3_launch_v<TA, TB, 2>(cx, g);
+  else
+    x3_launch_v<TA, TB, 1>(cx, g);
+}
+
+static int x3_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
+  /* V: 0 without an epilogue (the sums stored as pairs), else two outputs a step where every access of
+   * the pair is 8-byte aligned (2), or one (1) */
+  const bool plain = !g->bias && g->act == MLP_ACT_NONE && !g->aux && !g->residual && !g->accumulate && !g->dact;
+  const bool v2 = g->ldc % 2 == 0 && g->sc % 2 == 0 && aligned(g->C, 8) && (!g->bias || aligned(g->bias, 8)) &&
+                  (!g->aux || aligned(g->aux, 8)) && (!g->residual || aligned(g->residual, 8));
+  const int v = plain && v2 ? 0 : v2 ? 2 : 1;
+  if (!g->ta && !g->tb)
+    x3_launch<false, false>(cx, g, v);
+  else if (!g->ta)
+    x3_launch<false, true>(cx, g, v);
+  else if (!g->tb)
+    x3_launch<true, false>(cx, g, v);
+  else
+    x3_launch<true, true>(cx, g, v);
+  MLP_CUDA_LAUNCHED("k_gemm_x3");
+  return 0;
+}
+
+/* At context creation: whether k_gemm_x3 can run (a compute capability 9.0
+ * GPU, the sm_90a image loaded, MLP_GEMM_X3 not 0), and its shared memory
+ * allowed. */
+static void x3_setup(mlp_cuda_ctx *cx) {
+  cudaDeviceProp prop;
+  int *d = NULL, h = 0;
+  const char *env = getenv("MLP_GEMM_X3");
+  cx->x3 = 0;
+  if ((env && env[0] == '0') || cudaGetDeviceProperties(&prop, cx->device) != cudaSuccess || prop.major != 9 ||
+      prop.minor != 0 || cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  k_gemm_x3_probe<<<1, 1>>>(d);
+  bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1;
+  cudaFree(d);
+#define X3_SMEM(TA, TB)                                                                                                \
+  ok = ok &&                                                                                                           \
+       cudaFuncSetAttribute(k_gemm_x3<TA, TB, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, x3_smem<TA, TB>()) ==   \
+           cudaSuccess &&                                                                                              \
+       cudaFuncSetAttribute(k_gemm_x3<TA, TB, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, x3_smem<TA, TB>()) ==   \
+           cudaSuccess &&                                                                                              \
+       cudaFuncSetAttribute(k_gemm_x3<TA, TB, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, x3_smem<TA, TB>()) ==   \
+           cudaSuccess;
+  X3_SMEM(false, false)
+  X3_SMEM(false, true)
+  X3_SMEM(true, false)
+  X3_SMEM(true, true)
+#undef X3_SMEM
+  cudaGetLastError();
+  cx->x3 = ok;
+}
+
 /* One (batched) GEMM with its epilogue (mlp_rt.h). cuBLASLt alone when one of
  * its epilogues (with beta) expresses the whole request; else the product
  * without epilogue and k_gemm_epilogue after it: without accumulation the
@@ -1469,6 +1800,8 @@ int mlp_cuda_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
     return gemm_epilogue(cx, g, NULL, 0, 0, 0);
   if (small_gemm_ok(g))
     return small_gemm(cx, g);
+  if (x3_ok(cx, g))
+    return x3_gemm(cx, g);
   if (lt_epilogue_for(g, &epi, &beta, &cin)) {
     if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
       return rc;

@@ -18,11 +18,15 @@ if ! command -v "$NVCC" >/dev/null 2>&1; then
   echo "SKIP: $NVCC not found"
   exit 77
 fi
-# -arch=native needs a GPU at build time; without one, build for Hopper.
+# -arch=native needs a GPU at build time; without one, build for Hopper. Hopper (compute
+# capability 9.0) as sm_90a, as the emitted CMakeLists.txt does (k_gemm_x3's wgmma).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   ARCH=-arch=native
+  case "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" in
+    9.0*) ARCH=-gencode=arch=compute_90a,code=sm_90a ;;
+  esac
 else
-  ARCH=-arch=sm_90
+  ARCH=-gencode=arch=compute_90a,code=sm_90a
 fi
 mkdir -p "$BUILD_DIR"
 EXTRA=""

@@ -246,6 +246,7 @@ static void run_case(const Case &c, int repeat = 1) {
   float beta;
   const void *cin;
   const char *path = K > 0 && small_gemm_ok(&d)                       ? "small"
+                     : K > 0 && !d.bgrad && x3_ok(CX, &d)               ? "x3"
                      : K > 0 && lt_epilogue_for(&d, &epi, &beta, &cin) ? "lt"
                                                                          : "lt+k";
   char lab[300];
@@ -374,6 +375,33 @@ static void test_gemm(void) {
       }
 }
 
+/* k_gemm_x3 (f32 on Hopper's tensor cores, three TF32 products; x3_force takes it at any shape it
+ * can load): partial tiles in M, N and K, K of one tile and of many, each transpose pair, every
+ * epilogue in turn (and gelu's backward at aux), a batch of 3 with a gap, B shared; padded leading
+ * dims a multiple of 4 (another pad falls back to cuBLASLt: run too). Skipped where it cannot run. */
+static void test_x3(void) {
+  if (!CX->x3) {
+    printf("SKIP x3: k_gemm_x3 does not run here (needs a compute capability 9.0 GPU and an sm_90a build)\n");
+    return;
+  }
+  x3_force = true;
+  static const int64_t xs[][3] = {{200, 136, 72}, {128, 128, 32}, {257, 300, 516}, {64, 1000, 1028}, {1000, 40, 200},
+                                  {130, 260, 4}};
+  int rot = 0;
+  for (size_t k = 0; k < sizeof xs / sizeof *xs; k++)
+    for (int t = 0; t < 4; t++)
+      for (int e = t; e < 64; e += 13, rot++) {
+        Case c = {TGM_F32, t & 1, t >> 1, xs[k][0], xs[k][1], xs[k][2], rot % 5 == 0 ? 3 : 1, rot % 3 == 0 ? 4 : 0,
+                  rot % 5 == 0 ? 8 : 0, rot % 7 == 0 ? 2 : 0, e & 1, (e >> 1) & 3, (e >> 3) & 1, (e >> 4) & 1,
+                  (e >> 5) & 1, 0, 0, 0, 0};
+        run_case(c);
+      }
+  for (size_t k = 0; k < sizeof xs / sizeof *xs; k++) /* gelu's backward at aux */
+    run_case(Case{TGM_F32, 0, (int)(k & 1), xs[k][0], xs[k][1], xs[k][2], 1, 0, 0, 0, 1, TGM_ACT_GELU, 0, 0, 0, 0, 0, 1, 0});
+  run_case(Case{TGM_F32, 0, 1, 200, 136, 72, 1, 3, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}); /* pad 3: cuBLASLt */
+  x3_force = false;
+}
+
 /* Bad arguments: an error code and a message naming the function. */
 static void test_errors(void) {
   tgm_gemm ok = {};
@@ -419,6 +447,7 @@ int main(void) {
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   test_gemm();
+  test_x3();
   test_errors();
   tgm_cuda_ctx_destroy(CX);
   printf("%d passed, %d failed\n", n_pass, n_fail);
