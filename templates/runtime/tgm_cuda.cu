@@ -3056,8 +3056,8 @@ static int small_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
  * 0.61. (Tests set x3_force: any shape that it can load.) */
 static bool x3_force = false;
 static bool x3_ok(const tgm_cuda_ctx *cx, const tgm_gemm *g) {
-  if (!cx->x3 || g->dt != TGM_F32 || g->K <= 0 || g->bgrad || g->M > INT_MAX || g->N > INT_MAX || g->K > INT_MAX ||
-      g->batch > 65535)
+  if (!cx->x3 || g->dt != TGM_F32 || g->K <= 0 || g->bgrad || g->M > 65535 * (int64_t)kX3M || g->N > INT_MAX ||
+      g->K > INT_MAX || g->batch > 65535) /* (the grid's y and z) */
     return false;
   if (!aligned(g->A, 16) || !aligned(g->B, 16) || g->lda % 4 || g->ldb % 4 || g->sa % 4 || g->sb % 4 ||
       (g->ta ? g->M : g->K) % 4 || (g->tb ? g->K : g->N) % 4)
