@@ -1094,9 +1094,11 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
     return 0;
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
-    const int nt = nthreads(); /* the scratch taken here, as gemm_pieces does (a thread without runs direct) */
-    GemmWs stack[64], *ws = nt <= 64 ? stack : calloc((size_t)nt, sizeof(GemmWs));
-    for (int i = 0; ws && i < nt; i++)
+    /* the scratch taken here, as gemm_pieces does, for the threads that get a GEMM (one without runs
+     * direct) */
+    const int nt = nthreads(), nw = (int)min64(nt, g->batch);
+    GemmWs stack[64], *ws = nw <= 64 ? stack : calloc((size_t)nw, sizeof(GemmWs));
+    for (int i = 0; ws && i < nw; i++)
       ws[i] = gemm_ws_alloc(&p);
     OMP(parallel num_threads(nt))
     {
@@ -1108,9 +1110,9 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
       const GemmWs none = {NULL, NULL, NULL, 0};
       OMP(for schedule(static))
       for (int64_t b = 0; b < g->batch; b++)
-        gemm_run(g, &p, ws ? &ws[id] : &none, b, 0);
+        gemm_run(g, &p, ws && id < nw ? &ws[id] : &none, b, 0);
     }
-    for (int i = 0; ws && i < nt; i++)
+    for (int i = 0; ws && i < nw; i++)
       gemm_ws_free(&ws[i]);
     if (ws != stack)
       free(ws);
