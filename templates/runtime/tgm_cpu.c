@@ -750,8 +750,8 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 static void sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc, int par) {
 #ifdef TGM_HAVE_CBLAS
-  if (par && !gemm_no_blas && !cblas_narrow() && M > 0 && N > 0 && K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX &&
-      lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+  if (par && !gemm_no_blas && !cblas_narrow() && M > 0 && N > 0 && K > 0 && M <= INT_MAX && N <= INT_MAX &&
+      K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
     cblas_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
