@@ -817,6 +817,26 @@ static void gemm_ws_free(GemmWs *w) {
   w->ap = w->bp = w->acc = NULL;
 }
 
+/* Scratch for the n threads of a parallel region, taken by the calling
+ * thread before the region and given back after it, so that the workers
+ * take no lock and wait at no barrier (with both, a GEMM's region on 16
+ * cores took ~29 us longer than its slowest piece; a GPT block's GEMMs take
+ * 20-250 us). The array is `stack` when n fits (64), else allocated; NULL
+ * when that fails. An entry whose scratch could not be had has ap NULL. */
+static GemmWs *gemm_ws_take(const GemmPlan *p, int n, GemmWs *stack) {
+  GemmWs *ws = n <= 64 ? stack : calloc((size_t)n, sizeof(GemmWs));
+  for (int i = 0; ws && i < n; i++)
+    ws[i] = gemm_ws_alloc(p);
+  return ws;
+}
+
+static void gemm_ws_give(GemmWs *ws, int n, const GemmWs *stack) {
+  for (int i = 0; ws && i < n; i++)
+    gemm_ws_free(&ws[i]);
+  if (ws != stack)
+    free(ws);
+}
+
 /* A rectangle of C: rows [m0, m1), columns [n0, n1). */
 typedef struct GemmPiece {
   int64_t m0, m1, n0, n1;
@@ -956,15 +976,11 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
   sp.mcb = min64(p->mcb, mp);
   sp.ncb = min64(p->ncb, np);
-  /* each thread's scratch is taken here, before any piece runs (so a
-   * failure leaves C as it was), by this thread: the workers take no lock
-   * and wait at no barrier (with both, a GEMM's region on 16 cores took ~29
-   * us longer than its slowest piece; a GPT block's GEMMs take 20-250 us) */
-  GemmWs stack[64], *ws = npieces <= 64 ? stack : malloc(sizeof(GemmWs) * (size_t)npieces);
-  int got = 0;
-  while (ws && got < npieces && (ws[got] = gemm_ws_alloc(&sp)).ap)
-    got++;
-  const int ok = ws && got == npieces;
+  /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
+  GemmWs stack[64], *ws = gemm_ws_take(&sp, npieces, stack);
+  int ok = ws != NULL;
+  for (int i = 0; ok && i < npieces; i++)
+    ok = ws[i].ap != NULL;
   if (ok) {
     OMP(parallel num_threads(npieces))
     {
@@ -981,10 +997,7 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
       }
     }
   }
-  for (int i = 0; i < got; i++)
-    gemm_ws_free(&ws[i]);
-  if (ws != stack)
-    free(ws);
+  gemm_ws_give(ws, npieces, stack);
   return ok;
 }
 
@@ -1094,12 +1107,9 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
     return 0;
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
-    /* the scratch taken here, as gemm_pieces does, for the threads that get a GEMM (one without runs
-     * direct) */
+    /* scratch for the threads that get a GEMM (one without runs direct) */
     const int nt = nthreads(), nw = (int)min64(nt, g->batch);
-    GemmWs stack[64], *ws = nw <= 64 ? stack : calloc((size_t)nw, sizeof(GemmWs));
-    for (int i = 0; ws && i < nw; i++)
-      ws[i] = gemm_ws_alloc(&p);
+    GemmWs stack[64], *ws = gemm_ws_take(&p, nw, stack);
     OMP(parallel num_threads(nt))
     {
 #ifdef _OPENMP
@@ -1112,10 +1122,7 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
       for (int64_t b = 0; b < g->batch; b++)
         gemm_run(g, &p, ws && id < nw ? &ws[id] : &none, b, 0);
     }
-    for (int i = 0; ws && i < nw; i++)
-      gemm_ws_free(&ws[i]);
-    if (ws != stack)
-      free(ws);
+    gemm_ws_give(ws, nw, stack);
     return 0;
   }
   if (g->batch == 1 && !gemm_shared && !p.direct && !p.dot && nthreads() > 1 && work >= GEMM_PAR_MIN &&
