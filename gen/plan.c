@@ -131,6 +131,13 @@ static int by_size(const void *x, const void *y) {
   return i - j;
 }
 
+/* Busy ranges [start, end) by start (the walk over them takes the largest
+ * end so far, so equal starts may come in any order). */
+static int by_start(const void *x, const void *y) {
+  const int64_t *a = x, *b = y;
+  return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
 /* The first buffer of b[i]'s chain of in-place pairs (its slot's). */
 static int slot_of(const Buffer *b, int i) {
   while (b[i].inplace >= 0)
@@ -168,12 +175,7 @@ static int64_t place(Buffer *b, int nb) {
         busy[nbusy][0] = y->offset, busy[nbusy][1] = y->offset + ALIGN(y->bytes), nbusy++;
     }
     /* the lowest gap: sort the busy ranges by offset, walk them */
-    for (int u = 1; u < nbusy; u++)
-      for (int v = u; v > 0 && busy[v][0] < busy[v - 1][0]; v--) {
-        int64_t t0 = busy[v][0], t1 = busy[v][1];
-        busy[v][0] = busy[v - 1][0], busy[v][1] = busy[v - 1][1];
-        busy[v - 1][0] = t0, busy[v - 1][1] = t1;
-      }
+    qsort(busy, (size_t)nbusy, sizeof *busy, by_start);
     int64_t at = 0;
     for (int j = 0; j < nbusy && busy[j][0] < at + ALIGN(x->bytes); j++)
       if (busy[j][1] > at)

@@ -758,27 +758,60 @@ static int same_memory(const BPass *p, const Node *a, const Node *b) {
  * last, where a matmul after it (no epilogue, one batch) reads dy as its
  * transposed A, [K, M] = [rows, the last dim]: the GEMM's store computes
  * the sum over k of op(A) (cuBLASLt's BGRADB epilogue; the CPU GEMM sums
- * its operand), so dy is read once. bg[sum] = the GEMM. */
+ * its operand), so dy is read once. bg[sum] = the GEMM: the first one in
+ * node order that no earlier sum took. Linear: the candidate GEMMs are
+ * listed by the stored value their A lies in (a sum can only match one
+ * over its own operand's bytes), so each sum looks at a few. */
+static int bias_grad_gemm(const BPass *p, int j, const Node **a) {
+  Node *g = p->nodes[j];
+  int ta;
+  if (g->op != OP_MATMUL || !p->realized[j] || g->shape.rank != 2 || !gemm_strided(g))
+    return 0;
+  *a = gemm_operand(g, 0, &ta);
+  return ta;
+}
+
+static int host_slot(const BPass *p, const Node *n) {
+  Layout l;
+  if (!layout_of(p, n, &l))
+    return -1;
+  return l.host && l.host->id >= 0 && l.host->id < p->n ? l.host->id : p->n;
+}
+
 static void claim_bias_grads(S *s, Node **epi, Node **bg) {
   BPass *p = s->p;
+  int *head = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)), *tail = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)),
+      *next = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  char *taken = arena_alloc(s->a, (size_t)(p->n + 1));
+  for (int i = 0; i <= p->n; i++)
+    head[i] = tail[i] = next[i] = -1;
+  for (int j = 0; j < p->n; j++) {
+    const Node *a = NULL;
+    int h;
+    if (epi[4 * j] || epi[4 * j + 1] || !bias_grad_gemm(p, j, &a) || (h = host_slot(p, a)) < 0)
+      continue;
+    if (tail[h] < 0)
+      head[h] = j;
+    else
+      next[tail[h]] = j;
+    tail[h] = j;
+  }
   for (int i = 0; i < p->n; i++) {
     Node *r = p->nodes[i];
-    int rank = r->op == OP_SUM ? r->in[0]->shape.rank : 0;
+    int rank = r->op == OP_SUM ? r->in[0]->shape.rank : 0, h;
     if (rank < 2 || r->axes != (1u << (rank - 1)) - 1 || !p->realized[i] || r->dtype != r->in[0]->dtype ||
-        !dtype_is_float(r->dtype))
+        !dtype_is_float(r->dtype) || (h = host_slot(p, r->in[0])) < 0)
       continue;
-    for (int j = 0; j < i && !bg[i]; j++) {
-      Node *g = p->nodes[j], **e = &epi[4 * j];
-      int ta;
-      if (g->op != OP_MATMUL || !p->realized[j] || e[0] || e[1] || g->shape.rank != 2 || !gemm_strided(g) ||
-          g->dtype != r->dtype || (j < p->nfwd) != (i < p->nfwd))
-        continue;
-      const Node *a = gemm_operand(g, 0, &ta);
-      int taken = 0;
-      for (int q = 0; q < i && !taken; q++)
-        taken = bg[q] == g;
-      if (ta && !taken && dim_eq(&a->shape.d[1], &r->in[0]->shape.d[rank - 1]) && same_memory(p, a, r->in[0]))
+    for (int j = head[h]; j >= 0 && j < i; j = next[j]) {
+      Node *g = p->nodes[j];
+      const Node *a = NULL;
+      bias_grad_gemm(p, j, &a);
+      if (!taken[j] && g->dtype == r->dtype && (j < p->nfwd) == (i < p->nfwd) &&
+          dim_eq(&a->shape.d[1], &r->in[0]->shape.d[rank - 1]) && same_memory(p, a, r->in[0])) {
         bg[i] = g;
+        taken[j] = 1;
+        break;
+      }
     }
   }
 }
