@@ -1214,11 +1214,8 @@ static int emit(E *e, Graph *g, const EmitOptions *o, const char *out, char *err
   e->name = g->spec->name;
   e->NAME = upper(e->a, e->name);
   /* param byte offsets, 256-aligned */
-  e->pbyte = arena_alloc(e->a, sizeof(int64_t) * (size_t)(g->nparams + 1));
-  for (int k = 0; k < g->nparams; k++) {
-    e->pbyte[k] = e->param_bytes;
-    e->param_bytes += (g->params[k].numel * dtype_size(g->params[k].dtype) + 255) & ~(int64_t)255;
-  }
+  e->pbyte = param_offsets(g, e->a);
+  e->param_bytes = e->pbyte[g->nparams];
   /* runs of one dtype, and each param's place in the flat f32 optimizer state */
   e->runs = arena_alloc(e->a, sizeof *e->runs * (size_t)(g->nparams + 1));
   e->state = arena_alloc(e->a, sizeof(int64_t) * (size_t)(g->nparams + 1));

@@ -409,7 +409,7 @@ void dump_pass(const BPass *p, int after, Buf *b); /* after: 0 decompose, 1 sche
  * model has none): the generated kernels, then the pass functions. */
 const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_name);
 /* Byte offset of param k in the flat params buffer (each param 256-aligned). */
-int64_t param_offset(const Graph *g, int k);
+int64_t *param_offsets(const Graph *g, Arena *a);
 /* The C text of a size over the dims' locals (dim_B, ...). */
 const char *c_dim(const Graph *g, const Dim *d);
 /* The spec lines kernel k covers ("spec.yaml:30 'h', 31 'logits'"). */

@@ -1904,10 +1904,13 @@ int render_check(BPass *p, const Kernel *k) {
 
 /* ---------------------------------------------------------------- files */
 
-int64_t param_offset(const Graph *g, int k) {
-  int64_t o = 0;
-  for (int i = 0; i < k; i++)
-    o += (g->params[i].numel * dtype_size(g->params[i].dtype) + 255) & ~(int64_t)255;
+/* Each param's byte offset in the flat param (and gradient) buffer,
+ * 256-aligned, and at [nparams] their total: one pass over the params
+ * (a sum per pointer printed had been quadratic in them). */
+int64_t *param_offsets(const Graph *g, Arena *a) {
+  int64_t *o = arena_alloc(a, sizeof(int64_t) * (size_t)(g->nparams + 1));
+  for (int k = 0; k < g->nparams; k++)
+    o[k + 1] = o[k] + ((g->params[k].numel * dtype_size(g->params[k].dtype) + 255) & ~(int64_t)255);
   return o;
 }
 
@@ -1916,6 +1919,7 @@ typedef struct File {
   Arena *a;
   const Dialect *d;
   const char *name, *NAME, *spec;
+  const int64_t *pbyte; /* param_offsets */
   Buf kernels;       /* the kernel functions */
   Vec bodies, names; /* printed kernels (text without the name) and their names */
   int nk;
@@ -2454,8 +2458,8 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     const char *at;
     switch (x->home) {
     case HOME_INPUT: at = arena_printf(f->a, "in[%d]", x->index); break;
-    case HOME_PARAM: at = arena_printf(f->a, "P + %lld", (long long)param_offset(g, x->index)); break;
-    case HOME_GRAD: at = arena_printf(f->a, "G + %lld", (long long)param_offset(g, x->index)); break;
+    case HOME_PARAM: at = arena_printf(f->a, "P + %lld", (long long)f->pbyte[x->index]); break;
+    case HOME_GRAD: at = arena_printf(f->a, "G + %lld", (long long)f->pbyte[x->index]); break;
     case HOME_OUTPUT: at = arena_printf(f->a, "out[%d]", x->index); break;
     case HOME_IGRAD: at = arena_printf(f->a, "out[%d]", 1 + x->index); break;
     case HOME_ALIAS:
@@ -2502,7 +2506,7 @@ static void pass_fn(File *f, BPass *p, Buf *b) {
     if (bi >= 0 && p->b[bi].home == h && p->b[bi].index == idx)
       continue;
     const char *dst = h == HOME_OUTPUT ? arena_printf(f->a, "out[%d]", idx)
-                      : h == HOME_GRAD ? arena_printf(f->a, "G + %lld", (long long)param_offset(g, idx))
+                      : h == HOME_GRAD ? arena_printf(f->a, "G + %lld", (long long)f->pbyte[idx])
                                        : arena_printf(f->a, "out[%d]", 1 + idx);
     if (cuda)
       buf_printf(b, "  CK(%s_cuda_memcpy(m->cx, %s, %s, %s, 2));\n", f->name, dst, bname(p, n), bytes_c(f, n));
@@ -2526,6 +2530,7 @@ const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_nam
     *c = (char)toupper((unsigned char)*c);
   f->NAME = up;
   f->spec = spec_name;
+  f->pbyte = param_offsets(g, f->a);
   buf_init(&f->kernels, f->a);
   Buf pb;
   buf_init(&pb, f->a);
