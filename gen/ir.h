@@ -408,7 +408,8 @@ void dump_pass(const BPass *p, int after, Buf *b); /* after: 0 decompose, 1 sche
 /* The C file of one target (cuda 0: the CPU) with every pass (NULL: the
  * model has none): the generated kernels, then the pass functions. */
 const char *render_file(Graph *g, BPass **passes, int cuda, const char *spec_name);
-/* Byte offset of param k in the flat params buffer (each param 256-aligned). */
+/* The byte offset of each param in the flat params buffer (each param
+ * 256-aligned), and at [nparams] the buffer's size. */
 int64_t *param_offsets(const Graph *g, Arena *a);
 /* The C text of a size over the dims' locals (dim_B, ...). */
 const char *c_dim(const Graph *g, const Dim *d);

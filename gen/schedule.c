@@ -780,8 +780,8 @@ static int host_slot(const BPass *p, const Node *n) {
 
 static void claim_bias_grads(S *s, Node **epi, Node **bg) {
   BPass *p = s->p;
-  int *head = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)), *tail = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1)),
-      *next = arena_alloc(s->a, sizeof(int) * (size_t)(p->n + 1));
+  size_t sz = sizeof(int) * (size_t)(p->n + 1);
+  int *head = arena_alloc(s->a, sz), *tail = arena_alloc(s->a, sz), *next = arena_alloc(s->a, sz);
   char *taken = arena_alloc(s->a, (size_t)(p->n + 1));
   for (int i = 0; i <= p->n; i++)
     head[i] = tail[i] = next[i] = -1;
