@@ -5,7 +5,7 @@
 # kernels against PyTorch's values in tests/unit/optim_golden.h), or, with
 # TEST=test_gemm_cuda, tests/gpu/test_gemm_cuda.cu (tgm_cuda_gemm against
 # tgm_cpu_gemm; templates/runtime/tgm_cpu.c is compiled with $CC and linked).
-#   sh tests/gpu/build_and_run.sh [GROUP]      GROUP: run only that group (cast, matmul, ...; golden, sumsq, ...)
+#   sh tests/gpu/build_and_run.sh [GROUP]      GROUP: run only that group (cast, matmul, ...; golden, sumsq, ...; gemm, x3, errors)
 # Environment: TEST (default test_cuda_kernels), NVCC (default nvcc), CC (default cc), BUILD_DIR (default build-gpu), NVCC_FLAGS (extra flags),
 #              SANITIZE=1 runs it under compute-sanitizer (memcheck).
 # Exit status: the test's (0 pass, 1 fail, 77 no CUDA device), 2 if it did not build.

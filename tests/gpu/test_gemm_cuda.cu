@@ -32,6 +32,7 @@
 #include "../../templates/runtime/tgm_init.c"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -431,7 +432,20 @@ static void test_errors(void) {
   result(tgm_cuda_gemm(CX, NULL) != 0, "gemm refuses NULL", tgm_cuda_ctx_error(CX));
 }
 
-int main(void) {
+/* test_gemm_cuda [GROUP]: every group, or one (gemm, x3, errors) */
+int main(int argc, char **argv) {
+  static const struct {
+    const char *name;
+    void (*run)(void);
+  } groups[] = {{"gemm", test_gemm}, {"x3", test_x3}, {"errors", test_errors}};
+  const char *only = argc > 1 ? argv[1] : NULL;
+  bool known = !only;
+  for (const auto &gr : groups)
+    known = known || strcmp(gr.name, only) == 0;
+  if (!known) {
+    printf("FAIL: unknown group '%s' (gemm, x3, errors)\n", only);
+    return 2;
+  }
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
@@ -446,9 +460,9 @@ int main(void) {
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
     printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
-  test_gemm();
-  test_x3();
-  test_errors();
+  for (const auto &gr : groups)
+    if (!only || strcmp(gr.name, only) == 0)
+      gr.run();
   tgm_cuda_ctx_destroy(CX);
   printf("%d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
