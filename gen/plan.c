@@ -131,34 +131,34 @@ static int by_size(const void *x, const void *y) {
   return i - j;
 }
 
-/* Busy ranges [start, end) by start (the walk over them takes the largest
- * end so far, so equal starts may come in any order). */
-static int by_start(const void *x, const void *y) {
-  const int64_t *a = x, *b = y;
-  return a[0] < b[0] ? -1 : a[0] > b[0];
-}
-
-/* The first buffer of b[i]'s chain of in-place pairs (its slot's). */
-static int slot_of(const Buffer *b, int i) {
-  while (b[i].inplace >= 0)
-    i = b[i].inplace;
-  return i;
+/* slot[i]: the first buffer of b[i]'s chain of in-place pairs (its slot's),
+ * each chain walked once. */
+static void slots(const Buffer *b, int nb, int *slot) {
+  for (int i = 0; i < nb; i++)
+    slot[i] = b[i].inplace < 0 ? i : -1;
+  for (int i = 0; i < nb; i++) {
+    int r = i;
+    while (slot[r] < 0)
+      r = b[r].inplace;
+    for (int j = i; slot[j] < 0; j = b[j].inplace)
+      slot[j] = slot[r];
+  }
 }
 
 static int64_t place(Buffer *b, int nb) {
   int *ord = malloc(sizeof(int) * (size_t)(nb + 1)), *end = malloc(sizeof(int) * (size_t)(nb + 1));
-  int64_t (*busy)[2] = malloc(sizeof *busy * (size_t)(nb + 1));
-  if (!ord || !busy || !end)
+  int *at_of = malloc(sizeof(int) * (size_t)(nb + 1)); /* the placed buffers by offset */
+  int *slot = malloc(sizeof(int) * (size_t)(nb + 1));
+  if (!ord || !end || !at_of || !slot)
     die("out of memory");
   /* a chain of in-place pairs is one slot, live from its first buffer's
    * writer to its last buffer's last reader */
+  slots(b, nb, slot);
   for (int i = 0; i < nb; i++)
     end[i] = b[i].last;
   for (int i = 0; i < nb; i++)
-    if (b[i].home == HOME_ARENA && b[i].inplace >= 0) {
-      int s = slot_of(b, i);
-      end[s] = b[i].last > end[s] ? b[i].last : end[s];
-    }
+    if (b[i].home == HOME_ARENA && b[i].inplace >= 0)
+      end[slot[i]] = b[i].last > end[slot[i]] ? b[i].last : end[slot[i]];
   int n = 0;
   for (int i = 0; i < nb; i++)
     if (b[i].home == HOME_ARENA && b[i].inplace < 0)
@@ -168,28 +168,37 @@ static int64_t place(Buffer *b, int nb) {
   int64_t peak = 0;
   for (int i = 0; i < n; i++) {
     Buffer *x = &b[ord[i]];
-    int nbusy = 0;
-    for (int j = 0; j < i; j++) {
-      Buffer *y = &b[ord[j]];
-      if (y->first <= end[ord[i]] && x->first <= end[ord[j]] && y->bytes)
-        busy[nbusy][0] = y->offset, busy[nbusy][1] = y->offset + ALIGN(y->bytes), nbusy++;
-    }
-    /* the lowest gap: sort the busy ranges by offset, walk them */
-    qsort(busy, (size_t)nbusy, sizeof *busy, by_start);
+    /* the lowest gap: walk the placed buffers by offset, past each one live
+     * at the same time that starts below the end of x placed at `at` */
     int64_t at = 0;
-    for (int j = 0; j < nbusy && busy[j][0] < at + ALIGN(x->bytes); j++)
-      if (busy[j][1] > at)
-        at = busy[j][1];
+    for (int j = 0; j < i; j++) {
+      const Buffer *y = &b[at_of[j]];
+      if (y->offset >= at + ALIGN(x->bytes))
+        break;
+      if (y->bytes && y->first <= end[ord[i]] && x->first <= end[at_of[j]] && y->offset + ALIGN(y->bytes) > at)
+        at = y->offset + ALIGN(y->bytes);
+    }
     x->offset = at;
     if (at + ALIGN(x->bytes) > peak)
       peak = at + ALIGN(x->bytes);
+    int lo = 0, hi = i; /* after the placed ones at offsets <= at */
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (b[at_of[mid]].offset <= at)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    memmove(at_of + lo + 1, at_of + lo, sizeof(int) * (size_t)(i - lo));
+    at_of[lo] = ord[i];
   }
   for (int i = 0; i < nb; i++)
     if (b[i].home == HOME_ARENA && b[i].inplace >= 0)
-      b[i].offset = b[slot_of(b, i)].offset;
+      b[i].offset = b[slot[i]].offset;
   free(ord);
   free(end);
-  free(busy);
+  free(at_of);
+  free(slot);
   return peak;
 }
 

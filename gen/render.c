@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- C text */
@@ -194,7 +195,9 @@ struct R {
   int stamp;
   int fail;           /* render_check: 1 a reduction read at another element, 2 a load of a value it stores */
   Vec params;         /* Buffer indices the kernel reads or writes, in first-use order */
-  char *written;      /* per buffer: the kernel stores it */
+  int *bkey;          /* the buffers with flags (BF_*): an open-addressed table of index + 1, */
+  unsigned char *bflag; /* their flags beside it (sized by the kernel's buffers, not the pass's) */
+  int bcap, bn;
   int has_bad;        /* the kernel reports bad indices (a take) */
   int saw_take;
   const Shape *outer_sh; /* the output space of a reduction kernel */
@@ -213,8 +216,6 @@ struct R {
   const char *vflat;  /* the flat index a vector lane loads and stores at ("i"; a row kernel's "o * n_r + r") */
   const char *vidx;   /* the vector loop's index ("iv"; "rv": vectors of the row at o) */
   int vload_lv;       /* the level of the vector loop's loads */
-  char *contig;       /* per buffer: loaded at the kernel's element i (a vector load's candidate) */
-  char *bcast;        /* per buffer: a row kernel's load at the row position r alone (a layer norm's weight) */
   Vec vstores;        /* the lane body's vector stores: "buffer|local" */
   int nph, last_full; /* a reduction kernel's phases; the last one a value over the input space waits for */
   int split;          /* M_BLOCK, M_COLUMN on CUDA: the reduced elements split over gridDim.y blocks */
@@ -577,11 +578,65 @@ static void ip_note(R *r, Vec *v, const char *i) {
   vec_push(r->a, v, a);
 }
 
+/* Per buffer the kernel touches: BF_WRITTEN it stores it; BF_CONTIG it is
+ * loaded at the kernel's element i (a vector load's candidate); BF_BCAST a
+ * row kernel loads it at the row position r alone (a layer norm's weight). */
+enum { BF_WRITTEN = 1, BF_CONTIG = 2, BF_BCAST = 4 };
+
+static int bf_slot(const R *r, int bi) {
+  for (unsigned i = ((unsigned)bi * 2654435761u) & (unsigned)(r->bcap - 1);; i = (i + 1) & (unsigned)(r->bcap - 1))
+    if (r->bkey[i] == bi + 1 || !r->bkey[i])
+      return (int)i;
+}
+
+static int bf(const R *r, int bi) {
+  if (!r->bcap)
+    return 0;
+  int s = bf_slot(r, bi);
+  return r->bkey[s] ? r->bflag[s] : 0;
+}
+
+static void bf_set(R *r, int bi, int f) {
+  if (2 * (r->bn + 1) > r->bcap) { /* half full at most */
+    int oc = r->bcap, *ok = r->bkey;
+    unsigned char *of = r->bflag;
+    r->bcap = oc ? 2 * oc : 32;
+    r->bkey = arena_alloc(r->a, sizeof(int) * (size_t)r->bcap);
+    r->bflag = arena_alloc(r->a, (size_t)r->bcap);
+    for (int i = 0; i < oc; i++)
+      if (ok[i]) {
+        int s = bf_slot(r, ok[i] - 1);
+        r->bkey[s] = ok[i], r->bflag[s] = of[i];
+      }
+  }
+  int s = bf_slot(r, bi);
+  if (!r->bkey[s])
+    r->bkey[s] = bi + 1, r->bn++;
+  r->bflag[s] |= (unsigned char)f;
+}
+
+static int by_int(const void *x, const void *y) {
+  int a = *(const int *)x, b = *(const int *)y;
+  return (a > b) - (a < b);
+}
+
+/* The buffers with any flag, in ascending order (that of their names in
+ * the checks printed); *n of them. */
+static int *bf_list(const R *r, int *n) {
+  int *l = arena_alloc(r->a, sizeof(int) * (size_t)(r->bn + 1));
+  *n = 0;
+  for (int i = 0; i < r->bcap; i++)
+    if (r->bkey[i])
+      l[(*n)++] = r->bkey[i] - 1;
+  qsort(l, (size_t)*n, sizeof(int), by_int);
+  return l;
+}
+
 /* Whether buffer bi, read at the row position alone, is loaded a vector at
  * a time beside the row's vectors (one vector of the row's width, 16
  * bytes): the loads and the kernel's alignment check both ask. */
 static int bcast_vec(const R *r, int bi) {
-  return r->bcast[bi] && r->rvec && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16;
+  return (bf(r, bi) & BF_BCAST) && r->rvec && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16;
 }
 
 static const char *load(R *r, const Node *n, Ix *ix) {
@@ -600,7 +655,7 @@ static const char *load(R *r, const Node *n, Ix *ix) {
   const char *at = arena_printf(r->a, "%s[%s]", p, i);
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
-    r->contig[bi] = 1;
+    bf_set(r, bi, BF_CONTIG);
     const char *rc = r->lanes && r->rcache ? row_cache(r, n, p) : NULL;
     if (rc) {
       at = arena_printf(r->a, "%s[rj].v[lane]", rc);
@@ -617,7 +672,7 @@ static const char *load(R *r, const Node *n, Ix *ix) {
     }
   } else if (r->p->buf && kernel_rows(r->k) && !strcmp(i, "r") && r->p->buf[n->id] != r->ip_in) {
     int bi = r->p->buf[n->id]; /* the same elements for every row: one vector load a vector of the row */
-    r->bcast[bi] = 1;
+    bf_set(r, bi, BF_BCAST);
     if (r->lanes && bcast_vec(r, bi)) {
       const char *key = arena_printf(r->a, "bvec|%s", p), *v = memo_get(r, key);
       if (!v) {
@@ -838,9 +893,7 @@ static void store(R *r, const Node *n, Ix *ix, int guard) {
       r->ip_bad = 1;
   }
   if (r->p->buf) {
-    r->written[r->p->buf[n->id]] = 1;
-    if (at_vec)
-      r->contig[r->p->buf[n->id]] = 1;
+    bf_set(r, r->p->buf[n->id], BF_WRITTEN | (at_vec ? BF_CONTIG : 0));
   }
   const char *e;
   switch (n->dtype) {
@@ -1112,9 +1165,6 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   }
   r->t = p->rtab;
   r->stamp = ++r->t->stamp;
-  r->written = arena_alloc(a, (size_t)p->nb + 1);
-  r->contig = arena_alloc(a, (size_t)p->nb + 1);
-  r->bcast = arena_alloc(a, (size_t)p->nb + 1);
   r->it = "int64_t";
   r->capv = 256;
   r->vlev = arena_alloc(a, sizeof(char *) * (size_t)r->capv);
@@ -1171,10 +1221,11 @@ static void vec_loop(R *r) {
   const Kernel *k = r->k;
   Buf al;
   buf_init(&al, r->a);
-  for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
-    if (r->contig[bi])
-      buf_printf(&al, "%s(uintptr_t)%s %% %d", nal++ ? " | " : "", r->p->b[bi].name,
-                 r->vec * dtype_size(r->p->b[bi].node->dtype));
+  int nl, *l = bf_list(r, &nl);
+  for (int j = 0, nal = 0; j < nl; j++)
+    if (bf(r, l[j]) & BF_CONTIG)
+      buf_printf(&al, "%s(uintptr_t)%s %% %d", nal++ ? " | " : "", r->p->b[l[j]].name,
+                 r->vec * dtype_size(r->p->b[l[j]].node->dtype));
   emit(r, 0, "const %s nv = (%s) == 0 ? n / %d : 0;  /* vectors of %d elements: aligned buffers only */", r->it, al.p,
        r->vec, r->vec);
   open_level(r);
@@ -1575,9 +1626,10 @@ static void loop_body(R *r) {
   if (r->rvec) { /* rows of whole vectors, every vector buffer aligned: else no vector loop */
     Buf al;
     buf_init(&al, r->a);
-    for (int bi = 0, nal = 0; bi < r->p->nb; bi++)
-      if (r->contig[bi] || bcast_vec(r, bi))
-        buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[bi].name);
+    int nl, *l = bf_list(r, &nl);
+    for (int j = 0, nal = 0; j < nl; j++)
+      if ((bf(r, l[j]) & BF_CONTIG) || bcast_vec(r, l[j]))
+        buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[l[j]].name);
     emit(r, 0, "const %s nrv = n_r %% %d == 0 && (%s) %% 16 == 0 ? n_r / %d : 0;  /* vectors of %d elements a row */",
          r->it, r->rvec, al.p, r->rvec, r->rvec);
   }
@@ -1800,10 +1852,10 @@ static int fits_int(R *r) {
  * stores: every store, a pointwise kernel's) (4 f32, 8 bf16/f16), at most 8
  * elements; 0 when there is none. */
 static int vec_width(R *r, int stores) {
-  int w = 0;
-  for (int bi = 0; bi < r->p->nb; bi++)
-    if (r->contig[bi] || (stores && r->written[bi])) {
-      int sz = dtype_size(r->p->b[bi].node->dtype);
+  int w = 0, nl, *l = bf_list(r, &nl);
+  for (int j = 0; j < nl; j++)
+    if ((bf(r, l[j]) & BF_CONTIG) || (stores && (bf(r, l[j]) & BF_WRITTEN))) {
+      int sz = dtype_size(r->p->b[l[j]].node->dtype);
       w = sz > w ? sz : w;
     }
   return !w ? 0 : 16 / w > 8 ? 8 : 16 / w;
@@ -1820,10 +1872,11 @@ static int column_vec(R *r) {
   int w = vec_width(r, 0);
   if (!w || !dim_is_const(&r->k->outer, &no) || no % w)
     return 0;
-  for (int bi = 0; bi < r->p->nb; bi++) {
-    if (!r->contig[bi])
+  int nl, *l = bf_list(r, &nl);
+  for (int j = 0; j < nl; j++) {
+    if (!(bf(r, l[j]) & BF_CONTIG))
       continue;
-    const Buffer *b = &r->p->b[bi];
+    const Buffer *b = &r->p->b[l[j]];
     int64_t off = 0;
     while (b->home == HOME_ALIAS) {
       int64_t o;
@@ -1993,12 +2046,15 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
     if (r->mode == M_COLUMN && column_prefix(k) && probe->nph == 1 && !full_outputs(probe))
       r->cvec = probe->cvec = column_vec(probe);
     r->split = split_ok(probe);
+    int nl, *l = bf_list(probe, &nl);
     if (r->mode == M_PW && (r->vec = vec_width(probe, 1)))
-      for (int bi = 0; bi < p->nb; bi++)
-        r->contig[bi] = probe->contig[bi] || probe->written[bi];
+      for (int j = 0; j < nl; j++)
+        if (bf(probe, l[j]) & (BF_CONTIG | BF_WRITTEN))
+          bf_set(r, l[j], BF_CONTIG);
     if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0))) {
-      for (int bi = 0; bi < p->nb; bi++)
-        r->contig[bi] = probe->contig[bi], r->bcast[bi] = probe->bcast[bi];
+      for (int j = 0; j < nl; j++)
+        if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST))
+          bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST));
       int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
@@ -2098,10 +2154,10 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     int bi = (int)(intptr_t)r->params.p[i] - 1;
     const Buffer *b = &p->b[bi];
     if (bi == r->ip_in || bi == r->ip_out) /* the same bytes under two names: no restrict */
-      buf_printf(&sig, "%s%s%s *%s%s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype), b->name,
+      buf_printf(&sig, "%s%s%s *%s%s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype), b->name,
                  bi == r->ip_out ? arena_printf(f->a, " /* in place of %s */", p->b[r->ip_in].name) : "");
     else
-      buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", r->written[bi] ? "" : "const ", ctype(b->node->dtype),
+      buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype),
                  f->d->restr, b->name);
     buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
     first = 0;
