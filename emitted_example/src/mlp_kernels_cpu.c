@@ -558,48 +558,67 @@ typedef struct GemmOne {
   const void *res;
 } GemmOne;
 
-/* Finishes nv sums t[0, nv) of row m, columns j0.., of one GEMM: the bias,
- * the aux store, the activation, the residual, the old C when accumulating,
- * and the one rounding store into C (mlp_gemm's order). Clobbers t. Called
- * per micro-tile row, so the loops are short; each is one vector loop. */
-CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m, int64_t j0, int64_t nv,
-                                 float *restrict t) {
-  const int64_t off = m * g->ldc + j0;
+/* Finishes mv x nv sums of one GEMM, rows m0.., columns j0.. (t, row
+ * stride ts): the bias, the aux store, the activation, the residual, the
+ * old C when accumulating, and the one rounding store into C (mlp_gemm's
+ * order). Clobbers t. Called per micro-tile, so the loops are short: each
+ * step is one vector loop a row (the activation one over the whole tile
+ * where its rows are contiguous). */
+CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0, int64_t j0, int64_t mv, int64_t nv,
+                                 float *restrict t, int64_t ts) {
   const void *bias = g->bias, *res = o->res, *c = o->C;
   void *aux = o->aux, *y = o->C;
+  const int64_t ldc = g->ldc;
+#define ROWS for (int64_t i = 0; i < mv; i++)
   if (bias) {
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(bias, j0 + j);
+#define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] += LD(bias, j0 + j);
     DT_CASES(g->dt, M_)
 #undef M_
   }
-  if (g->dact) { /* an activation's backward: T times act'(aux), aux read */
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] *= mlp_gelu_grad(LD(aux, off + j), g->act == MLP_ACT_GELU_TANH);
+  if (g->dact) { /* an activation's backward: T times act'(aux), aux read; the form a constant in each loop (a
+                   * run-time one left the loop scalar: control flow) */
+#define M_(LD, ST)                                                                                                     \
+  if (g->act == MLP_ACT_GELU_TANH)                                                                                     \
+    ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] *= mlp_gelu_grad(LD(aux, (m0 + i) * ldc + j0 + j), 1);    \
+  else                                                                                                                 \
+    ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] *= mlp_gelu_grad(LD(aux, (m0 + i) * ldc + j0 + j), 0);
     DT_CASES(g->dt, M_)
 #undef M_
   } else if (aux) {
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) ST(aux, off + j, t[j]);
+#define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) ST(aux, (m0 + i) * ldc + j0 + j, t[i * ts + j]);
     DT_CASES(g->dt, M_)
 #undef M_
   }
+  const int64_t ra = nv == ts ? 1 : mv, na = nv == ts ? mv * nv : nv; /* the activation's rows and their length */
   switch (g->dact ? MLP_ACT_NONE : g->act) {
-  case MLP_ACT_RELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = t[j] < 0 ? 0.0f : t[j]; break; /* NaN stays NaN */
-  case MLP_ACT_GELU: SIMD for (int64_t j = 0; j < nv; j++) t[j] = mlp_gelu(t[j], 0); break;
-  case MLP_ACT_GELU_TANH: SIMD for (int64_t j = 0; j < nv; j++) t[j] = mlp_gelu(t[j], 1); break;
+  case MLP_ACT_RELU:
+    for (int64_t i = 0; i < ra; i++)
+      SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = t[i * ts + j] < 0 ? 0.0f : t[i * ts + j]; /* NaN stays NaN */
+    break;
+  case MLP_ACT_GELU:
+    for (int64_t i = 0; i < ra; i++)
+      SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_gelu(t[i * ts + j], 0);
+    break;
+  case MLP_ACT_GELU_TANH:
+    for (int64_t i = 0; i < ra; i++)
+      SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_gelu(t[i * ts + j], 1);
+    break;
   default: break;
   }
   if (res) {
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(res, off + j);
+#define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] += LD(res, (m0 + i) * ldc + j0 + j);
     DT_CASES(g->dt, M_)
 #undef M_
   }
   if (g->accumulate) {
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) t[j] += LD(c, off + j);
+#define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] += LD(c, (m0 + i) * ldc + j0 + j);
     DT_CASES(g->dt, M_)
 #undef M_
   }
-#define M_(LD, ST) SIMD for (int64_t j = 0; j < nv; j++) ST(y, off + j, t[j]);
+#define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) ST(y, (m0 + i) * ldc + j0 + j, t[i * ts + j]);
   DT_CASES(g->dt, M_)
 #undef M_
+#undef ROWS
 }
 
 /* pack_a / pack_b for an operand of dtype dt: f32 as above, bf16/f16
@@ -670,7 +689,7 @@ static void gemm_direct(const mlp_gemm *g, const GemmOne *o, int par) {
         for (int64_t j = 0; j < nv; j++)
           t[j] += a * ldf(dt, o->B, tb ? (j0 + j) * ldb + k : k * ldb + j0 + j);
       }
-      gemm_epilogue(g, o, m, j0, nv, t);
+      gemm_epilogue(g, o, m, j0, 1, nv, t, nv);
     }
   }
 }
@@ -765,8 +784,7 @@ static void gemm_dot(const mlp_gemm *g, const char *uk, const GemmOne *o, int pa
     float tile[DOT_MAX_MR * DOT_COLS];
     for (int64_t j = 0; j < nc; j += d.nr)
       d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)min64(d.nr, nc - j), tile + j, DOT_COLS);
-    for (int64_t i = 0; i < mv; i++)
-      gemm_epilogue(g, o, i0 + i, j0, nc, tile + i * DOT_COLS);
+    gemm_epilogue(g, o, i0, j0, mv, nc, tile, DOT_COLS);
   }
 }
 
@@ -959,8 +977,7 @@ static void gemm_tiled(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, co
             }
             if (q > 0)
               SIMD for (int x = 0; x < mr * nr; x++) tile[x] = acc[x] + tile[x];
-            for (int64_t i = 0; i < mv; i++)
-              gemm_epilogue(g, o, i0 + i, j0, nv, tile + i * nr);
+            gemm_epilogue(g, o, i0, j0, mv, nv, tile, nr);
           }
         }
       }
@@ -1077,7 +1094,7 @@ static int gemm_cblas(const mlp_gemm *g) {
       for (int64_t j0 = 0; j0 < g->N; j0 += BLK) {
         int64_t nv = min64(BLK, g->N - j0);
         memcpy(t, (const float *)o.C + m * g->ldc + j0, sizeof(float) * (size_t)nv);
-        gemm_epilogue(g, &o, m, j0, nv, t);
+        gemm_epilogue(g, &o, m, j0, 1, nv, t, nv);
       }
     }
   }
