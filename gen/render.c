@@ -1679,7 +1679,7 @@ static void loop_body(R *r) {
         (r->mode == M_WARP || r->mode == M_BLOCK || r->mode == M_COLUMN)) /* every read of the row so far is done */
       emit(r, 1, "%s();  /* %s is written over %s from here */", r->mode == M_WARP ? "__syncwarp" : "__syncthreads",
            r->p->b[r->ip_out].name, r->p->b[r->ip_in].name);
-    int na = 0, all_sum = 1;
+    int na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
       const Node *red = k->reds[i];
       if (dep(r, red) != ph || red == r->on_sum)
@@ -1690,8 +1690,8 @@ static void loop_body(R *r) {
         int fl = dtype_is_float(x->dtype);
         const char *t = x->op == OP_AMAX ? (fl ? "float" : "int64_t") : (fl ? r->d->acc : "int64_t");
         emit(r, 1, "%s %s = %s;", t, acc, x->op == OP_SUM ? "0" : fl ? "-INFINITY" : "INT64_MIN");
-        all_sum &= x->op == OP_SUM;
         tys[na] = t;
+        ops[na] = x->op;
         accs[na++] = acc;
       }
     }
@@ -1706,12 +1706,26 @@ static void loop_body(R *r) {
         if (dep(r, k->reds[i]) == ph)
           head(r, "  %s %s = %s;  /* this chunk's */", tys[a], accs[a], k->reds[i]->op == OP_SUM ? "0" : "-INFINITY"), a++;
     }
-    if (na && all_sum && !strcmp(r->d->name, "cpu")) {
-      Buf b;
+    if (na && !strcmp(r->d->name, "cpu")) {
+      /* one vector loop: sums, float maxes (NaN-propagating: the math header's tgm_fmax) and integer ones */
+      Buf b, c[3];
       buf_init(&b, r->a);
-      for (int i = 0; i < na; i++)
-        buf_printf(&b, "%s%s", i ? ", " : "", accs[i]);
-      head(r, "%s%s_OMP(simd reduction(+ : %s))", r->csplit ? "  " : "", r->NAME, b.p);
+      for (int q = 0; q < 3; q++)
+        buf_init(&c[q], r->a);
+      for (int i = 0; i < na; i++) {
+        int q = ops[i] == OP_SUM ? 0 : !strcmp(tys[i], "float") ? 1 : 2;
+        buf_printf(&c[q], "%s%s", c[q].len ? ", " : "", accs[i]);
+      }
+      static const char *kind[3] = {"+", "%s_fmax", "max"};
+      for (int q = 0; q < 3; q++)
+        if (c[q].len)
+          buf_printf(&b, "%sreduction(%s : %s)", b.len ? " " : "",
+                     q == 1 ? arena_printf(r->a, kind[1], r->name) : kind[q], c[q].p);
+      head(r, "%s%s_OMP(simd %s%s)", r->csplit ? "  " : "", r->NAME, b.p, r->has_bad ? " reduction(min : bad)" : "");
+    } else if (!na && r->ip_out >= 0 && !strcmp(r->d->name, "cpu")) {
+      /* a pass storing over its input at the element it reads (ip_safe): the compiler cannot see that the two
+       * pointers do not overlap otherwise, and leaves the loop scalar */
+      head(r, "%s%s_OMP(simd%s)", r->csplit ? "  " : "", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
     }
     if (r->rvec) { /* the row's vectors first (none when a buffer is not aligned), then the elements past them */
       const char *start = r->mode == M_WARP ? "threadIdx.x % 32"

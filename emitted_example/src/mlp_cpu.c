@@ -30,6 +30,7 @@ MLP_CLONES static int64_t k1_cross_entropy_part(int64_t lo, int64_t hi, int64_t 
   const int64_t n_r = 10;
   for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
+    MLP_OMP(simd reduction(mlp_fmax : acc0) reduction(min : bad))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
       const float v2 = logits[ix1];
@@ -37,7 +38,7 @@ MLP_CLONES static int64_t k1_cross_entropy_part(int64_t lo, int64_t hi, int64_t 
     }
     const float s3 = (float)acc0;
     double acc4 = 0;
-    MLP_OMP(simd reduction(+ : acc4))
+    MLP_OMP(simd reduction(+ : acc4) reduction(min : bad))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix5 = o * n_r + r;
       const float v6 = logits[ix5];
@@ -142,6 +143,7 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
   const int64_t n_r = 10;
   for (int64_t o = lo; o < hi; o++) {
     float acc0 = -INFINITY;
+    MLP_OMP(simd reduction(mlp_fmax : acc0) reduction(min : bad))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix1 = o * n_r + r;
       const float v2 = logits[ix1];
@@ -149,7 +151,7 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
     }
     const float s3 = (float)acc0;
     double acc4 = 0;
-    MLP_OMP(simd reduction(+ : acc4))
+    MLP_OMP(simd reduction(+ : acc4) reduction(min : bad))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix5 = o * n_r + r;
       const float v6 = logits[ix5];
@@ -176,6 +178,7 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
     const float v28 = d_loss_sum[0];
     const float v29 = mlp_div(1.0f, v28);
     const float v30 = v11 ? v29 : 0.0f;
+    MLP_OMP(simd reduction(min : bad))
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix20 = o * n_r + r;
       const float v21 = logits[ix20];

@@ -140,6 +140,12 @@ MLP_FN float mlp_abs(float x) { return mlp_fbits(mlp_bitsf(x) & 0x7fffffffu); }
 /* NaN-propagating max and min (torch.maximum, torch.amax), as selects. */
 MLP_FN float mlp_max(float a, float b) { return mlp_pick(mlp_m((b > a) | (b != b)), b, a); }
 MLP_FN float mlp_min(float a, float b) { return mlp_pick(mlp_m((b < a) | (b != b)), b, a); }
+#if defined(_OPENMP) && !defined(__CUDACC__)
+/* mlp_max as an OpenMP reduction, so that a row's max is a vector loop
+ * (exact whatever the order: NaN propagates and a max does not round; only
+ * the sign of a zero max may differ from the serial loop's) */
+#pragma omp declare reduction(mlp_fmax : float : omp_out = mlp_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
+#endif
 MLP_FN float mlp_clamp(float x, float lo, float hi) { /* min(max(x, lo), hi); NaN stays */
   float t = x < lo ? lo : x;
   return t > hi ? hi : t;

@@ -140,6 +140,12 @@ TGM_FN float tgm_abs(float x) { return tgm_fbits(tgm_bitsf(x) & 0x7fffffffu); }
 /* NaN-propagating max and min (torch.maximum, torch.amax), as selects. */
 TGM_FN float tgm_max(float a, float b) { return tgm_pick(tgm_m((b > a) | (b != b)), b, a); }
 TGM_FN float tgm_min(float a, float b) { return tgm_pick(tgm_m((b < a) | (b != b)), b, a); }
+#if defined(_OPENMP) && !defined(__CUDACC__)
+/* tgm_max as an OpenMP reduction, so that a row's max is a vector loop
+ * (exact whatever the order: NaN propagates and a max does not round; only
+ * the sign of a zero max may differ from the serial loop's) */
+#pragma omp declare reduction(tgm_fmax : float : omp_out = tgm_max(omp_out, omp_in)) initializer(omp_priv = -INFINITY)
+#endif
 TGM_FN float tgm_clamp(float x, float lo, float hi) { /* min(max(x, lo), hi); NaN stays */
   float t = x < lo ? lo : x;
   return t > hi ? hi : t;
