@@ -1716,11 +1716,10 @@ static void loop_body(R *r) {
         int q = ops[i] == OP_SUM ? 0 : !strcmp(tys[i], "float") ? 1 : 2;
         buf_printf(&c[q], "%s%s", c[q].len ? ", " : "", accs[i]);
       }
-      static const char *kind[3] = {"+", "%s_fmax", "max"};
+      const char *kind[3] = {"+", arena_printf(r->a, "%s_fmax", r->name), "max"};
       for (int q = 0; q < 3; q++)
         if (c[q].len)
-          buf_printf(&b, "%sreduction(%s : %s)", b.len ? " " : "",
-                     q == 1 ? arena_printf(r->a, kind[1], r->name) : kind[q], c[q].p);
+          buf_printf(&b, "%sreduction(%s : %s)", b.len ? " " : "", kind[q], c[q].p);
       head(r, "%s%s_OMP(simd %s%s)", r->csplit ? "  " : "", r->NAME, b.p, r->has_bad ? " reduction(min : bad)" : "");
     } else if (!na && r->ip_out >= 0 && !strcmp(r->d->name, "cpu")) {
       /* a pass storing over its input at the element it reads (ip_safe): the compiler cannot see that the two
