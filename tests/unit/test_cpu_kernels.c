@@ -679,6 +679,46 @@ static void test_gemm_direct(void) {
       }
 }
 
+/* sgemm at 4 and 12 threads on shapes whose pieces are a grid in both
+ * dims (with a CBLAS, cblas_split's 2 x 2, 3 x 4, ...; built in, the
+ * blocked GEMM's), against the product in double. */
+static void test_gemm_grid(void) {
+#ifdef _OPENMP
+  static const int64_t cs[][3] = {{256, 320, 40}, {130, 700, 33}, {700, 130, 65}};
+  static const int nts[] = {4, 12};
+  const int saved = omp_get_max_threads();
+  for (size_t k = 0; k < sizeof cs / sizeof *cs; k++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        const int64_t M = cs[k][0], N = cs[k][1], K = cs[k][2], na = M * K, nb = K * N, nc = M * N;
+        T a = rnd(TGM_F32, 1, &na, -1, 1), b = rnd(TGM_F32, 1, &nb, -1, 1);
+        double *ref = malloc(sizeof(double) * (size_t)nc);
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            double acc = 0;
+            for (int64_t l = 0; l < K; l++)
+              acc += a.v[ta ? l * M + i : i * K + l] * b.v[tb ? j * K + l : l * N + j];
+            ref[i * N + j] = acc;
+          }
+        for (size_t t = 0; t < sizeof nts / sizeof *nts; t++) {
+          omp_set_num_threads(nts[t]);
+          T c = rnd(TGM_F32, 1, &nc, -1, 1);
+          for (int64_t i = 0; i < nc; i++)
+            setv(&c, i, NAN); /* beta 0: every element written */
+          sgemm(ta, tb, M, N, K, 1.0f, a.p, ta ? M : K, b.p, tb ? K : N, 0.0f, c.p, N, 1);
+          expect(fmt("sgemm on %d threads ta=%d tb=%d M=%lld N=%lld K=%lld", nts[t], ta, tb, (long long)M, (long long)N,
+                     (long long)K),
+                 TGM_F32, c.p, ref, nc, 1e-4);
+          tfree(&c);
+        }
+        free(ref);
+        tfree(&a);
+        tfree(&b);
+      }
+  omp_set_num_threads(saved);
+#endif
+}
+
 /* torch.matmul in double: batch dims broadcast, 1-D operands promoted. */
 static void ref_matmul(const T *a, const T *b, int ry, const int64_t *sy, double *out) {
   int64_t M = a->r >= 2 ? a->s[a->r - 2] : 1, K = a->s[a->r - 1], N = b->r >= 2 ? b->s[b->r - 1] : 1;
@@ -1797,6 +1837,7 @@ static void run_all(void) {
 
 static void run_gemm(void) {
   test_gemm_direct();
+  test_gemm_grid();
   test_matmul();
   test_linear();
   test_attention();
