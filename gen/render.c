@@ -209,6 +209,8 @@ struct R {
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
   int cvec;           /* M_COLUMN on CUDA: output columns per thread, one vector of each row (column_vectors) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
+  int grp;            /* M_WARP: the lanes of a row (32; a power of two below it for short rows, 32 / grp rows a
+                         warp, each group of lanes on its own: tgm_group_*) */
   const Node *on_max, *on_sum; /* CUDA rows: amax(u) and sum(exp(u - amax(u))) in one online pass (online_pair) */
   Ix full;            /* a reduction phase's index over the kernel's whole space (full.sh NULL: none) */
   int rcache_regs;    /* the registers those arrays take so far */
@@ -969,7 +971,10 @@ static void cuda_pw_loop(R *r) {
 }
 static void cuda_o_loop(R *r) {
   const char *t = r->it;
-  if (r->mode == M_WARP)
+  if (r->mode == M_WARP && r->grp < 32) /* 32 / grp rows a warp, a group of grp lanes each */
+    head(r, "for (%s o = (blockIdx.x * (%s)(blockDim.x / 32) + threadIdx.x / 32) * %d + threadIdx.x %% 32 / %d; o < n_o; o += (%s)gridDim.x * (blockDim.x / 32) * %d) {",
+         t, t, 32 / r->grp, r->grp, t, 32 / r->grp);
+  else if (r->mode == M_WARP)
     head(r, "for (%s o = blockIdx.x * (%s)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (%s)gridDim.x * (blockDim.x / 32)) {", t, t, t);
   else if (r->mode == M_BLOCK)
     head(r, "for (%s o = blockIdx.x; o < n_o; o += gridDim.x) {", t);
@@ -986,7 +991,7 @@ static void cuda_r_loop(R *r) {
     head(r, "#pragma unroll 4");
   const char *past = r->rvec ? arena_printf(r->a, "nrv * %d + ", r->rvec) : ""; /* after the row's vectors */
   if (r->mode == M_WARP)
-    head(r, "for (%s r = %sthreadIdx.x %% 32; r < n_r; r += 32) {", t, past);
+    head(r, "for (%s r = %sthreadIdx.x %% %d; r < n_r; r += %d) {", t, past, r->grp, r->grp);
   else if (r->mode == M_BLOCK && r->split)
     head(r, "for (%s r = %sblockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t, past);
   else if (r->mode == M_BLOCK)
@@ -1000,7 +1005,9 @@ static void cuda_r_loop(R *r) {
 }
 static void cuda_combine(R *r, Op op, const char *acc) {
   const char *f = op == OP_AMAX ? "max" : "sum";
-  if (r->mode == M_WARP)
+  if (r->mode == M_WARP && r->grp < 32)
+    emit(r, r->level, "%s = %s_group_%s(%s, %d);", acc, r->name, f, acc, r->grp);
+  else if (r->mode == M_WARP)
     emit(r, r->level, "%s = %s_warp_%s(%s);", acc, r->name, f, acc);
   else if (r->mode == M_BLOCK)
     emit(r, r->level, "%s = %s_block_%s(%s);", acc, r->name, f, acc);
@@ -1012,7 +1019,7 @@ static void cuda_bad(R *r, int level, const char *pos) {
 }
 static void cuda_close(R *r) { (void)r; }
 static const char *cuda_one_lane(R *r) {
-  return r->mode == M_WARP    ? "threadIdx.x % 32 == 0"
+  return r->mode == M_WARP    ? (r->grp < 32 ? arena_printf(r->a, "threadIdx.x %% %d == 0", r->grp) : "threadIdx.x % 32 == 0")
          : r->mode == M_BLOCK  ? "threadIdx.x == 0"
          : r->mode == M_COLUMN ? "threadIdx.x / 32 == 0 && live"
                                : "";
@@ -1175,6 +1182,7 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   for (int i = 0; k && i < k->nreds; i++)
     r->t->own_st[k->reds[i]->id] = r->stamp;
   r->ip_in = r->ip_out = -1;
+  r->grp = 32;
   for (int i = 0; k && p->buf && i < k->nouts; i++) {
     int bi = p->buf[k->outs[i]->id];
     if (bi >= 0 && p->b[bi].inplace >= 0)
@@ -1677,7 +1685,10 @@ static void loop_body(R *r) {
       out_space_stores(r, 2 * ph_w - 1);
     if (ph == ph_w && ph > 1 && !strcmp(r->d->name, "cuda") &&
         (r->mode == M_WARP || r->mode == M_BLOCK || r->mode == M_COLUMN)) /* every read of the row so far is done */
-      emit(r, 1, "%s();  /* %s is written over %s from here */", r->mode == M_WARP ? "__syncwarp" : "__syncthreads",
+      emit(r, 1, "%s;  /* %s is written over %s from here */",
+           r->mode != M_WARP ? "__syncthreads()"
+           : r->grp < 32     ? arena_printf(r->a, "__syncwarp(%s_group_mask(%d))", r->name, r->grp)
+                             : "__syncwarp()",
            r->p->b[r->ip_out].name, r->p->b[r->ip_in].name);
     int na = 0;
     for (int i = 0; i < k->nreds && ph <= nph; i++) {
@@ -1727,10 +1738,10 @@ static void loop_body(R *r) {
       head(r, "%s%s_OMP(simd%s)", r->csplit ? "  " : "", r->NAME, r->has_bad ? " reduction(min : bad)" : "");
     }
     if (r->rvec) { /* the row's vectors first (none when a buffer is not aligned), then the elements past them */
-      const char *start = r->mode == M_WARP ? "threadIdx.x % 32"
+      const char *start = r->mode == M_WARP ? arena_printf(r->a, "threadIdx.x %% %d", r->grp)
                           : r->split        ? "blockIdx.y * blockDim.x + threadIdx.x"
                                             : "threadIdx.x";
-      const char *step = r->mode == M_WARP ? "32" : r->split ? "gridDim.y * blockDim.x" : "blockDim.x";
+      const char *step = r->mode == M_WARP ? arena_printf(r->a, "%d", r->grp) : r->split ? "gridDim.y * blockDim.x" : "blockDim.x";
       if (r->rcache) { /* the same vectors in every phase: the first phase's loads stay in registers */
         head(r, "#pragma unroll");
         head(r, "for (int rj = 0; rj < %d; rj++) {", r->rcache);
@@ -1792,7 +1803,9 @@ static void loop_body(R *r) {
         continue;
       for (int pair = 0; pair <= (red == r->on_max); pair++) {
         const Node *x = pair ? r->on_sum : red;
-        if (x == r->on_max)
+        if (x == r->on_max && r->mode == M_WARP && r->grp < 32)
+          emit(r, 1, "%s_group_online(&%s, &%s, %d);", r->name, accs[na], accs[na + 1], r->grp);
+        else if (x == r->on_max)
           emit(r, 1, "%s_%s_online(&%s, &%s);", r->name, r->mode == M_WARP ? "warp" : "block", accs[na], accs[na + 1]);
         else if (!r->split && x != r->on_sum)
           r->d->combine(r, x->op, accs[na]);
@@ -2064,11 +2077,18 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
       for (int j = 0; j < nl; j++)
         if (bf(probe, l[j]) & (BF_CONTIG | BF_WRITTEN))
           bf_set(r, l[j], BF_CONTIG);
+    int64_t rn;
+    if (r->mode == M_WARP && dim_is_const(&k->rnum, &rn)) { /* short rows: several a warp, grp lanes each */
+      const int w = kernel_rows(k) ? vec_width(probe, 0) : 0;
+      const int64_t units = w ? (rn + w - 1) / w : rn; /* a lane's steps along the row, at one lane a row */
+      while (r->grp > 1 && units <= r->grp / 2)
+        r->grp /= 2;
+    }
     if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0))) {
       for (int j = 0; j < nl; j++)
         if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST))
           bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST));
-      int64_t nr, per = r->mode == M_WARP ? 32 : ROW_BLOCK; /* the threads of a row (the launch below) */
+      int64_t nr, per = r->mode == M_WARP ? r->grp : ROW_BLOCK; /* the threads of a row (the launch below) */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
     }
@@ -2202,6 +2222,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                r->vec               ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec)
                : r->cvec            ? arena_printf(f->a, "%d output elements per block, %d a thread, 32 threads each", 32 * r->cvec, r->cvec)
+               : cuda && r->mode == M_WARP && r->grp < 32
+                   ? arena_printf(f->a, "%d output elements per warp, %d threads each", 32 / r->grp, r->grp)
                : cuda               ? modes[r->mode]
                : r->mode == M_CTILE ? "tiles of " CTILE_TEXT " output elements, a vector loop over each tile per reduced element"
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
@@ -2223,7 +2245,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   k->name = kn;
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
-    const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / 32, WARP_BLOCK)
+    const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / r->grp, WARP_BLOCK)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, 32 * (r->cvec ? r->cvec : 1),
                                                            r->cvec ? COLUMN_VBLOCK : 1024)

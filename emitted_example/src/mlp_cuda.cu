@@ -17,15 +17,15 @@
 
 #define CK(call) do { if (call) return mlp_fail(m, MLP_EDEVICE, "%s", mlp_cuda_ctx_error(m->cx)); } while (0)
 
-/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
+/* k1_cross_entropy: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (8 output elements per warp, 4 threads each) */
 static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ logits, const int32_t *__restrict__ y, float *__restrict__ loss_where, unsigned long long *bad) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
-  for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
+  for (int o = (blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32) * 8 + threadIdx.x % 32 / 4; o < n_o; o += (int)gridDim.x * (blockDim.x / 32) * 8) {
     float acc0 = -INFINITY;
     float acc1 = 0;
     #pragma unroll 2
-    for (int rv = threadIdx.x % 32; rv < nrv; rv += 32) {
+    for (int rv = threadIdx.x % 4; rv < nrv; rv += 4) {
       const mlp_vec<float, 4> v3 = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
@@ -41,7 +41,7 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
       }
     }
     #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+    for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
       if (v6 > acc0) {
@@ -53,7 +53,7 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
         acc0 = acc1 = v6;
       }
     }
-    mlp_warp_online(&acc0, &acc1);
+    mlp_group_online(&acc0, &acc1, 4);
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
     const int64_t ix9 = y[o];
@@ -68,7 +68,7 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
     const float v16 = logits[ix15];
     const float v17 = v12 - v16;
     const float v18 = v10 ? v17 : 0.0f;
-    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v18;
+    if (threadIdx.x % 4 == 0) loss_where[o] = (float)v18;
   }
 }
 
@@ -143,17 +143,17 @@ static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *_
   }
 }
 
-/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (one warp per output element) */
+/* k4_cross_entropy_mul: spec/examples/mlp.yaml:32 'loss'; reduces 10 of [B, 10]  (8 output elements per warp, 4 threads each) */
 static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, float *__restrict__ loss_amax, float *__restrict__ loss_sum, const int32_t *__restrict__ y, float *__restrict__ loss_where, const float *__restrict__ d_loss_sum, float *d_loss /* in place of logits */, unsigned long long *bad) {
   const int n_o = dim_B, n_r = 10;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)logits | (uintptr_t)d_loss) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
-  for (int o = blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32; o < n_o; o += (int)gridDim.x * (blockDim.x / 32)) {
+  for (int o = (blockIdx.x * (int)(blockDim.x / 32) + threadIdx.x / 32) * 8 + threadIdx.x % 32 / 4; o < n_o; o += (int)gridDim.x * (blockDim.x / 32) * 8) {
     float acc0 = -INFINITY;
     float acc1 = 0;
     mlp_vec<float, 4> v3[1];  /* this thread's vectors of logits's row o */
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
-      const int rv = threadIdx.x % 32 + rj * 32;
+      const int rv = threadIdx.x % 4 + rj * 4;
       if (rv >= nrv) break;
       v3[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
@@ -170,7 +170,7 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
       }
     }
     #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+    for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
       if (v6 > acc0) {
@@ -182,11 +182,11 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
         acc0 = acc1 = v6;
       }
     }
-    mlp_warp_online(&acc0, &acc1);
+    mlp_group_online(&acc0, &acc1, 4);
     const float s7 = (float)acc0;
     const float s8 = (float)acc1;
-    if (threadIdx.x % 32 == 0) loss_amax[o] = (float)s7;
-    if (threadIdx.x % 32 == 0) loss_sum[o] = (float)s8;
+    if (threadIdx.x % 4 == 0) loss_amax[o] = (float)s7;
+    if (threadIdx.x % 4 == 0) loss_sum[o] = (float)s8;
     const int64_t ix9 = y[o];
     const int v10 = ix9 != -100;
     const float v11 = mlp_log(s8);
@@ -199,14 +199,14 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
     const float v16 = logits[ix15];
     const float v17 = v12 - v16;
     const float v18 = v10 ? v17 : 0.0f;
-    if (threadIdx.x % 32 == 0) loss_where[o] = (float)v18;
-    __syncwarp();  /* d_loss is written over logits from here */
+    if (threadIdx.x % 4 == 0) loss_where[o] = (float)v18;
+    __syncwarp(mlp_group_mask(4));  /* d_loss is written over logits from here */
     const float v27 = d_loss_sum[0];
     const float v28 = mlp_div(1.0f, v27);
     const float v29 = v10 ? v28 : 0.0f;
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
-      const int rv = threadIdx.x % 32 + rj * 32;
+      const int rv = threadIdx.x % 4 + rj * 4;
       if (rv >= nrv) break;
       mlp_vec<float, 4> v31;
       #pragma unroll
@@ -225,7 +225,7 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
       ((mlp_vec<float, 4> *)(d_loss + o * n_r))[rv] = v31;
     }
     #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x % 32; r < n_r; r += 32) {
+    for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix32 = o * n_r + r;
       const float v33 = logits[ix32];
       const float v34 = v33 - s7;
@@ -334,7 +334,7 @@ int mlp_loss_cuda(struct mlp_model *m, const int64_t *sym, const void *const *in
                        logits, 10, (dim_B) * (10), b2, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k1_cross_entropy<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, y, loss_where, mlp_cuda_bad_ptr(m->cx));
+  k1_cross_entropy<<<mlp_blocks(dim_B, 32), 128, 0, st>>>(dim_B, logits, y, loss_where, mlp_cuda_bad_ptr(m->cx));
   k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, loss_where, y, loss);
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
   return MLP_OK;
@@ -385,7 +385,7 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   k3_sum<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, y, d_loss_sum);
-  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 4), 128, 0, st>>>(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss, mlp_cuda_bad_ptr(m->cx));
+  k4_cross_entropy_mul<<<mlp_blocks(dim_B, 32), 128, 0, st>>>(dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss, mlp_cuda_bad_ptr(m->cx));
   k2_cross_entropy<<<mlp_blocks(1, 1), 256, 0, st>>>(dim_B, loss_where, y, loss);
   {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 0, 0, dim_B, 128, 10, 1,

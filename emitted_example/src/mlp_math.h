@@ -417,6 +417,27 @@ MLP_FN void mlp_warp_online(float *m, float *s) {
   for (int o = 16; o > 0; o >>= 1)
     mlp_online_merge(m, s, __shfl_xor_sync(0xffffffffu, *m, o), __shfl_xor_sync(0xffffffffu, *s, o));
 }
+/* The same over the g lanes (g a power of two below 32) that share a row of
+ * a kernel with several short rows a warp: lanes g k .. g k + g - 1, each
+ * group on its own (a group past the last row has left its loop). */
+MLP_FN unsigned mlp_group_mask(int g) { return ((1u << g) - 1u) << (threadIdx.x % 32 / g * g); }
+MLP_FN float mlp_group_sum(float v, int g) {
+  const unsigned mask = mlp_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
+MLP_FN float mlp_group_max(float v, int g) {
+  const unsigned mask = mlp_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    v = mlp_max(v, __shfl_xor_sync(mask, v, o));
+  return v;
+}
+MLP_FN void mlp_group_online(float *m, float *s, int g) {
+  const unsigned mask = mlp_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    mlp_online_merge(m, s, __shfl_xor_sync(mask, *m, o), __shfl_xor_sync(mask, *s, o));
+}
 MLP_FN void mlp_block_online(float *m, float *s) {
   __shared__ float pm[32], ps[32];
   mlp_warp_online(m, s);

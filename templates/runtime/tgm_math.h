@@ -417,6 +417,27 @@ TGM_FN void tgm_warp_online(float *m, float *s) {
   for (int o = 16; o > 0; o >>= 1)
     tgm_online_merge(m, s, __shfl_xor_sync(0xffffffffu, *m, o), __shfl_xor_sync(0xffffffffu, *s, o));
 }
+/* The same over the g lanes (g a power of two below 32) that share a row of
+ * a kernel with several short rows a warp: lanes g k .. g k + g - 1, each
+ * group on its own (a group past the last row has left its loop). */
+TGM_FN unsigned tgm_group_mask(int g) { return ((1u << g) - 1u) << (threadIdx.x % 32 / g * g); }
+TGM_FN float tgm_group_sum(float v, int g) {
+  const unsigned mask = tgm_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
+TGM_FN float tgm_group_max(float v, int g) {
+  const unsigned mask = tgm_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    v = tgm_max(v, __shfl_xor_sync(mask, v, o));
+  return v;
+}
+TGM_FN void tgm_group_online(float *m, float *s, int g) {
+  const unsigned mask = tgm_group_mask(g);
+  for (int o = g / 2; o > 0; o >>= 1)
+    tgm_online_merge(m, s, __shfl_xor_sync(mask, *m, o), __shfl_xor_sync(mask, *s, o));
+}
 TGM_FN void tgm_block_online(float *m, float *s) {
   __shared__ float pm[32], ps[32];
   tgm_warp_online(m, s);
