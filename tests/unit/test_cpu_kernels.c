@@ -635,6 +635,19 @@ static void test_dropout_interp(void) {
 
 /* ---------------------------------------------------------------- GEMM-based */
 
+/* op(a) op(b) in double, M x N row-major (malloc'd): a is [M, K] ([K, M] when ta), b [K, N] ([N, K] when tb). */
+static double *ref_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *a, const T *b) {
+  double *out = malloc(sizeof(double) * (size_t)(M * N));
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      for (int64_t l = 0; l < K; l++)
+        s += a->v[ta ? l * M + i : i * K + l] * b->v[tb ? j * K + l : l * N + j];
+      out[i * N + j] = s;
+    }
+  return out;
+}
+
 static void test_gemm_direct(void) {
   static const int64_t cs[][3] = {{1, 1, 1}, {3, 17, 5}, {33, 130, 17}, {130, 33, 257}, {200, 150, 300},
                                   {7, 3100, 9}};
@@ -643,14 +656,7 @@ static void test_gemm_direct(void) {
       for (int tb = 0; tb < 2; tb++) {
         int64_t M = cs[k][0], N = cs[k][1], K = cs[k][2], na = M * K, nb = K * N, nc = M * N;
         T a = rnd(TGM_F32, 1, &na, -1, 1), b = rnd(TGM_F32, 1, &nb, -1, 1);
-        double *prod = malloc(sizeof(double) * (size_t)nc), *ref = malloc(sizeof(double) * (size_t)nc);
-        for (int64_t i = 0; i < M; i++)
-          for (int64_t j = 0; j < N; j++) {
-            double s = 0;
-            for (int64_t l = 0; l < K; l++)
-              s += a.v[ta ? l * M + i : i * K + l] * b.v[tb ? j * K + l : l * N + j];
-            prod[i * N + j] = s;
-          }
+        double *prod = ref_sgemm(ta, tb, M, N, K, &a, &b), *ref = malloc(sizeof(double) * (size_t)nc);
         for (int bv = 0; bv < 3; bv++) {
           float alpha = bv == 2 ? 0.5f : 1.0f, beta = bv == 0 ? 0.0f : bv == 1 ? 1.0f : -0.25f;
           T c = rnd(TGM_F32, 1, &nc, -1, 1);
@@ -692,14 +698,7 @@ static void test_gemm_grid(void) {
       for (int tb = 0; tb < 2; tb++) {
         const int64_t M = cs[k][0], N = cs[k][1], K = cs[k][2], na = M * K, nb = K * N, nc = M * N;
         T a = rnd(TGM_F32, 1, &na, -1, 1), b = rnd(TGM_F32, 1, &nb, -1, 1);
-        double *ref = malloc(sizeof(double) * (size_t)nc);
-        for (int64_t i = 0; i < M; i++)
-          for (int64_t j = 0; j < N; j++) {
-            double acc = 0;
-            for (int64_t l = 0; l < K; l++)
-              acc += a.v[ta ? l * M + i : i * K + l] * b.v[tb ? j * K + l : l * N + j];
-            ref[i * N + j] = acc;
-          }
+        double *ref = ref_sgemm(ta, tb, M, N, K, &a, &b);
         for (size_t t = 0; t < sizeof nts / sizeof *nts; t++) {
           omp_set_num_threads(nts[t]);
           T c = rnd(TGM_F32, 1, &nc, -1, 1);
