@@ -707,6 +707,26 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
 }
 /*@end matmul linear@*/
 
+/* The grid of pr x pc pieces of an M x N x K GEMM's C (pr pc <= nt) whose
+ * piece costs least: its multiply-adds plus its packing, pa a multiply-add
+ * per element of its rows of A and pb per element of its columns of B;
+ * pieces mr x nr multiples, none empty, and at least lo rows (columns)
+ * where the rows (columns) are cut. (gemm_pieces, cblas_split.) */
+static void gemm_grid(int nt, int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t lo, double pa, double pb,
+                      int *pr, int *pc) {
+  double best = -1;
+  *pr = *pc = 1;
+  for (int r = 1; r <= nt; r++) {
+    const int c = nt / r;
+    const int64_t mp = ((M + r - 1) / r + mr - 1) / mr * mr, np = ((N + c - 1) / c + nr - 1) / nr * nr;
+    if ((r > 1 && (mp * (r - 1) >= M || M / r < lo)) || (c > 1 && (np * (c - 1) >= N || N / c < lo)))
+      continue; /* a piece would be empty, or too thin */
+    const double cost = (double)mp * (double)np * (double)K + ((double)mp * pa + (double)np * pb) * (double)K;
+    if (best < 0 || cost < best)
+      best = cost, *pr = r, *pc = c;
+  }
+}
+
 #ifdef TGM_HAVE_CBLAS
 /* 1 = never use the CBLAS (tests compare the two). */
 static int gemm_no_blas = 0;
@@ -758,8 +778,8 @@ static int cblas_narrow(void) {
  * spinning after each call, taking the cores from the OpenMP kernels that
  * follow. Each call packs its own rows of A and columns of B, so the grid
  * is the one whose piece costs least, its multiply-adds plus that packing
- * (about 8 a multiply-add per element), as gemm_pieces' is; at least 64
- * rows and columns a piece. Rows alone or columns alone (the grid before)
+ * (about 8 a multiply-add per element; gemm_grid, as gemm_pieces'), at
+ * least 64 rows and columns a piece. Rows alone or columns alone (the grid before)
  * had every piece pack the whole of the other operand: mlp_blocks_cpu on
  * 16 threads (H100 machine, OpenBLAS's AVX-512 kernels), 4 rounds
  * interleaved, medians 33.7/30.6/31.1/30.1 -> 28.5/30.9/30.0/30.4 ms, minima
@@ -771,18 +791,8 @@ static void cblas_split(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
   if (openblas_get_num_threads && openblas_set_num_threads && (was = openblas_get_num_threads()) != 1)
     openblas_set_num_threads(1);
 #endif
-  const int nt = nthreads();
-  int pr = 1, pc = 1;
-  double best = -1;
-  for (int r = 1; r <= nt; r++) {
-    const int c = nt / r;
-    if ((r > 1 && M / r < 64) || (c > 1 && N / c < 64))
-      continue;
-    const double mp = (double)((M + r - 1) / r), np = (double)((N + c - 1) / c);
-    const double cost = mp * np * (double)K + 8.0 * (mp + np) * (double)K;
-    if (best < 0 || cost < best)
-      best = cost, pr = r, pc = c;
-  }
+  int pr, pc;
+  gemm_grid(nthreads(), M, N, K, 1, 1, 64, 8.0, 8.0, &pr, &pc);
   const int64_t npieces = (int64_t)pr * pc;
   OMP(parallel for schedule(static) if (npieces > 1))
   for (int64_t q = 0; q < npieces; q++) {
@@ -1443,22 +1453,8 @@ static int gemm_shared = 0;
  * bits for any grid. Returns 0 when the plan's scratch cannot be had. */
 static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   const int64_t mr = p->uk.mr, nr = p->uk.nr, M = g->M, N = g->N, K = g->K;
-  const int a_rows = p->a_rows;
-  int pr = 1, pcn = 1;
-  double best = -1;
-  for (int r = 1; r <= nt; r++) {
-    int c = nt / r;
-    int64_t mp = ((M + r - 1) / r + mr - 1) / mr * mr, np = ((N + c - 1) / c + nr - 1) / nr * nr;
-    if ((r > 1 && mp * (r - 1) >= M) || (c > 1 && np * (c - 1) >= N))
-      continue; /* a piece would be empty */
-    double cost = (double)mp * (double)np * (double)K + (double)np * (double)K * (g->tb ? 16.0 : 4.0) +
-                  (a_rows ? 0.0 : (double)mp * (double)K * (g->ta ? 4.0 : 16.0));
-    if (best < 0 || cost < best) {
-      best = cost;
-      pr = r;
-      pcn = c;
-    }
-  }
+  int pr, pcn;
+  gemm_grid(nt, M, N, K, mr, nr, 1, p->a_rows ? 0.0 : g->ta ? 4.0 : 16.0, g->tb ? 16.0 : 4.0, &pr, &pcn);
   const int npieces = pr * pcn;
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
