@@ -1019,7 +1019,7 @@ static void cuda_bad(R *r, int level, const char *pos) {
 }
 static void cuda_close(R *r) { (void)r; }
 static const char *cuda_one_lane(R *r) {
-  return r->mode == M_WARP    ? (r->grp < 32 ? arena_printf(r->a, "threadIdx.x %% %d == 0", r->grp) : "threadIdx.x % 32 == 0")
+  return r->mode == M_WARP    ? arena_printf(r->a, "threadIdx.x %% %d == 0", r->grp)
          : r->mode == M_BLOCK  ? "threadIdx.x == 0"
          : r->mode == M_COLUMN ? "threadIdx.x / 32 == 0 && live"
                                : "";
