@@ -1,0 +1,126 @@
+/* cpu_gemm.c: the CPU GEMM's rate on the GEMM shapes of the CPU benchmark
+ * workloads (issue 12: "GEMM at >= 70% of the machine's sgemm rate for the
+ * shapes in these workloads"), one line a shape: median microseconds and
+ * GFLOP/s of tgm_cpu_gemm with the epilogue the workload asks for.
+ *
+ * Built against the runtime template directly (as tests/unit/test_cpu_kernels.c):
+ *   cc -O3 -fopenmp -Itemplates/runtime bench/cpu_gemm.c -lm -o cpu_gemm             (built-in GEMM)
+ *   cc -O3 -fopenmp -DTGM_HAVE_CBLAS -I/usr/include/openblas bench/cpu_gemm.c -lopenblas -lm -o cpu_gemm_blas
+ * (with the CBLAS, f32 GEMMs go through cblas_split as in an emitted project
+ * built with OpenBLAS; those under GEMM_CBLAS_MIN multiply-adds stay built in).
+ *   cpu_gemm [--iters N] [--list]
+ * --list prints the shapes only (bench/cpu_gemm_torch.py reads them, so that
+ * torch times the same products in the same run). Threads: OMP_NUM_THREADS.
+ *
+ * The shapes, f32, as tgen prints them for the workloads (bench/specs/
+ * mlp_blocks_cpu.yaml at B=1024, spec/examples/mlp3.yaml at B=32,
+ * bench/specs/gpt2_cpu.yaml at B=8): ta/tb as tgm_gemm's, M N K, the
+ * epilogue. Benchmarks are not tests: nothing here is asserted but that
+ * the call succeeds. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include "../templates/runtime/tgm_cpu.c"
+#include "../templates/runtime/tgm_init.c"
+
+#include <stdio.h>
+#include <time.h>
+
+typedef struct Shape {
+  const char *work;
+  int ta, tb;
+  int64_t M, N, K;
+  int bias, act, res, dact;
+} Shape;
+
+static const Shape shapes[] = {
+    {"mlp_blocks_cpu", 0, 1, 1024, 2048, 512, 1, TGM_ACT_GELU, 0, 0}, /* up projection, gelu */
+    {"mlp_blocks_cpu", 0, 1, 1024, 512, 2048, 1, TGM_ACT_NONE, 1, 0}, /* down projection + residual */
+    {"mlp_blocks_cpu", 0, 0, 1024, 2048, 512, 0, TGM_ACT_GELU, 0, 1}, /* d_h, gelu's backward */
+    {"mlp_blocks_cpu", 0, 0, 1024, 512, 2048, 0, TGM_ACT_NONE, 0, 0}, /* d_x */
+    {"mlp_blocks_cpu", 1, 0, 2048, 512, 1024, 0, TGM_ACT_NONE, 0, 0}, /* d_w1 */
+    {"mlp_blocks_cpu", 1, 0, 512, 2048, 1024, 0, TGM_ACT_NONE, 0, 0}, /* d_w2 */
+    {"mlp3_cpu", 0, 1, 32, 512, 512, 1, TGM_ACT_RELU, 0, 0},
+    {"mlp3_cpu", 0, 1, 32, 10, 512, 1, TGM_ACT_NONE, 0, 0},
+    {"gpt2_cpu", 0, 1, 512, 384, 128, 1, TGM_ACT_NONE, 0, 0}, /* qkv */
+    {"gpt2_cpu", 0, 1, 512, 128, 128, 1, TGM_ACT_NONE, 1, 0}, /* attention projection + residual */
+    {"gpt2_cpu", 0, 1, 512, 512, 128, 1, TGM_ACT_GELU_TANH, 0, 0}, /* fc */
+    {"gpt2_cpu", 0, 1, 512, 128, 512, 1, TGM_ACT_NONE, 1, 0}, /* fc projection + residual */
+    {"gpt2_cpu", 0, 1, 512, 512, 128, 0, TGM_ACT_NONE, 0, 0}, /* logits (V = 512) */
+    {"gpt2_cpu", 0, 0, 512, 128, 512, 0, TGM_ACT_NONE, 0, 0}, /* d_h of fc projection, logits */
+    {"gpt2_cpu", 1, 0, 512, 128, 512, 0, TGM_ACT_NONE, 0, 0}, /* d_w */
+    {"gpt2_cpu", 1, 0, 128, 384, 512, 0, TGM_ACT_NONE, 0, 0}, /* d_w qkv */
+};
+enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static int cmpd(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static float *fill(int64_t n, uint32_t seed) {
+  float *p = malloc((size_t)n * sizeof *p);
+  if (!p) {
+    fprintf(stderr, "cpu_gemm: out of memory\n");
+    exit(1);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
+  }
+  return p;
+}
+
+int main(int argc, char **argv) {
+  int iters = 50, list = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--list"))
+      list = 1;
+    else {
+      fprintf(stderr, "usage: cpu_gemm [--iters N] [--list]\n");
+      return 2;
+    }
+  }
+  if (iters < 1)
+    iters = 1;
+  for (int s = 0; s < NSHAPES; s++) {
+    const Shape *h = &shapes[s];
+    if (list) {
+      printf("%s %d %d %lld %lld %lld %d %d %d %d\n", h->work, h->ta, h->tb, (long long)h->M, (long long)h->N,
+             (long long)h->K, h->bias, h->act, h->res, h->dact);
+      continue;
+    }
+    float *A = fill(h->M * h->K, 1 + s), *B = fill(h->K * h->N, 7 + s), *C = fill(h->M * h->N, 3);
+    float *bias = fill(h->N, 5), *aux = fill(h->M * h->N, 11), *res = fill(h->M * h->N, 13);
+    tgm_gemm g = {.dt = TGM_F32, .ta = h->ta, .tb = h->tb, .M = h->M, .N = h->N, .K = h->K, .batch = 1,
+                  .A = A, .lda = h->ta ? h->M : h->K, .B = B, .ldb = h->tb ? h->K : h->N, .C = C, .ldc = h->N,
+                  .bias = h->bias ? bias : NULL, .act = h->act, .aux = h->dact ? aux : NULL,
+                  .residual = h->res ? res : NULL, .dact = h->dact};
+    double *t = malloc((size_t)iters * sizeof *t);
+    for (int w = 0; w < 3; w++)
+      if (tgm_cpu_gemm(&g)) {
+        fprintf(stderr, "cpu_gemm: tgm_cpu_gemm refused shape %d\n", s);
+        return 1;
+      }
+    for (int i = 0; i < iters; i++) {
+      double t0 = now();
+      tgm_cpu_gemm(&g);
+      t[i] = now() - t0;
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmpd);
+    double med = t[iters / 2], fl = 2.0 * h->M * h->N * h->K;
+    printf("%-15s ta=%d tb=%d %5lld x %5lld x %5lld bias=%d act=%d res=%d dact=%d: %9.1f us %7.0f GFLOP/s  (min %.1f us)\n",
+           h->work, h->ta, h->tb, (long long)h->M, (long long)h->N, (long long)h->K, h->bias, h->act, h->res, h->dact,
+           med * 1e6, fl / med * 1e-9, t[0] * 1e6);
+    fflush(stdout);
+    free(t);
+    free(A), free(B), free(C), free(bias), free(aux), free(res);
+  }
+  return 0;
+}
