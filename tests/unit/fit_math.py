@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fit_math.py: the polynomial coefficients of templates/runtime/tgm_math.h's
-CPU functions (exp, log, tanh, erf, erfc), fitted here rather than copied.
+CPU functions (exp, log, erf, erfc; tanh is exp's), fitted here rather than
+copied.
 
 Each polynomial approximates a function g that the C code combines with
 exactly computed leading terms (exp: e^r = 1 + r + r^2 q(r), with q fitted
@@ -18,7 +19,7 @@ error of the rounded polynomial is printed too; tests/unit/test_math.c
 measures the result of the rounding and of the f32 evaluation over every
 f32 input.
 
-Usage: python3 tests/unit/fit_math.py [exp log tanh erf erfc]   (needs
+Usage: python3 tests/unit/fit_math.py [exp log erf erfc]   (needs
 mpmath and numpy; prints each fit's errors and coefficients, lowest first,
 as C literals)
 """
@@ -132,7 +133,7 @@ def at0(f, v0):
 
 if __name__ == "__main__":
     import sys
-    which = sys.argv[1:] or ["exp", "log", "tanh", "erf", "erfc"]
+    which = sys.argv[1:] or ["exp", "log", "erf", "erfc"]
     if "exp" in which:
         # exp: e^r = 1 + r + r^2 q(r) on |r| <= ln2/2 (a little wider: the
         # rounded reduction's r), q of degree 5 fitted to (e^r - 1 - r) / r^2
@@ -147,11 +148,6 @@ if __name__ == "__main__":
         # of degree 9 fitted to (log(1 + f) - f) / f^2.
         lo, hi = mp.sqrt(0.5) - 1, mp.sqrt(2) - 1
         fit("log: q(f), log(1 + f) = f + f^2 q(f)", at0(lambda f: (mp.log1p(f) - f) / f**2, -mp.mpf(1) / 2), 9, lo, hi)
-    if "tanh" in which:
-        # tanh: tanh(x) = x + x z q(z) for |x| <= 0.625, z = x^2, q of degree
-        # 5 fitted to (tanh(x)/x - 1) / z.
-        g = at0(lambda z: (mp.tanh(mp.sqrt(z)) / mp.sqrt(z) - 1) / z, -mp.mpf(1) / 3)
-        fit("tanh: q(z), tanh(x) = x + x z q(z)", g, 5, mp.mpf(0), mp.mpf(0.625) ** 2)
     if "erf" in which:
         # erf for |x| <= 0.75: erf(x) = x + x q(z), z = x^2, q of degree 5
         # fitted to erf(x)/x - 1 (which crosses 0) with the error weighted
