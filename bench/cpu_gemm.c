@@ -8,8 +8,8 @@
  *   cc -O3 -fopenmp -DTGM_HAVE_CBLAS -I/usr/include/openblas bench/cpu_gemm.c -lopenblas -lm -o cpu_gemm_blas
  * (with the CBLAS, f32 GEMMs go through cblas_split as in an emitted project
  * built with OpenBLAS; those under GEMM_CBLAS_MIN multiply-adds stay built in).
- *   cpu_gemm [--iters N] [--list]
- * --list prints the shapes only (bench/cpu_gemm_torch.py reads them, so that
+ *   cpu_gemm [--iters N] [--work NAME] [--list]
+ * --work times only that workload's shapes; --list prints the shapes only (bench/cpu_gemm_torch.py reads them, so that
  * torch times the same products in the same run). Threads: OMP_NUM_THREADS.
  *
  * The shapes, f32, as tgen prints them for the workloads (bench/specs/
@@ -77,13 +77,16 @@ static float *fill(int64_t n, uint32_t seed) {
 
 int main(int argc, char **argv) {
   int iters = 50, list = 0;
+  const char *work = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--iters") && i + 1 < argc)
       iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--work") && i + 1 < argc)
+      work = argv[++i];
     else if (!strcmp(argv[i], "--list"))
       list = 1;
     else {
-      fprintf(stderr, "usage: cpu_gemm [--iters N] [--list]\n");
+      fprintf(stderr, "usage: cpu_gemm [--iters N] [--work NAME] [--list]\n");
       return 2;
     }
   }
@@ -91,6 +94,8 @@ int main(int argc, char **argv) {
     iters = 1;
   for (int s = 0; s < NSHAPES; s++) {
     const Shape *h = &shapes[s];
+    if (work && strcmp(work, h->work))
+      continue;
     if (list) {
       printf("%s %d %d %lld %lld %lld %d %d %d %d\n", h->work, h->ta, h->tb, (long long)h->M, (long long)h->N,
              (long long)h->K, h->bias, h->act, h->res, h->dact);

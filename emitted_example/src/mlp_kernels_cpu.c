@@ -300,9 +300,17 @@ static Ukernel pick_ukernel(void) {
 }
 
 /* Cache blocking: a kc x nc panel of B (L3), an mc x kc block of A (L2), a kc
- * x NR sliver of B (L1). */
+ * x NR sliver of B (L1 or L2: 64 KB at kc 512 and NR 32, streamed from L2
+ * at 128 bytes per 16 FMAs). kc 512 rather than 256: a K of 512 (an MLP's
+ * up projection, GPT-2's fc projection) is one slice, so B is packed once
+ * per column panel, not again for each row block, and the sums skip the
+ * slices' round trip: on a 2-core AMD EPYC (Zen 4, L1 32 KB) one thread
+ * 1024 x 2048 x 512 with gelu 80/86 -> 92/91 GFLOP/s, with gelu's backward
+ * 65/70 -> 79/77, mlp_blocks_cpu's step 148-160 -> 141-144 ms on 2
+ * threads; on the GPU machine's 16 Sapphire Rapids cores (L1 48 KB) no
+ * change beyond its noise (bench/results/h100_cpu16_session17_kc.txt). */
 #ifndef GEMM_KC
-#define GEMM_KC 256
+#define GEMM_KC 512
 #endif
 /* GEMMs of fewer multiply-adds than this run on one thread. */
 #define GEMM_PAR_MIN 65536.0

@@ -1775,9 +1775,9 @@ static void test_gemm(void) {
    * short), A transposed, bf16; K in two slices; accumulating, a residual */
   if (omp_get_max_threads() != 1) {
     static const GemmCase pcs[] = {
-        {TGM_F32, 0, 1, 203, 150, 300, 1, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0},
+        {TGM_F32, 0, 1, 203, 150, GEMM_KC + 44, 1, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0},
         {TGM_F32, 1, 0, 130, 333, 70, 1, 0, 0, 0, 0, TGM_ACT_NONE, 0, 0, 1, 0, 0, 0, 0},
-        {TGM_BF16, 0, 0, 96, 64, 290, 1, 2, 0, 0, 1, TGM_ACT_RELU, 0, 1, 0, 0, 0, 0, 0},
+        {TGM_BF16, 0, 0, 96, 64, GEMM_KC + 34, 1, 2, 0, 0, 1, TGM_ACT_RELU, 0, 1, 0, 0, 0, 0, 0},
     };
     int saved = omp_get_max_threads(), via = gemm_via_blas();
 #ifdef TGM_HAVE_CBLAS
