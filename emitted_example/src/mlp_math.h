@@ -172,7 +172,7 @@ MLP_FN float mlp_div(float a, float b) { return a / b; }
  * instructions where expf's accurate reduction is eight (Triton's exp, so
  * torch.compile's). Error at most 2 + 1.173 |x| ulp (CUDA's programming
  * guide): 2 ulp near 0, about 1e-6 relative at |x| = 10 and 6e-6 at 88;
- * results below 2^-126 flush to zero. The loss kernel over GPT-2's logits,
+ * results below 2^-126 may flush to zero. The loss kernel over GPT-2's logits,
  * an exp for each of 824 million elements twice a step, was
  * instruction-bound on expf. */
 MLP_FN float mlp_exp(float x) { return __expf(x); }
