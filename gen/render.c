@@ -985,21 +985,46 @@ static void cuda_o_loop(R *r) {
   } else
     head(r, "for (%s o = blockIdx.x * (%s)blockDim.x + threadIdx.x; o < n_o; o += (%s)gridDim.x * blockDim.x) {", t, t, t);
 }
+/* A thread's strided loop `for (v = start; v < end; v += step)` (`live`: a
+ * condition for any iteration, or NULL), unrolled by `unroll`. A step known
+ * only at run time (blockDim, gridDim) is printed as a counted loop
+ * (NAME_steps, tgm_math.h says why). Closed by the caller's close_level. */
+static void strided_loop(R *r, const char *v, const char *start, const char *end, const char *step, const char *live,
+                         int unroll) {
+  const char *t = r->it;
+  if (unroll)
+    head(r, "#pragma unroll %d", unroll);
+  int lit = 1;
+  for (const char *c = step; *c; c++)
+    lit &= *c >= '0' && *c <= '9';
+  if (lit && !live) {
+    head(r, "for (%s %s = %s; %s < %s; %s += %s) {", t, v, start, v, end, v, step);
+    return;
+  }
+  const char *from = live ? arena_printf(r->a, "%s ? %s : %s", live, start, end) : start;
+  head(r, "for (%s %s_i = 0, %s_n = %s_steps<%s>(%s, %s, %s); %s_i < %s_n; %s_i++) {  /* counted: %s_steps */", t, v, v,
+       r->name, t, from, end, step, v, v, v, r->name);
+  emit(r, r->level, "const %s %s = %s + %s_i * %s;", t, v, start, v,
+       strchr(step, ' ') ? arena_printf(r->a, "(%s)", step) : step);
+}
+
 static void cuda_r_loop(R *r) {
   const char *t = r->it;
-  if (r->mode != M_SERIAL) /* several loads in flight per thread, not one load's latency per element */
-    head(r, "#pragma unroll 4");
+  const int u = r->mode != M_SERIAL ? 4 : 0; /* several loads in flight per thread, not one load's latency per element */
   const char *past = r->rvec ? arena_printf(r->a, "nrv * %d + ", r->rvec) : ""; /* after the row's vectors */
   if (r->mode == M_WARP)
-    head(r, "for (%s r = %sthreadIdx.x %% %d; r < n_r; r += %d) {", t, past, r->grp, r->grp);
+    strided_loop(r, "r", arena_printf(r->a, "%sthreadIdx.x %% %d", past, r->grp), "n_r",
+                 arena_printf(r->a, "%d", r->grp), NULL, u);
   else if (r->mode == M_BLOCK && r->split)
-    head(r, "for (%s r = %sblockIdx.y * blockDim.x + threadIdx.x; r < n_r; r += gridDim.y * blockDim.x) {", t, past);
+    strided_loop(r, "r", arena_printf(r->a, "%sblockIdx.y * blockDim.x + threadIdx.x", past), "n_r",
+                 "gridDim.y * blockDim.x", NULL, u);
   else if (r->mode == M_BLOCK)
-    head(r, "for (%s r = %sthreadIdx.x; r < n_r; r += blockDim.x) {", t, past);
+    strided_loop(r, "r", arena_printf(r->a, "%sthreadIdx.x", past), "n_r", "blockDim.x", NULL, u);
   else if (r->mode == M_COLUMN && r->split)
-    head(r, "for (%s r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32; live && r < n_r; r += gridDim.y * (blockDim.x / 32)) {", t);
+    strided_loop(r, "r", "blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32", "n_r", "gridDim.y * (blockDim.x / 32)",
+                 "live", u);
   else if (r->mode == M_COLUMN)
-    head(r, "for (%s r = threadIdx.x / 32; live && r < n_r; r += blockDim.x / 32) {", t);
+    strided_loop(r, "r", "threadIdx.x / 32", "n_r", "blockDim.x / 32", "live", u);
   else
     head(r, "for (%s r = 0; r < n_r; r++) {", t);
 }
@@ -1549,14 +1574,17 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
     const char *v = val(r, red->in[0], &xi);
     if (red == r->on_max) { /* and the sum of exp(u - max) so far, rescaled when the max grows */
       const char *mx = accs[na], *sm = accs[na + 1];
-      emit(r, lv, "if (%s > %s) {", v, mx);
-      emit(r, lv, "  %s = (%s == -INFINITY ? 0.0f : %s * %s_exp(%s - %s)) + %s_exp(%s - %s);", sm, mx, sm, r->name, mx, v,
-           r->name, v, v);
-      emit(r, lv, "  %s = %s;", mx, v);
-      emit(r, lv, "} else if (%s == %s) {", v, v);
-      emit(r, lv, "  %s += %s_exp(%s - %s);", sm, r->name, v, mx);
-      emit(r, lv, "} else {  /* NaN */");
-      emit(r, lv, "  %s = %s = %s;", mx, sm, v);
+      /* without branches (selects), so that an unrolled loop's next loads are not behind them; one exp:
+       * exp(max - v) rescales the sum when v is larger (then exp(v - v), 1 or NaN, is v - v + 1), else
+       * exp(v - max) adds to it; a NaN element, or max, stays */
+      emit(r, lv, "{  /* %s, %s: the online max and sum of exp(x - max) */", mx, sm);
+      emit(r, lv, "  const int up = %s > %s;", v, mx);
+      emit(r, lv, "  const float ex = %s_exp(up ? %s - %s : %s - %s);", r->name, mx, v, v, mx);
+      emit(r, lv, "  const float grown = (%s == -INFINITY ? 0.0f : %s * ex) + (%s - %s + 1.0f), added = %s + ex;", mx,
+           sm, v, v, sm);
+      emit(r, lv, "  const int nan = %s != %s;", v, v);
+      emit(r, lv, "  %s = nan ? %s : up ? grown : added;", sm, v);
+      emit(r, lv, "  %s = nan || up ? %s : %s;", mx, v, mx);
       emit(r, lv, "}");
       na += 2;
       continue;
@@ -1749,8 +1777,7 @@ static void loop_body(R *r) {
         emit(r, 2, "const %s rv = %s + rj * %s;", r->it, start, step);
         emit(r, 2, "if (rv >= nrv) break;");
       } else {
-        head(r, "#pragma unroll 2");
-        head(r, "for (%s rv = %s; rv < nrv; rv += %s) {", r->it, start, step);
+        strided_loop(r, "rv", start, "nrv", step, NULL, 2);
       }
       set_var_level(r, "rv", 2);
       open_level(r);

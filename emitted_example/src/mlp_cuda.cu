@@ -30,13 +30,13 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const float v4 = v3.v[lane];
-        if (v4 > acc0) {
-          acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v4)) + mlp_exp(v4 - v4);
-          acc0 = v4;
-        } else if (v4 == v4) {
-          acc1 += mlp_exp(v4 - acc0);
-        } else {  /* NaN */
-          acc0 = acc1 = v4;
+        {  /* acc0, acc1: the online max and sum of exp(x - max) */
+          const int up = v4 > acc0;
+          const float ex = mlp_exp(up ? acc0 - v4 : v4 - acc0);
+          const float grown = (acc0 == -INFINITY ? 0.0f : acc1 * ex) + (v4 - v4 + 1.0f), added = acc1 + ex;
+          const int nan = v4 != v4;
+          acc1 = nan ? v4 : up ? grown : added;
+          acc0 = nan || up ? v4 : acc0;
         }
       }
     }
@@ -44,13 +44,13 @@ static __global__ void k1_cross_entropy(int dim_B, const float *__restrict__ log
     for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
-      if (v6 > acc0) {
-        acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v6)) + mlp_exp(v6 - v6);
-        acc0 = v6;
-      } else if (v6 == v6) {
-        acc1 += mlp_exp(v6 - acc0);
-      } else {  /* NaN */
-        acc0 = acc1 = v6;
+      {  /* acc0, acc1: the online max and sum of exp(x - max) */
+        const int up = v6 > acc0;
+        const float ex = mlp_exp(up ? acc0 - v6 : v6 - acc0);
+        const float grown = (acc0 == -INFINITY ? 0.0f : acc1 * ex) + (v6 - v6 + 1.0f), added = acc1 + ex;
+        const int nan = v6 != v6;
+        acc1 = nan ? v6 : up ? grown : added;
+        acc0 = nan || up ? v6 : acc0;
       }
     }
     mlp_group_online(&acc0, &acc1, 4);
@@ -80,7 +80,8 @@ static __global__ void k2_cross_entropy(int dim_B, const float *__restrict__ los
     float acc0 = 0;
     float acc1 = 0;
     #pragma unroll 2
-    for (int rv = threadIdx.x; rv < nrv; rv += blockDim.x) {
+    for (int rv_i = 0, rv_n = mlp_steps<int>(threadIdx.x, nrv, blockDim.x); rv_i < rv_n; rv_i++) {  /* counted: mlp_steps */
+      const int rv = threadIdx.x + rv_i * blockDim.x;
       const mlp_vec<float, 4> v3 = ((const mlp_vec<float, 4> *)(loss_where + o * n_r))[rv];
       const mlp_vec<int32_t, 4> v5 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
       #pragma unroll
@@ -94,7 +95,8 @@ static __global__ void k2_cross_entropy(int dim_B, const float *__restrict__ los
       }
     }
     #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x; r < n_r; r += blockDim.x) {
+    for (int r_i = 0, r_n = mlp_steps<int>(nrv * 4 + threadIdx.x, n_r, blockDim.x); r_i < r_n; r_i++) {  /* counted: mlp_steps */
+      const int r = nrv * 4 + threadIdx.x + r_i * blockDim.x;
       const int ix9 = o * n_r + r;
       const float v10 = loss_where[ix9];
       acc0 += v10;
@@ -119,7 +121,8 @@ static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *_
   for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
     float acc0 = 0;
     #pragma unroll 2
-    for (int rv = threadIdx.x; rv < nrv; rv += blockDim.x) {
+    for (int rv_i = 0, rv_n = mlp_steps<int>(threadIdx.x, nrv, blockDim.x); rv_i < rv_n; rv_i++) {  /* counted: mlp_steps */
+      const int rv = threadIdx.x + rv_i * blockDim.x;
       const mlp_vec<int32_t, 4> v2 = ((const mlp_vec<int32_t, 4> *)(y + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
@@ -130,7 +133,8 @@ static __global__ void k3_sum(int dim_B, const int32_t *__restrict__ y, float *_
       }
     }
     #pragma unroll 4
-    for (int r = nrv * 4 + threadIdx.x; r < n_r; r += blockDim.x) {
+    for (int r_i = 0, r_n = mlp_steps<int>(nrv * 4 + threadIdx.x, n_r, blockDim.x); r_i < r_n; r_i++) {  /* counted: mlp_steps */
+      const int r = nrv * 4 + threadIdx.x + r_i * blockDim.x;
       const int ix6 = o * n_r + r;
       const int64_t ix7 = y[ix6];
       const int v8 = ix7 != -100;
@@ -159,13 +163,13 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const float v4 = v3[rj].v[lane];
-        if (v4 > acc0) {
-          acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v4)) + mlp_exp(v4 - v4);
-          acc0 = v4;
-        } else if (v4 == v4) {
-          acc1 += mlp_exp(v4 - acc0);
-        } else {  /* NaN */
-          acc0 = acc1 = v4;
+        {  /* acc0, acc1: the online max and sum of exp(x - max) */
+          const int up = v4 > acc0;
+          const float ex = mlp_exp(up ? acc0 - v4 : v4 - acc0);
+          const float grown = (acc0 == -INFINITY ? 0.0f : acc1 * ex) + (v4 - v4 + 1.0f), added = acc1 + ex;
+          const int nan = v4 != v4;
+          acc1 = nan ? v4 : up ? grown : added;
+          acc0 = nan || up ? v4 : acc0;
         }
       }
     }
@@ -173,13 +177,13 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
     for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix5 = o * n_r + r;
       const float v6 = logits[ix5];
-      if (v6 > acc0) {
-        acc1 = (acc0 == -INFINITY ? 0.0f : acc1 * mlp_exp(acc0 - v6)) + mlp_exp(v6 - v6);
-        acc0 = v6;
-      } else if (v6 == v6) {
-        acc1 += mlp_exp(v6 - acc0);
-      } else {  /* NaN */
-        acc0 = acc1 = v6;
+      {  /* acc0, acc1: the online max and sum of exp(x - max) */
+        const int up = v6 > acc0;
+        const float ex = mlp_exp(up ? acc0 - v6 : v6 - acc0);
+        const float grown = (acc0 == -INFINITY ? 0.0f : acc1 * ex) + (v6 - v6 + 1.0f), added = acc1 + ex;
+        const int nan = v6 != v6;
+        acc1 = nan ? v6 : up ? grown : added;
+        acc0 = nan || up ? v6 : acc0;
       }
     }
     mlp_group_online(&acc0, &acc1, 4);

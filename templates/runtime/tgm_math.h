@@ -404,6 +404,16 @@ TGM_FN float tgm_gelu_grad(float x, int tanh_form) {
 template <typename T, int N> struct alignas(sizeof(T) * N) tgm_vec {
   T v[N];
 };
+/* The iterations of a thread's loop from a up to b (exclusive) in steps of
+ * s > 0. The kernels' unrolled loops whose step is known only at run time
+ * are counted with it: unrolled, a strided loop tests for its exit between
+ * copies, so each copy's loads wait behind a branch, one latency at a time
+ * (GPT-2's layer-norm weight gradients, column sums split over blocks, ran
+ * at half the memory bandwidth so); counted, the copies' loads go out
+ * together. */
+template <typename I> TGM_FN I tgm_steps(I a, I b, I s) {
+  return a < b ? (b - a + s - 1) / s : 0;
+}
 /* Every lane gets the sum (max) of the warp's values, combined in a fixed
  * butterfly order, so the result does not depend on timing. */
 TGM_FN float tgm_warp_sum(float v) {
@@ -550,23 +560,39 @@ TGM_FN float tgm_split_block_reduce(const float *part, int is_max) {
 }
 TGM_FN float tgm_split_column_reduce(const float *part, int live, int is_max) {
   float v = is_max ? -INFINITY : 0.0f;
-  for (unsigned p = threadIdx.x / 32; live && p < gridDim.y; p += blockDim.x / 32)
-    v = is_max ? tgm_max(v, __ldcg(part + p)) : v + __ldcg(part + p);
+  const int k = blockDim.x / 32, np = live ? tgm_steps<int>(threadIdx.x / 32, gridDim.y, k) : 0;
+#pragma unroll 4
+  for (int i = 0; i < np; i++) {
+    const float t = __ldcg(part + threadIdx.x / 32 + i * k);
+    v = is_max ? tgm_max(v, t) : v + t;
+  }
   return tgm_column_reduce(v, is_max);
 }
 /* The last block's totals of a vector column kernel's split (its n <= 8
  * columns from oc * n; each block's partials a row of n_o floats at part +
- * blockIdx.y * n_o): thread (x, y) adds rows y, y + k, ... (n loads in
- * flight, neighbouring floats), then warp 0 combines the k partials as
- * tgm_column_reduce_v does. The totals are warp 0's v. */
+ * blockIdx.y * n_o): thread (x, y) adds rows y, y + k, ... in that order
+ * (a counted loop, four rows' loads in flight; 16-byte loads where n is a
+ * multiple of 4, as the kernel's n_o then is), then warp 0 combines the k
+ * partials as tgm_column_reduce_v does. The totals are warp 0's v. */
 TGM_FN void tgm_split_column_reduce_v(const float *part, int n_o, int oc, int live, float *v, int n, int is_max) {
   for (int l = 0; l < n; l++)
     v[l] = is_max ? -INFINITY : 0.0f;
-  for (unsigned p = threadIdx.x / 32; live && p < gridDim.y; p += blockDim.x / 32)
-    for (int l = 0; l < n; l++) {
-      float t = __ldcg(part + (size_t)p * n_o + oc * n + l);
-      v[l] = is_max ? tgm_max(v[l], t) : v[l] + t;
-    }
+  const int k = blockDim.x / 32, y = threadIdx.x / 32, np = live ? tgm_steps<int>(y, gridDim.y, k) : 0;
+#pragma unroll 4
+  for (int i = 0; i < np; i++) {
+    const float *q = part + (size_t)(y + i * k) * n_o + oc * n;
+    float t[8];
+    for (int l = 0; l < n; l += 4)
+      if (n % 4 == 0) {
+        const float4 f = __ldcg(reinterpret_cast<const float4 *>(q + l));
+        t[l] = f.x, t[l + 1] = f.y, t[l + 2] = f.z, t[l + 3] = f.w;
+      } else {
+        for (int j = l; j < l + 4 && j < n; j++)
+          t[j] = __ldcg(q + j);
+      }
+    for (int l = 0; l < n; l++)
+      v[l] = is_max ? tgm_max(v[l], t[l]) : v[l] + t[l];
+  }
   tgm_column_reduce_v(v, n, is_max);
 }
 TGM_FN void tgm_split_column_sum_v(const float *part, int n_o, int oc, int live, float *v, int n) {

@@ -36,6 +36,10 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
   return r;
 }
 static float __ldcg(const float *p) { return *p; }
+struct alignas(16) float4 { float x, y, z, w; };
+static float4 __ldcg(const float4 *p) { return *p; }
+/* CUDA's fast exp (glibc declares the name and exports none) */
+extern "C" float __expf(float x) noexcept { return expf(x); }
 /* cuda_fp16.h and cuda_bf16.h: the conversions tgm_math.h uses, in software */
 #define __CUDA_FP16_H__
 #define __CUDA_BF16_H__

@@ -909,6 +909,14 @@ static void cuda_mapping(void) {
   expect_text(cu, "column vectors: blocks of 512, 128 rows or more each, about 256 in all",
               "t_split(dim_B, 128, ((768) + 255) / 256, 256)), 512, 0, st>>>", 1);
   expect_text(cu, "column vectors: no per-column combine", "t_column_sum(", 0);
+  /* its row loop (step gridDim.y x the block's warps) is counted, so that the unrolled copies' loads go out
+   * together: a strided loop's copies each wait behind an exit test */
+  expect_text(cu, "column vectors: a counted row loop",
+              "for (int r_i = 0, r_n = t_steps<int>(live ? blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32 : n_r, n_r, "
+              "gridDim.y * (blockDim.x / 32)); r_i < r_n; r_i++) {", 1);
+  expect_text(cu, "column vectors: row r of the count",
+              "const int r = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32 + r_i * (gridDim.y * (blockDim.x / 32));", 1);
+  expect_text(cu, "column vectors: no strided row loop", "; live && r < n_r;", 0);
   cu = forward_text(&a, "small sum", spec(&a, dims, "  x: [B, D]", NULL, "  - s: sum(x)"), 1, NULL);
   expect_text(cu, "sum of 64 x 48: one block", "split", 0);
   cu = forward_text(&a, "long softmax", spec(&a, "  B: 4\n  D: 65536", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
@@ -923,6 +931,8 @@ static void cuda_mapping(void) {
                     1, &p);
   const char *x = buf_of(p, "x");
   expect_text(cu, "layer_norm: x's row in registers", arena_printf(&a, "[2];  /* this thread's vectors of %s's row o */", x), 1);
+  expect_text(cu, "layer_norm: a warp's loop past the vectors (a constant step) stays strided",
+              "for (int r = nrv * 8 + threadIdx.x % 32; r < n_r; r += 32) {", 3);
   const char *load = arena_printf(&a, "[rj] = ((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv];", x);
   check(count_text(cu, load) == 1, "layer_norm: x's vectors loaded once, into the registers", "");
   check(count_text(cu, "[rj].v[lane])") == 3, "layer_norm: the three phases read the registers", "");
