@@ -600,6 +600,13 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0
     DT_CASES(g->dt, M_)
 #undef M_
   }
+  const int rnd = g->dt != MLP_F32 && !g->dact && g->act != MLP_ACT_NONE; /* bf16/f16 with an activation */
+  if (rnd) { /* the activation's input in C's dtype (as mlp_rt.h says) */
+    if (g->dt == MLP_BF16)
+      ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] = mlp_round_bf16(t[i * ts + j]);
+    else
+      ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] = mlp_round_f16(t[i * ts + j]);
+  }
   if (g->dact) { /* an activation's backward: T times act'(aux), aux read; the form a constant in each loop (a
                    * run-time one left the loop scalar: control flow) */
 #define M_(LD, ST)                                                                                                     \
@@ -629,6 +636,14 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0
       SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_gelu(t[i * ts + j], 1);
     break;
   default: break;
+  }
+  if (rnd && (res || g->accumulate)) { /* the activation's result in C's dtype before the add */
+    for (int64_t i = 0; i < ra; i++) {
+      if (g->dt == MLP_BF16)
+        SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_bf16(t[i * ts + j]);
+      else
+        SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_f16(t[i * ts + j]);
+    }
   }
   if (res) {
 #define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] += LD(res, (m0 + i) * ldc + j0 + j);

@@ -376,7 +376,8 @@ __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)
  * M x N outputs, V per thread-step (V divides N; the host picks V > 1 only
  * when every access is 16-byte aligned):
  *   T = G (the product; 0 when G is NULL) + bias; aux = T; T = act(T) (dact: T *= act'(aux));
- *   T += residual; C = (accumulate ? C : 0) + T, rounded once.
+ *   T += residual; C = (accumulate ? C : 0) + T, rounded at the store (and, bf16/f16 with an activation,
+ *   T before it and act(T) before a residual or accumulation: mlp_rt.h).
  * G has its own row and batch strides: f32 scratch, or C itself when the
  * product was written there (f32; or, for bf16/f16 outputs, the product and
  * bias rounded to C's dtype as PyTorch's linear does; read and written by
@@ -392,6 +393,10 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
     for (int k = 0; k < V; k++)
       x[k] += to_f(bv.v[k]);
   }
+  if (sizeof(T) == 2 && act != MLP_ACT_NONE && !dact) /* bf16/f16: the activation's input in C's dtype (mlp_rt.h) */
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      x[k] = to_f(from_f<T>(x[k]));
   if (dact) { /* an activation's backward: times act'(aux), aux read */
     Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
 #pragma unroll
@@ -408,6 +413,11 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
 #pragma unroll
     for (int k = 0; k < V; k++) /* relu: NaN stays NaN */
       x[k] = act == MLP_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : mlp_gelu(x[k], act == MLP_ACT_GELU_TANH);
+    if (sizeof(T) == 2 && (res || acc)) /* in C's dtype before the add, as the graph's own op rounds it: the
+                                           same bits as a kernel that recomputes it (a mask x == amax(x)) */
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[k] = to_f(from_f<T>(x[k]));
   }
   if (res) {
     Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);

@@ -252,9 +252,14 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
  *   T += residual_b[m, n]       residual (NULL: none), C's layout; may be C itself
  *   C_b[m, n] = accumulate ? C_b[m, n] + T : T      (ldc >= N; C_b = C + b*sc)
  * Batch strides of A and B may be 0 (broadcast); sc may be 0 only when batch <= 1. All floating operands
- * have dtype dt (TGM_F32, TGM_BF16, TGM_F16); products are summed in f32 and each output rounded once, at
- * the store. K = 0 makes T = 0 (the epilogue still runs). C and aux must not overlap A, B, bias or each
- * other (aux may be read by a dact GEMM: then it must not overlap C). One struct rather than 20 arguments: callers set the fields they use, e.g.
+ * have dtype dt (TGM_F32, TGM_BF16, TGM_F16); products are summed in f32 and each output rounded at the
+ * store; with bf16/f16 and an activation (not dact) T is also rounded to dt before the activation and, when
+ * a residual or accumulation follows, after it: where the model's own ops round, so that a fused GEMM gives
+ * the bits of the ops one by one (a kernel that recomputes the activation's result compares equal to it, as
+ * a mask x == amax(x) needs). Except on CUDA where cuBLASLt's own epilogue does the whole request (an
+ * activation with no residual or accumulation: it applies the activation to the unrounded sum). K = 0 makes
+ * T = 0 (the epilogue still runs). C and aux must not overlap A, B, bias or each other (aux may be read by a
+ * dact GEMM: then it must not overlap C). One struct rather than 20 arguments: callers set the fields they use, e.g.
  *   tgm_gemm g = {.dt = TGM_BF16, .tb = 1, .M = rows, .N = out, .K = in, .batch = 1, .A = x, .lda = in,
  *                 .B = w, .ldb = in, .C = y, .ldc = out, .bias = b};                  (y = x w^T + b) */
 typedef struct tgm_gemm {

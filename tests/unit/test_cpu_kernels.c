@@ -1834,7 +1834,46 @@ static void run_all(void) {
   test_dropout();
 }
 
+/* bf16/f16 GEMMs with an activation and a residual (or accumulation) give
+ * the bits of the ops one by one, each rounded to the dtype as the model's
+ * ops are: y = x w^T + b (a GEMM that stores), then act(y), then + r (tgm_rt.h),
+ * so that a kernel that recomputes act(y) from the stored y compares equal
+ * to the fused result's parts (a mask x == amax(x) needs the same bits). */
+static void test_gemm_rounding(void) {
+  const int dts[2] = {TGM_BF16, TGM_F16};
+  const int acts[3] = {TGM_ACT_RELU, TGM_ACT_GELU, TGM_ACT_GELU_TANH};
+  for (int d = 0; d < 2; d++)
+    for (int ai = 0; ai < 3; ai++)
+      for (int acc = 0; acc < 2; acc++) {
+        const int dt = dts[d], act = acts[ai];
+        const int64_t M = 37, N = 40, K = 300; /* large enough to pack and tile */
+        T a = gemm_buf(dt, 1, M, K, K, 0, 0), w = gemm_buf(dt, 1, N, K, K, 0, 0), b = gemm_buf(dt, 1, 1, N, N, 0, 0);
+        T r = gemm_buf(dt, 1, M, N, N, 0, 0), y = gemm_buf(dt, 1, M, N, N, 0, 0), f = gemm_buf(dt, 1, M, N, N, 0, 0);
+        if (acc)
+          memcpy(f.p, r.p, (size_t)(M * N) * 2);
+        tgm_gemm g = {.dt = dt, .tb = 1, .M = M, .N = N, .K = K, .batch = 1, .A = a.p, .lda = K, .B = w.p, .ldb = K,
+                      .C = y.p, .ldc = N, .bias = b.p};
+        int rc = tgm_cpu_gemm(&g); /* y = x w^T + b, stored */
+        g.C = f.p, g.act = act, g.residual = acc ? NULL : r.p, g.accumulate = acc;
+        rc |= tgm_cpu_gemm(&g); /* f = act(x w^T + b) + r, fused */
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M * N; i++) {
+          float yv = dt == TGM_BF16 ? tgm_bf16_to_f32(((uint16_t *)y.p)[i]) : tgm_f16_to_f32(((uint16_t *)y.p)[i]);
+          float av = act == TGM_ACT_RELU ? (yv < 0 ? 0.0f : yv) : tgm_gelu(yv, act == TGM_ACT_GELU_TANH);
+          float rv = dt == TGM_BF16 ? tgm_bf16_to_f32(((uint16_t *)r.p)[i]) : tgm_f16_to_f32(((uint16_t *)r.p)[i]);
+          uint16_t want =
+              dt == TGM_BF16 ? tgm_store_bf16(tgm_round_bf16(av) + rv) : tgm_store_f16(tgm_round_f16(av) + rv);
+          bad += ((uint16_t *)f.p)[i] != want;
+        }
+        check(!rc && bad == 0, fmt("gemm %s act %d %s: the bits of the ops one by one (%lld of %lld differ)",
+                                   dt == TGM_BF16 ? "bf16" : "f16", act, acc ? "accumulating" : "+ residual",
+                                   (long long)bad, (long long)(M * N)));
+        tfree(&a), tfree(&w), tfree(&b), tfree(&r), tfree(&y), tfree(&f);
+      }
+}
+
 static void run_gemm(void) {
+  test_gemm_rounding();
   test_gemm_direct();
   test_gemm_grid();
   test_matmul();
