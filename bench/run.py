@@ -34,8 +34,9 @@ row of the table, never the end of the run):
               (median ms; on the GPU CUDA events around each call, then
               again with --graphs 1: CUDA graphs, and with --graphs 1
               --autotune 1: max-autotune, both reported in the notes);
-  3. check:   NAME_run --seed 0 --save-params on fixed inputs (--grad for train
-              workloads: the loss and every gradient), against torch_oracle.py's
+  3. check:   NAME_run --seed S --save-params on inputs from seed S
+              (--check-seed, default 0; --grad for train workloads: the
+              loss and every gradient), against torch_oracle.py's
               evaluation of tgen's graph in float64 on the same params and
               inputs (and torch in the model dtype against the same reference,
               "torch err", for scale). Error = max|a-b| / max|ref| (a gradient's
@@ -429,14 +430,14 @@ class Worker:
         torch, T = self.torch, self.T
         dims = parse_dims(self.w["check"])
         train = self.w["kind"] in ("train", "fwdbwd")  # fwdbwd: the loss and grad.<input> (train.wrt)
-        inputs = self.inputs(dims, seed=0)
+        inputs = self.inputs(dims, seed=self.a.check_seed)
         ip, pp, op = (os.path.join(self.work, f) for f in ("inputs.safetensors", "params.safetensors",
                                                            "out.safetensors"))
         for p in (pp, op):
             if os.path.exists(p):
                 os.remove(p)
         T.st_save(ip, inputs)
-        cmd = [os.path.join(self.exe, f"{self.model}_run"), "--device", self.dev, "--seed", "0",
+        cmd = [os.path.join(self.exe, f"{self.model}_run"), "--device", self.dev, "--seed", str(self.a.check_seed),
                "--save-params", pp, "--inputs", ip, "--out", op]
         if self.w["check"]:
             cmd += ["--dims", self.w["check"]]
@@ -885,6 +886,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=16, help="CPU threads (tgen OMP_NUM_THREADS, torch)")
     ap.add_argument("--budget", type=float, default=540.0)
     ap.add_argument("--limit", type=float, default=0, help="seconds per workload (default: its own, 120-330)")
+    ap.add_argument("--check-seed", type=int, default=0,
+                    help="the correctness check's params (NAME_run --seed) and inputs seed (default 0)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
     ap.add_argument("--arch", default="90")
     ap.add_argument("--cpu-only-build", action="store_true", help="CPU mode: build without the CUDA path")
