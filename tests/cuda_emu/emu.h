@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 #include <algorithm>
+#include <map>
+#include <mutex>
 struct dim3 {
   unsigned x, y, z;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
@@ -27,12 +29,27 @@ static float xch[32][32];
 #define __shared__ static
 static void __syncthreads() { blk_bar->arrive_and_wait(); }
 static void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static float __shfl_xor_sync(unsigned, float v, int m) {
+/* the lanes named in mask meet: the whole warp, or a group of lanes that
+ * reduces on its own (short rows, several a warp), which may leave the loop
+ * over rows before the warp's other groups do */
+static std::mutex grp_mu;
+static std::map<std::pair<unsigned, unsigned>, std::unique_ptr<std::barrier<>>> grp_bar;
+static std::barrier<> &lanes_bar(unsigned w, unsigned mask) {
+  if (mask == 0xffffffffu)
+    return *warp_bar[w];
+  std::lock_guard<std::mutex> g(grp_mu);
+  auto &b = grp_bar[{w, mask}];
+  if (!b)
+    b.reset(new std::barrier<>(__builtin_popcount(mask)));
+  return *b;
+}
+static float __shfl_xor_sync(unsigned mask, float v, int m) {
   unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+  std::barrier<> &bar = lanes_bar(w, mask);
   xch[w][l] = v;
-  warp_bar[w]->arrive_and_wait();
+  bar.arrive_and_wait();
   float r = xch[w][l ^ m];
-  warp_bar[w]->arrive_and_wait();
+  bar.arrive_and_wait();
   return r;
 }
 static float __ldcg(const float *p) { return *p; }
@@ -73,6 +90,7 @@ template <typename K, typename... A> static void launch(dim3 g, dim3 b, K k, A..
       std::barrier<> bar(b.x);
       blk_bar = &bar;
       warp_bar.clear();
+      grp_bar.clear();
       for (unsigned w = 0; w < (b.x + 31) / 32; w++)
         warp_bar.emplace_back(new std::barrier<>(32));
       std::vector<std::thread> ts;
