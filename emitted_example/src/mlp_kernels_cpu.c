@@ -583,10 +583,21 @@ typedef struct GemmOne {
   const void *res;
 } GemmOne;
 
+/* ra rows (stride ts) of na sums rounded to bf16 or f16, dt's, and back:
+ * where a bf16/f16 model's own op would round them (gemm_epilogue). */
+MLP_FN void tile_round(int dt, float *restrict t, int64_t ts, int64_t ra, int64_t na) {
+  for (int64_t i = 0; i < ra; i++) {
+    if (dt == MLP_BF16)
+      SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_bf16(t[i * ts + j]);
+    else
+      SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_f16(t[i * ts + j]);
+  }
+}
+
 /* Finishes mv x nv sums of one GEMM, rows m0.., columns j0.. (t, row
  * stride ts): the bias, the aux store, the activation, the residual, the
- * old C when accumulating, and the one rounding store into C (mlp_gemm's
- * order). Clobbers t. Called per micro-tile, so the loops are short: each
+ * old C when accumulating, and the store into C, rounding where mlp_rt.h
+ * says (mlp_gemm's order). Clobbers t. Called per micro-tile, so the loops are short: each
  * step is one vector loop a row (the activation one over the whole tile
  * where its rows are contiguous). */
 CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0, int64_t j0, int64_t mv, int64_t nv,
@@ -600,13 +611,10 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0
     DT_CASES(g->dt, M_)
 #undef M_
   }
+  const int64_t ra = nv == ts ? 1 : mv, na = nv == ts ? mv * nv : nv; /* the tile as rows of contiguous values */
   const int rnd = g->dt != MLP_F32 && !g->dact && g->act != MLP_ACT_NONE; /* bf16/f16 with an activation */
-  if (rnd) { /* the activation's input in C's dtype (as mlp_rt.h says) */
-    if (g->dt == MLP_BF16)
-      ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] = mlp_round_bf16(t[i * ts + j]);
-    else
-      ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] = mlp_round_f16(t[i * ts + j]);
-  }
+  if (rnd) /* the activation's input in C's dtype (as mlp_rt.h says) */
+    tile_round(g->dt, t, ts, ra, na);
   if (g->dact) { /* an activation's backward: T times act'(aux), aux read; the form a constant in each loop (a
                    * run-time one left the loop scalar: control flow) */
 #define M_(LD, ST)                                                                                                     \
@@ -621,7 +629,6 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0
     DT_CASES(g->dt, M_)
 #undef M_
   }
-  const int64_t ra = nv == ts ? 1 : mv, na = nv == ts ? mv * nv : nv; /* the activation's rows and their length */
   switch (g->dact ? MLP_ACT_NONE : g->act) {
   case MLP_ACT_RELU:
     for (int64_t i = 0; i < ra; i++)
@@ -637,14 +644,8 @@ CLONES static void gemm_epilogue(const mlp_gemm *g, const GemmOne *o, int64_t m0
     break;
   default: break;
   }
-  if (rnd && (res || g->accumulate)) { /* the activation's result in C's dtype before the add */
-    for (int64_t i = 0; i < ra; i++) {
-      if (g->dt == MLP_BF16)
-        SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_bf16(t[i * ts + j]);
-      else
-        SIMD for (int64_t j = 0; j < na; j++) t[i * ts + j] = mlp_round_f16(t[i * ts + j]);
-    }
-  }
+  if (rnd && (res || g->accumulate)) /* the activation's result in C's dtype before the add */
+    tile_round(g->dt, t, ts, ra, na);
   if (res) {
 #define M_(LD, ST) ROWS SIMD for (int64_t j = 0; j < nv; j++) t[i * ts + j] += LD(res, (m0 + i) * ldc + j0 + j);
     DT_CASES(g->dt, M_)

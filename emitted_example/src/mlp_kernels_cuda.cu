@@ -382,6 +382,12 @@ __global__ void k_set_bad(unsigned long long *bad) { *bad = (unsigned long long)
  * product was written there (f32; or, for bf16/f16 outputs, the product and
  * bias rounded to C's dtype as PyTorch's linear does; read and written by
  * the same thread). */
+/* x rounded to T and back, as if stored and read. */
+template <class T, int V> __device__ inline void round_to(float (&x)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; k++)
+    x[k] = to_f(from_f<T>(x[k]));
+}
 /* The epilogue on V outputs of one row (x: the product, or zeros), o the
  * offset of the first in C's layout, j its column. */
 template <class T, int V, class I>
@@ -394,9 +400,7 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
       x[k] += to_f(bv.v[k]);
   }
   if (sizeof(T) == 2 && act != MLP_ACT_NONE && !dact) /* bf16/f16: the activation's input in C's dtype (mlp_rt.h) */
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      x[k] = to_f(from_f<T>(x[k]));
+    round_to<T>(x);
   if (dact) { /* an activation's backward: times act'(aux), aux read */
     Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
 #pragma unroll
@@ -415,9 +419,7 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
       x[k] = act == MLP_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : mlp_gelu(x[k], act == MLP_ACT_GELU_TANH);
     if (sizeof(T) == 2 && (res || acc)) /* in C's dtype before the add, as the graph's own op rounds it: the
                                            same bits as a kernel that recomputes it (a mask x == amax(x)) */
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] = to_f(from_f<T>(x[k]));
+      round_to<T>(x);
   }
   if (res) {
     Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);

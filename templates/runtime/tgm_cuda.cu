@@ -739,6 +739,12 @@ __global__ void k_dropout(const T *x, T *y, int64_t n, uint32_t t, float s, uint
  * product was written there (f32; or, for bf16/f16 outputs, the product and
  * bias rounded to C's dtype as PyTorch's linear does; read and written by
  * the same thread). */
+/* x rounded to T and back, as if stored and read. */
+template <class T, int V> __device__ inline void round_to(float (&x)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; k++)
+    x[k] = to_f(from_f<T>(x[k]));
+}
 /* The epilogue on V outputs of one row (x: the product, or zeros), o the
  * offset of the first in C's layout, j its column. */
 template <class T, int V, class I>
@@ -751,9 +757,7 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
       x[k] += to_f(bv.v[k]);
   }
   if (sizeof(T) == 2 && act != TGM_ACT_NONE && !dact) /* bf16/f16: the activation's input in C's dtype (tgm_rt.h) */
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      x[k] = to_f(from_f<T>(x[k]));
+    round_to<T>(x);
   if (dact) { /* an activation's backward: times act'(aux), aux read */
     Vec<T, V> av = *reinterpret_cast<const Vec<T, V> *>(aux + o);
 #pragma unroll
@@ -772,9 +776,7 @@ __device__ inline void gemm_epi(float (&x)[V], I o, I j, const T *__restrict__ b
       x[k] = act == TGM_ACT_RELU ? (x[k] < 0.0f ? 0.0f : x[k]) : tgm_gelu(x[k], act == TGM_ACT_GELU_TANH);
     if (sizeof(T) == 2 && (res || acc)) /* in C's dtype before the add, as the graph's own op rounds it: the
                                            same bits as a kernel that recomputes it (a mask x == amax(x)) */
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        x[k] = to_f(from_f<T>(x[k]));
+      round_to<T>(x);
   }
   if (res) {
     Vec<T, V> rv = *reinterpret_cast<const Vec<T, V> *>(res + o);

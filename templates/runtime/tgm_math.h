@@ -407,10 +407,10 @@ template <typename T, int N> struct alignas(sizeof(T) * N) tgm_vec {
 /* The iterations of a thread's loop from a up to b (exclusive) in steps of
  * s > 0. The kernels' unrolled loops whose step is known only at run time
  * are counted with it: unrolled, a strided loop tests for its exit between
- * copies, so each copy's loads wait behind a branch, one latency at a time
- * (GPT-2's layer-norm weight gradients, column sums split over blocks, ran
- * at half the memory bandwidth so); counted, the copies' loads go out
- * together. */
+ * copies, so each copy's loads wait behind a branch (the PTX shows it);
+ * counted, the copies' loads can go out together. Measured on GPT-2 (H100,
+ * session 18): with the branch-free online softmax, its loss kernel 1.714
+ * -> 1.685 ms; its split column sums alone, no change. */
 template <typename I> TGM_FN I tgm_steps(I a, I b, I s) {
   return a < b ? (b - a + s - 1) / s : 0;
 }
