@@ -6,7 +6,8 @@ correctness check, for a workload both files checked.
     python3 bench/compare_errs.py OLD/bench.json NEW/bench.json [--work gpt2] [--top 10]
 
 Prints, per workload, how many errors fell and rose, their median and mean
-before and after, and the largest after (with their values before): a change
+before and after, and the largest after (with their values before, and torch's own error in the
+model dtype where the new file has it): a change
 of rounding moves every error a little, and the check's tolerance looks at
 the largest only, so this tells a general gain or loss from one value's
 draw. Run both with the same --check-seed (and the same seed again with
@@ -21,6 +22,12 @@ import sys
 def errs(path, work):
     d = json.load(open(path))["workloads"].get(work, {})
     return {k: v for k, v in d.get("errs", {}).items() if isinstance(v, float)}, d.get("tol")
+
+
+def torch_errs(path, work):
+    """torch's own error per value in the model dtype (run.py since session 19), or {}."""
+    d = json.load(open(path))["workloads"].get(work, {})
+    return {k: v for k, v in d.get("torch_errs", {}).items() if isinstance(v, float)}
 
 
 def main():
@@ -44,8 +51,10 @@ def main():
         print(f"{w}: {len(keys)} values, {fell} fell, {rose} rose; median {statistics.median(ov):.4g} -> "
               f"{statistics.median(nv):.4g}, mean {sum(ov) / len(ov):.4g} -> {sum(nv) / len(nv):.4g}, "
               f"max {max(ov):.4g} -> {max(nv):.4g} (tolerance {tol})")
+        t = torch_errs(a.new, w)
         for k in sorted(keys, key=lambda k: -n[k])[:a.top]:
-            print(f"  {k}: {o[k]:.4g} -> {n[k]:.4g}{'  over' if tol and n[k] > tol else ''}")
+            print(f"  {k}: {o[k]:.4g} -> {n[k]:.4g}{f'  (torch {t[k]:.4g})' if k in t else ''}"
+                  f"{'  over' if tol and n[k] > tol else ''}")
     return 0
 
 

@@ -83,6 +83,13 @@ GPU_CEIL = {"copy": 2965e9, "f32": 51.7e12, "tf32": 395e12, "bf16": 738e12, "f16
 CPU_CEIL = {"copy": 80e9, "f32": 1454e9, "bf16": 1454e9, "f16": 1454e9}
 
 TOL = {"f32": 1e-4, "bf16": 2e-2, "f16": 2e-2}
+# A value over TOL still passes within this multiple of torch's own error on it
+# in the model dtype against the same float64 reference: a 12-layer bf16 model's
+# gradients reach the tolerance in torch too (GPT-2 at B=2: 0.019-0.020), so a
+# fixed bound alone fails by one seed's draw. PyTorch checks torch.compile the
+# same way (torch._dynamo.utils.same with an fp64 reference: eager's error
+# times a multiplier).
+TORCH_MULT = 2.0
 
 # ---------------------------------------------------------------- workloads
 #
@@ -474,8 +481,12 @@ class Worker:
         tol = TOL.get(self.w["dtype"], 1e-4)
         numeric = [e for e in errs.values() if isinstance(e, float)]
         worst = max(numeric) if numeric else None
-        bad = [k for k, e in errs.items() if not isinstance(e, float) or not e <= tol]
-        self.res.update({"err": worst, "errs": errs, "tol": tol, "check_dims": self.w["check"],
+        # a value passes within the dtype's tolerance, or within TORCH_MULT times torch's own
+        # error in the model dtype on it (as PyTorch checks torch.compile against float64)
+        bad = [k for k, e in errs.items()
+               if not isinstance(e, float) or not (e <= tol or (isinstance(terrs.get(k), float) and
+                                                                e <= TORCH_MULT * terrs[k]))]
+        self.res.update({"err": worst, "errs": errs, "torch_errs": terrs, "tol": tol, "check_dims": self.w["check"],
                          "torch_err": max((e for e in terrs.values() if isinstance(e, float)), default=None),
                          "status": "pass" if not bad else f"FAIL ({len(bad)} of {len(errs)} over tol: "
                                                           f"{', '.join(bad[:3])})"})

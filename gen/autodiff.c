@@ -477,56 +477,74 @@ static void grad_reduce(AD *a, Node *n, Node *dy) {
 }
 
 /* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy),
- * sums along the softmax dim. */
+ * sums along the softmax dim; in f32, rounded once (f32_ below says why). */
+static Node *f32_(AD *a, Node *x);
 static void grad_softmax(AD *a, Node *n, Node *dy) {
   Node *x = n->in[0];
   uint32_t ax = 1u << n->axis;
   if (!wants(a, x))
     return;
+  Node *y = f32_(a, n), *g = f32_(a, dy), *dx;
   if (n->op == OP_SOFTMAX)
-    acc(a, x, op2(a, OP_MUL, n, op2(a, OP_SUB, dy, reduce(a, OP_SUM, op2(a, OP_MUL, dy, n), ax, 1, 0))));
+    dx = op2(a, OP_MUL, y, op2(a, OP_SUB, g, reduce(a, OP_SUM, op2(a, OP_MUL, g, y), ax, 1, 0)));
   else
-    acc(a, x, op2(a, OP_SUB, dy, op2(a, OP_MUL, op1(a, OP_EXP, n), reduce(a, OP_SUM, dy, ax, 1, 0))));
+    dx = op2(a, OP_SUB, g, op2(a, OP_MUL, op1(a, OP_EXP, y), reduce(a, OP_SUM, g, ax, 1, 0)));
+  acc(a, x, x->dtype == DT_F32 ? dx : cast_(a, dx, x->dtype));
 }
 
-/* layer_norm over the last dim, statistics recomputed: r = rsqrt(var + eps),
- * xh = (x - mean) r, g = dy w; dx = r (g - mean(g) - xh mean(g xh)),
- * dw = sum over rows of dy xh, db = sum over rows of dy. */
+/* x as f32 (itself when it is). The backwards of softmax and the norms
+ * compute in f32 and round once, as PyTorch's native kernels do for
+ * bf16/f16 (one rounding per op there would be both less accurate and, in
+ * the generated row kernels, more instructions per element: GPT-2's
+ * layer-norm backward kernel had 34 roundings, now 6). */
+static Node *f32_(AD *a, Node *x) { return x->dtype == DT_F32 ? x : cast_(a, x, DT_F32); }
+
+/* layer_norm over the last dim, statistics recomputed, in f32: r =
+ * rsqrt(var + eps), xh = (x - mean) r, g = dy w; dx = r (g - mean(g) - xh
+ * mean(g xh)), dw = sum over rows of dy xh, db = sum over rows of dy. */
 static void grad_layer_norm(AD *a, Node *n, Node *dy) {
   Node *x = n->in[0], *w = n->in[1], *b = n->in[2];
   uint32_t ax = 1u << (x->shape.rank - 1);
   if (wants(a, x) || wants(a, w)) {
-    Node *mu = reduce(a, OP_MEAN, x, ax, 1, 0);
-    Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_VAR, x, ax, 1, 0), n->f[0]));
-    Node *xh = op2(a, OP_MUL, op2(a, OP_SUB, x, mu), r);
+    Node *xf = f32_(a, x), *dyf = f32_(a, dy);
+    Node *mu = reduce(a, OP_MEAN, xf, ax, 1, 0);
+    Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_VAR, xf, ax, 1, 0), n->f[0]));
+    Node *xh = op2(a, OP_MUL, op2(a, OP_SUB, xf, mu), r);
     if (wants(a, x)) {
-      Node *g = w ? op2(a, OP_MUL, dy, w) : dy;
+      Node *g = w ? op2(a, OP_MUL, dyf, f32_(a, w)) : dyf;
       Node *mg = reduce(a, OP_MEAN, g, ax, 1, 0);
       Node *mgx = reduce(a, OP_MEAN, op2(a, OP_MUL, g, xh), ax, 1, 0);
-      acc(a, x, op2(a, OP_MUL, r, op2(a, OP_SUB, op2(a, OP_SUB, g, mg), op2(a, OP_MUL, xh, mgx))));
+      Node *dx = op2(a, OP_MUL, r, op2(a, OP_SUB, op2(a, OP_SUB, g, mg), op2(a, OP_MUL, xh, mgx)));
+      acc(a, x, x->dtype == DT_F32 ? dx : cast_(a, dx, x->dtype));
     }
-    if (wants(a, w))
-      acc(a, w, sum_to(a, op2(a, OP_MUL, dy, xh), &w->shape));
+    if (wants(a, w)) {
+      Node *dw = sum_to(a, op2(a, OP_MUL, dyf, xh), &w->shape);
+      acc(a, w, w->dtype == DT_F32 ? dw : cast_(a, dw, w->dtype));
+    }
   }
   if (wants(a, b))
     acc(a, b, sum_to(a, dy, &b->shape));
 }
 
-/* rms_norm over the last dim: r = rsqrt(mean(x^2) + eps), g = dy w;
+/* rms_norm over the last dim, in f32: r = rsqrt(mean(x^2) + eps), g = dy w;
  * dx = r g - r^3 x mean(g x), dw = sum over rows of dy x r. */
 static void grad_rms_norm(AD *a, Node *n, Node *dy) {
   Node *x = n->in[0], *w = n->in[1];
   uint32_t ax = 1u << (x->shape.rank - 1);
   if (!wants(a, x) && !wants(a, w))
     return;
-  Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_MEAN, op1(a, OP_SQUARE, x), ax, 1, 0), n->f[0]));
+  Node *xf = f32_(a, x), *dyf = f32_(a, dy);
+  Node *r = op1(a, OP_RSQRT, addc(a, reduce(a, OP_MEAN, op1(a, OP_SQUARE, xf), ax, 1, 0), n->f[0]));
   if (wants(a, x)) {
-    Node *g = w ? op2(a, OP_MUL, dy, w) : dy;
-    Node *mgx = reduce(a, OP_MEAN, op2(a, OP_MUL, g, x), ax, 1, 0);
-    acc(a, x, op2(a, OP_SUB, op2(a, OP_MUL, r, g), op2(a, OP_MUL, op2(a, OP_MUL, pow_(a, r, 3), x), mgx)));
+    Node *g = w ? op2(a, OP_MUL, dyf, f32_(a, w)) : dyf;
+    Node *mgx = reduce(a, OP_MEAN, op2(a, OP_MUL, g, xf), ax, 1, 0);
+    Node *dx = op2(a, OP_SUB, op2(a, OP_MUL, r, g), op2(a, OP_MUL, op2(a, OP_MUL, pow_(a, r, 3), xf), mgx));
+    acc(a, x, x->dtype == DT_F32 ? dx : cast_(a, dx, x->dtype));
   }
-  if (wants(a, w))
-    acc(a, w, sum_to(a, op2(a, OP_MUL, dy, op2(a, OP_MUL, x, r)), &w->shape));
+  if (wants(a, w)) {
+    Node *dw = sum_to(a, op2(a, OP_MUL, dyf, op2(a, OP_MUL, xf, r)), &w->shape);
+    acc(a, w, w->dtype == DT_F32 ? dw : cast_(a, dw, w->dtype));
+  }
 }
 
 /* ---------------------------------------------------------------- rules: shape */

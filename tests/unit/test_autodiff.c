@@ -564,6 +564,43 @@ static void run_random_cases(int n, const char *only) {
   arena_free(&a);
 }
 
+/* In a bf16 model the backwards of softmax, log_softmax, layer_norm and
+ * rms_norm compute in f32 and round once (as PyTorch's
+ * native kernels do): the gradient of a param that is the op's operand is
+ * one cast to bf16 of an f32 arithmetic result (not of a cast: the work is
+ * in f32, not in bf16 and widened). */
+static void f32_backwards(void) {
+  static const char *const ops[] = {"sum(softmax(x, dim=-1) * c)", "sum(log_softmax(x, dim=-1) * c)",
+                                    "sum(layer_norm(x, w, w) * c)", "sum(rms_norm(x, w) * c)"};
+  for (int i = 0; i < 4; i++) {
+    Arena arena = {0};
+    Diag dg;
+    arena.fail_after = -1;
+    const char *src = arena_printf(&arena,
+                                   "name: t\ndtype: bf16\ninputs:\n  c: [3, 5]\n  t: {shape: [3], dtype: i32}\n"
+                                   "params:\n  x: {shape: [3, 5]}\n  w: {shape: [5]}\ngraph:\n  - loss: %s + sum(w)\n"
+                                   "outputs: [loss]\ntrain:\n  loss: loss\n  optimizer: {sgd: {lr: 0.1}}\n",
+                                   ops[i]);
+    Graph *g = tgen_load(&dg, &arena, "f32_backwards", src, strlen(src));
+    if (!g || autodiff(g)) {
+      printf("FAIL f32 backward of %s: %s\n", ops[i], g ? "autodiff failed" : dg.msg);
+      nfail++;
+      arena_free(&arena);
+      continue;
+    }
+    const Node *dx = g->grads[0];
+    if (dx->op == OP_CAST && dx->dtype == DT_BF16 && dx->in[0]->dtype == DT_F32 && dx->in[0]->op != OP_CAST) {
+      printf("ok   f32 backward of %s\n", ops[i]);
+      npass++;
+    } else {
+      printf("FAIL f32 backward of %s: d x is a %s %s of %s\n", ops[i], dtype_names[dx->dtype], op_info[dx->op].name,
+             dx->nin ? op_info[dx->in[0]->op].name : "-");
+      nfail++;
+    }
+    arena_free(&arena);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run the cases whose name contains this */
 #ifdef _OPENMP
@@ -575,6 +612,8 @@ int main(int argc, char **argv) {
     if (!only || strstr(cases[i].name, only))
       run_case(&cases[i]);
   run_random_cases(48, only);
+  if (!only)
+    f32_backwards();
   Arena files = {0};
   files.fail_after = -1;
   for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
