@@ -2089,28 +2089,45 @@ template <class T> __device__ __forceinline__ void acc_to_a(uint32_t *a, const f
   a[2] = pack<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
   a[3] = pack<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 }
-/* out [16 x 64] (8 tiles of 8 columns) += a-rows [16 x D] (fragments) times the 64 rows of tile^T */
-template <class T, int D> __device__ __forceinline__ void scores(float (*out)[4], const uint32_t (*a)[4], const T *tile) {
+/* out[mt] [16 x 64] (8 tiles of 8 columns) += a[mt]-rows [16 x D] (fragments) times the 64 rows of tile^T, for
+ * the warp's MT row tiles: each B fragment loaded once (ldmatrix) serves all MT of them */
+template <class T, int D, int MT>
+__device__ __forceinline__ void scores_mt(float (*out)[8][4], const uint32_t (*a)[D / 16][4], const T *tile) {
   for (int d = 0; d < D / 16; d++)
     for (int j = 0; j < 4; j++) {
       uint32_t b[4];
       frag_bn<D + 8>(b, tile, j * 16, d * 16);
-      mma(out[2 * j], a[d], b[0], b[1], T());
-      mma(out[2 * j + 1], a[d], b[2], b[3], T());
+      #pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        mma(out[mt][2 * j], a[mt][d], b[0], b[1], T());
+        mma(out[mt][2 * j + 1], a[mt][d], b[2], b[3], T());
+      }
     }
 }
-/* acc [16 x D] += the [16 x 64] accumulators s (as T) times tile [64 x D] */
-template <class T, int D> __device__ __forceinline__ void times_tile(float (*acc)[4], const float (*s)[4], const T *tile) {
+template <class T, int D> __device__ __forceinline__ void scores(float (*out)[4], const uint32_t (*a)[4], const T *tile) {
+  scores_mt<T, D, 1>((float (*)[8][4])out, (const uint32_t (*)[D / 16][4])a, tile);
+}
+/* acc[mt] [16 x D] += the [16 x 64] accumulators s[mt] (as T) times tile [64 x D], for MT row tiles */
+template <class T, int D, int MT>
+__device__ __forceinline__ void times_tile_mt(float (*acc)[D / 8][4], const float (*s)[8][4], const T *tile) {
   for (int kc = 0; kc < 4; kc++) {
-    uint32_t a[4];
-    acc_to_a<T>(a, s, kc);
+    uint32_t a[MT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+      acc_to_a<T>(a[mt], s[mt], kc);
     for (int n = 0; n < D / 16; n++) {
       uint32_t b[4];
       frag_bk<D + 8>(b, tile, kc * 16, n * 16);
-      mma(acc[2 * n], a, b[0], b[1], T());
-      mma(acc[2 * n + 1], a, b[2], b[3], T());
+      #pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        mma(acc[mt][2 * n], a[mt], b[0], b[1], T());
+        mma(acc[mt][2 * n + 1], a[mt], b[2], b[3], T());
+      }
     }
   }
+}
+template <class T, int D> __device__ __forceinline__ void times_tile(float (*acc)[4], const float (*s)[4], const T *tile) {
+  times_tile_mt<T, D, 1>((float (*)[D / 8][4])acc, (const float (*)[8][4])s, tile);
 }
 /* Rows r0 + g and r0 + g + 8 (below n) of a warp's [16 x D] accumulators times mul[0], mul[1] into y (row stride
  * ld elements). */
@@ -2158,75 +2175,96 @@ constexpr int flash_bwd_blocks(int D) { return D == 64 ? 3 : 1; }
 
 /* The grid's x walks the query tiles; causal, from the last (the longest rows: every key tile up to them) to the
  * first, so that the short blocks fill the tail of the grid. Keys and values come in 64-row tiles, double
- * buffered: tile i + 1 is copied (cp.async) while tile i is computed. */
-template <class T, int D>
+ * buffered: tile i + 1 is copied (cp.async) while tile i is computed. A warp takes MT tiles of 16 query rows
+ * (a block 64 MT rows): each key and value fragment read from shared memory (ldmatrix) serves all MT, so the
+ * tensor cores wait less on shared memory. At D = 64 MT is 2 (flash_rows): on the H100 at GPT-2's sizes one
+ * warp's 16 rows read a fragment per 2 MMAs, and shared memory was the limit. */
+template <class T, int D, int MT>
 __global__ void __launch_bounds__(128)
     k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y,
                 fa::Layout<4> L, int Tq, int Tk, int causal, float scale, float *__restrict__ lse) {
-  constexpr int LD = D + 8, TILE = 64 * LD;
+  constexpr int LD = D + 8, TILE = 64 * LD, BM = 64 * MT;
   extern __shared__ __align__(128) unsigned char smem[];
-  T *sQ = (T *)smem, *sK = sQ + TILE, *sV = sK + 2 * TILE; /* sK, sV: two tiles each */
+  T *sQ = (T *)smem, *sK = sQ + MT * TILE, *sV = sK + 2 * TILE; /* sQ: [BM, LD]; sK, sV: two tiles each */
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 64;
-  const int row[2] = {q0 + w * 16 + lane / 4, q0 + w * 16 + lane / 4 + 8};
+  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM, wr = w * 16 * MT; /* the warp's rows */
+  int row[MT][2];
+  #pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    row[mt][0] = q0 + wr + mt * 16 + lane / 4, row[mt][1] = row[mt][0] + 8;
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo);
-  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
-  fa::load_tile<T, D>(sQ, q, L.ld[0], q0, Tq);
+  const int kend = causal && q0 + BM < Tk ? q0 + BM : Tk, nk = (kend + 63) / 64;
+  #pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    fa::load_tile<T, D>(sQ + mt * TILE, q, L.ld[0], q0 + mt * 64, Tq);
   fa::load_tile<T, D>(sK, k, L.ld[1], 0, Tk);
   fa::load_tile<T, D>(sV, v, L.ld[2], 0, Tk);
   fa::commit();
-  uint32_t qa[D / 16][4]; /* the warp's q rows, for every key tile */
-  float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qa[MT][D / 16][4]; /* the warp's q rows, for every key tile */
+  float o[MT][D / 8][4] = {}, m[MT][2], l[MT][2];
+  #pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
   const float sl2 = scale * fa::kLog2e;
   for (int i = 0; i < nk; i++) {
     const int k0 = i * 64;
     const T *cK = sK + (i & 1) * TILE, *cV = sV + (i & 1) * TILE;
     fa::next_kv<T, D>(sK, sV, k, v, L.ld[1], L.ld[2], i, nk, Tk);
     if (i == 0)
-      for (int d = 0; d < D / 16; d++)
-        fa::frag_a<LD>(qa[d], sQ, w * 16, d * 16);
-    float s[8][4] = {};
-    fa::scores<T, D>(s, qa, cK);
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++)
-        s[j][e] *= sl2;
-    if (k0 + 64 > Tk || (causal && k0 + 63 > q0))
-      fa::mask_scores(s, k0, Tk, causal, row);
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++)
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-    float alpha[2], mb[2];
-    for (int h = 0; h < 2; h++) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      float mn = fmaxf(m[h], mx[h]);
-      alpha[h] = mn == -INFINITY ? 1.0f : fa::ex2(m[h] - mn);
-      mb[h] = mn == -INFINITY ? 0.0f : mn; /* a row masked so far: its -inf scores give 0 */
-      m[h] = mn;
-      l[h] *= alpha[h];
-    }
-    for (int j = 0; j < 8; j++)
-      for (int e = 0; e < 4; e++) {
-        float p = fa::ex2(s[j][e] - mb[e >> 1]);
-        s[j][e] = p; /* rounded to T as the A operand of P v; the row sum takes the f32 value */
-        l[e >> 1] += p;
+      #pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+        for (int d = 0; d < D / 16; d++)
+          fa::frag_a<LD>(qa[mt][d], sQ, wr + mt * 16, d * 16);
+    if (causal && k0 > q0 + wr + 16 * MT - 1) /* every key of the tile past the warp's rows */
+      continue;
+    float s[MT][8][4] = {};
+    fa::scores_mt<T, D, MT>(s, qa, cK);
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      for (int j = 0; j < 8; j++)
+        for (int e = 0; e < 4; e++)
+          s[mt][j][e] *= sl2;
+      if (k0 + 64 > Tk || (causal && k0 + 63 > q0 + wr + mt * 16))
+        fa::mask_scores(s[mt], k0, Tk, causal, row[mt]);
+      float mx[2] = {-INFINITY, -INFINITY};
+      for (int j = 0; j < 8; j++)
+        for (int e = 0; e < 4; e++)
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][j][e]);
+      float alpha[2], mb[2];
+      for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        float mn = fmaxf(m[mt][h], mx[h]);
+        alpha[h] = mn == -INFINITY ? 1.0f : fa::ex2(m[mt][h] - mn);
+        mb[h] = mn == -INFINITY ? 0.0f : mn; /* a row masked so far: its -inf scores give 0 */
+        m[mt][h] = mn;
+        l[mt][h] *= alpha[h];
       }
-    for (int n = 0; n < D / 8; n++)
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    fa::times_tile<T, D>(o, s, cV);
+      for (int j = 0; j < 8; j++)
+        for (int e = 0; e < 4; e++) {
+          float p = fa::ex2(s[mt][j][e] - mb[e >> 1]);
+          s[mt][j][e] = p; /* rounded to T as the A operand of P v; the row sum takes the f32 value */
+          l[mt][e >> 1] += p;
+        }
+      for (int n = 0; n < D / 8; n++)
+        o[mt][n][0] *= alpha[0], o[mt][n][1] *= alpha[0], o[mt][n][2] *= alpha[1], o[mt][n][3] *= alpha[1];
+    }
+    fa::times_tile_mt<T, D, MT>(o, s, cV);
   }
   fa::wait<0>(); /* no key tile (Tk 0): the copies issued */
-  for (int h = 0; h < 2; h++) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    if (lse && t == 0 && row[h] < Tq) /* natural units: (m + log2 l) ln 2 */
-      lse[b * Tq + row[h]] = m[h] == -INFINITY ? m[h] : (m[h] + log2f(l[h])) * 0.6931471805599453f;
-  }
-  if (y) {
-    const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
-    fa::store_acc<T, D>(y + L.off(3, hi, lo), L.ld[3], o, q0 + w * 16, Tq, inv);
+  #pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    for (int h = 0; h < 2; h++) {
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);
+      l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
+      if (lse && t == 0 && row[mt][h] < Tq) /* natural units: (m + log2 l) ln 2 */
+        lse[b * Tq + row[mt][h]] = m[mt][h] == -INFINITY ? m[mt][h] : (m[mt][h] + log2f(l[mt][h])) * 0.6931471805599453f;
+    }
+    if (y) {
+      const float inv[2] = {1.0f / l[mt][0], 1.0f / l[mt][1]};
+      fa::store_acc<T, D>(y + L.off(3, hi, lo), L.ld[3], o[mt], q0 + wr + mt * 16, Tq, inv);
+    }
   }
 }
 
@@ -2244,20 +2282,22 @@ template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const 
 }
 
 /* k_flash_fwd over every batch element: per host iteration of bw's outer2,
- * a grid of 64-row query tiles by the last two batch dims (inner along y,
+ * a grid of 64 MT-row query tiles by the last two batch dims (inner along y,
  * mid along z, 65535 of each at a time). The caller checked flash_fits. */
+constexpr int flash_rows(int D) { return D == 64 ? 2 : 1; } /* k_flash_fwd's MT */
 template <class T, int D>
 int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
                  const int64_t *ld, int64_t Tq, int64_t Tk, int causal, float scale, float *lse) {
-  constexpr size_t bytes = fa::smem_bytes<D>(5, 0);
+  constexpr int MT = flash_rows(D);
+  constexpr size_t bytes = fa::smem_bytes<D>(4 + MT, 0);
   static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
   bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
   if (!set || !*set) {
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (set)
       *set = true;
   }
-  unsigned tiles = (unsigned)((Tq + 63) / 64);
+  unsigned tiles = (unsigned)((Tq + 64 * MT - 1) / (64 * MT));
   fa::Layout<4> L = flash_layout(bw, ld);
   const int64_t nb = bw.mid * bw.inner; /* batch elements per host iteration */
   for (int64_t t = 0; t < bw.outer2; t++) {
@@ -2267,7 +2307,7 @@ int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, con
       for (L.lo0 = 0; L.lo0 < bw.inner; L.lo0 += 65535) {
         int64_t ny = bw.inner - L.lo0 < 65535 ? bw.inner - L.lo0 : 65535;
         int64_t nz = bw.mid - L.hi0 < 65535 ? bw.mid - L.hi0 : 65535;
-        k_flash_fwd<T, D><<<dim3(tiles, (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
+        k_flash_fwd<T, D, MT><<<dim3(tiles, (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
             q + off[0], k + off[1], v + off[2], y ? y + off[3] : NULL, L, (int)Tq, (int)Tk, causal, scale,
             lse ? lse + t * nb * Tq : NULL);
         TGM_CUDA_LAUNCHED("k_flash_fwd");
