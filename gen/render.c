@@ -83,6 +83,7 @@ typedef struct Ix {
   const Shape *sh;
   const char *flat;          /* row-major position, or NULL */
   const char *d[MAXRANK];    /* per-dim positions (NULL: derived from flat) */
+  const struct Ix *src;      /* flat from a reshape: the position in its output, or NULL (row_view_base) */
 } Ix;
 
 typedef struct R R;
@@ -428,7 +429,7 @@ static const char *ix_key(R *r, const Ix *ix) {
 }
 
 static Ix ix_make(const Shape *sh, const char *flat) {
-  Ix ix = {sh, flat, {0}};
+  Ix ix = {sh, flat, {0}, NULL};
   return ix;
 }
 
@@ -465,11 +466,15 @@ static Ix ix_view(R *r, const Node *n, Ix *ix) {
   const Node *x = n->in[0];
   Ix o = ix_make(&x->shape, NULL);
   switch (n->op) {
-  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE:
+  case OP_RESHAPE: case OP_SQUEEZE: case OP_UNSQUEEZE: {
     o.flat = ix_flat(r, ix);
     if (r->full.sh && r->full.flat && !strcmp(o.flat, r->full.flat) && shape_eq(&x->shape, r->full.sh))
       return r->full; /* back to the kernel's own index (its output element o reads its reductions) */
+    Ix *s = arena_alloc(r->a, sizeof(Ix));
+    *s = *ix;
+    o.src = s;
     return o;
+  }
   case OP_BROADCAST_TO:
     return ix_bcast(r, ix, &x->shape);
   case OP_TRANSPOSE: case OP_PERMUTE:
@@ -583,7 +588,9 @@ static void ip_note(R *r, Vec *v, const char *i) {
 /* Per buffer the kernel touches: BF_WRITTEN it stores it; BF_CONTIG it is
  * loaded at the kernel's element i (a vector load's candidate); BF_BCAST a
  * row kernel loads it at the row position r alone (a layer norm's weight). */
-enum { BF_WRITTEN = 1, BF_CONTIG = 2, BF_BCAST = 4 };
+enum { BF_WRITTEN = 1, BF_CONTIG = 2, BF_BCAST = 4, BF_ROWV = 8 };
+/* (BF_ROWV: a CUDA row kernel loads it through a view whose row at o lies
+ * contiguous and aligned, at a base of o alone plus r: row_view_base) */
 
 static int bf_slot(const R *r, int bi) {
   for (unsigned i = ((unsigned)bi * 2654435761u) & (unsigned)(r->bcap - 1);; i = (i + 1) & (unsigned)(r->bcap - 1))
@@ -641,6 +648,50 @@ static int bcast_vec(const R *r, int bi) {
   return (bf(r, bi) & BF_BCAST) && r->rvec && dtype_size(r->p->b[bi].node->dtype) * r->rvec == 16;
 }
 
+/* Where the row of o begins, when a row kernel reads n at (positions of
+ * o, r) with a stride of 1 along r: through n's placed layout pl, or, n
+ * row-major, at the flat position of a reshape's (ix->src) dims; and every
+ * row begins a multiple of 16 bytes past the buffer's pointer (the other
+ * strides whole 16 bytes; the pointer itself is in the kernel's alignment
+ * check). A row kernel over heads' views (attention's delta reads
+ * [B, H, T, D] through [B, T, H, D]) then loads its rows a vector at a
+ * time as it does contiguous ones. NULL: not so. */
+static const char *row_view_base(R *r, const Node *n, Ix *ix, const Layout *pl) {
+  const int es = dtype_size(n->dtype);
+  if (strcmp(r->d->name, "cuda") || !kernel_rows(r->k) || (r->mode != M_WARP && r->mode != M_BLOCK))
+    return NULL;
+  Ix at;
+  int64_t st[MAXRANK], v;
+  if (pl) { /* n's own layout */
+    at = *ix;
+    for (int k = 0; k < n->shape.rank; k++)
+      if (!dim_is_const(&pl->st[k], &st[k]))
+        st[k] = dim_is_one(&n->shape.d[k]) ? 0 : -1;
+  } else if (ix->src && ix->flat) { /* n row-major, its position a reshape's flat one: that reshape's dims */
+    at = *ix->src;
+    for (int k = at.sh->rank - 1, m = 1; k >= 0; k--) {
+      st[k] = m;
+      if (m > 0 && dim_is_const(&at.sh->d[k], &v))
+        m = (int)(m * v > (1 << 30) ? -1 : m * v);
+      else
+        m = -1;
+    }
+  } else {
+    return NULL;
+  }
+  const int rk = at.sh->rank;
+  if (rk < 2 || st[rk - 1] != 1 || strcmp(ix_dim(r, &at, rk - 1), "r"))
+    return NULL;
+  for (int k = 0; k < rk - 1; k++)
+    if (!dim_is_one(&at.sh->d[k]) && (st[k] < 0 || (st[k] * es) % 16))
+      return NULL;
+  for (int k = 0; k < rk - 1; k++)
+    ix_dim(r, &at, k);
+  at.flat = NULL, at.src = NULL;
+  at.d[rk - 1] = "0";
+  return ix_at(r, &at, pl ? pl->st : NULL);
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
@@ -654,7 +705,7 @@ static const char *load(R *r, const Node *n, Ix *ix) {
       if ((bi = r->p->b[bi].index) == r->ip_in)
         r->ip_bad = 1;
   }
-  const char *at = arena_printf(r->a, "%s[%s]", p, i);
+  const char *at = arena_printf(r->a, "%s[%s]", p, i), *rb;
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
     bf_set(r, bi, BF_CONTIG);
@@ -667,6 +718,19 @@ static const char *load(R *r, const Node *n, Ix *ix) {
         v = arena_printf(r->a, "v%d", r->nvars++);
         const char *vt = vec_type(r, n->dtype);
         emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[%s];", vt, v, vt, vec_base(r, p), r->vidx);
+        memo_put(r, key, v, r->vload_lv);
+        set_var_level(r, v, r->vload_lv);
+      }
+      at = arena_printf(r->a, "%s.v[lane]", v);
+    }
+  } else if (r->p->buf && r->p->buf[n->id] != r->ip_in && (rb = row_view_base(r, n, ix, pl))) {
+    bf_set(r, r->p->buf[n->id], BF_ROWV);
+    if (r->lanes) { /* the lane of one vector load per buffer, row base and vector */
+      const char *key = arena_printf(r->a, "rowv|%s|%s", p, rb), *v = memo_get(r, key);
+      if (!v) {
+        v = arena_printf(r->a, "v%d", r->nvars++);
+        const char *vt = vec_type(r, n->dtype);
+        emit(r, r->vload_lv, "const %s %s = ((const %s *)(%s + %s))[%s];", vt, v, vt, p, rb, r->vidx);
         memo_put(r, key, v, r->vload_lv);
         set_var_level(r, v, r->vload_lv);
       }
@@ -1664,7 +1728,7 @@ static void loop_body(R *r) {
     buf_init(&al, r->a);
     int nl, *l = bf_list(r, &nl);
     for (int j = 0, nal = 0; j < nl; j++)
-      if ((bf(r, l[j]) & BF_CONTIG) || bcast_vec(r, l[j]))
+      if ((bf(r, l[j]) & (BF_CONTIG | BF_ROWV)) || bcast_vec(r, l[j]))
         buf_printf(&al, "%s(uintptr_t)%s", nal++ ? " | " : "", r->p->b[l[j]].name);
     emit(r, 0, "const %s nrv = n_r %% %d == 0 && (%s) %% 16 == 0 ? n_r / %d : 0;  /* vectors of %d elements a row */",
          r->it, r->rvec, al.p, r->rvec, r->rvec);
@@ -1907,7 +1971,7 @@ static int fits_int(R *r) {
 static int vec_width(R *r, int stores) {
   int w = 0, nl, *l = bf_list(r, &nl);
   for (int j = 0; j < nl; j++)
-    if ((bf(r, l[j]) & BF_CONTIG) || (stores && (bf(r, l[j]) & BF_WRITTEN))) {
+    if ((bf(r, l[j]) & (BF_CONTIG | BF_ROWV)) || (stores && (bf(r, l[j]) & BF_WRITTEN))) {
       int sz = dtype_size(r->p->b[l[j]].node->dtype);
       w = sz > w ? sz : w;
     }
@@ -2113,8 +2177,8 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
     }
     if ((r->mode == M_WARP || r->mode == M_BLOCK) && kernel_rows(k) && (r->rvec = vec_width(probe, 0))) {
       for (int j = 0; j < nl; j++)
-        if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST))
-          bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST));
+        if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV))
+          bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV));
       int64_t nr, per = r->mode == M_WARP ? r->grp : ROW_BLOCK; /* the threads of a row (the launch below) */
       if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);

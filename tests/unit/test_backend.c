@@ -952,6 +952,30 @@ static void cuda_mapping(void) {
               arena_printf(&a, " = ((const t_vec<uint16_t, 8> *)%s)[rv];", bb), 1);
   expect_text(cu, "layer_norm: w in the vectors' alignment check", arena_printf(&a, "(uintptr_t)%s | ", w), 1);
   expect_text(cu, "layer_norm: w by element only past the vectors", arena_printf(&a, "_load_f16(%s[r])", w), 1);
+  /* a row sum through heads' views ([B, T, H D] read as [B, H, T, D]: attention's delta): each row lies
+   * contiguous and 16-byte aligned at a base of o alone, so its elements come a vector at a time (8 lanes a
+   * row of 64 bf16), as a contiguous row's do; a row of 12 bf16 (24 bytes apart) does not */
+  cu = forward_text(&a, "heads' view rows",
+                    arena_printf(&a, "dtype: bf16\n%s",
+                                 spec(&a, "  B: {dynamic: true, max: 8}\n  T: 32", "  x: [B, T, 256]\n  y: [B, T, 256]", NULL,
+                                      "  - d: sum(transpose(reshape(x, [B, T, 4, 64]), 1, 2) * "
+                                      "transpose(reshape(y, [B, T, 4, 64]), 1, 2), -1)")),
+                    1, &p);
+  check(count_text(cu, "const t_vec<uint16_t, 8> v") == 2 && count_text(cu, "((const t_vec<uint16_t, 8> *)(") == 2,
+        "heads' view rows: one vector load a row's vector for each of x and y", cu);
+  expect_text(cu, "heads' view rows: 8 lanes a row", "t_group_sum(acc0, 8)", 1);
+  expect_text(cu, "heads' view rows: both in the alignment check",
+              arena_printf(&a, "(uintptr_t)%s | (uintptr_t)%s", buf_of(p, "x"), buf_of(p, "y")), 1);
+  cu = forward_text(&a, "heads' view rows of 12",
+                    spec(&a, "  B: {dynamic: true, max: 8}\n  T: 32", "  x: [B, T, 48]", NULL,
+                         "  - d: sum(transpose(reshape(x, [B, T, 4, 12]), 1, 2), -1)"),
+                    1, NULL);
+  expect_text(cu, "heads' view rows of 12 f32 (48 bytes apart): vectors", "t_vec<float, 4>", 1);
+  cu = forward_text(&a, "heads' view rows of 6",
+                    spec(&a, "  B: {dynamic: true, max: 8}\n  T: 32", "  x: [B, T, 30]", NULL,
+                         "  - d: sum(transpose(reshape(x, [B, T, 5, 6]), 1, 2), -1)"),
+                    1, NULL);
+  expect_text(cu, "heads' view rows of 6 f32 (24 bytes apart): no vectors", "t_vec<", 0);
   /* one phase (a row sum): nothing to keep */
   cu = forward_text(&a, "row sum", spec(&a, "  B: 64\n  D: 512", "  x: [B, D]", NULL, "  - s: sum(x, 1)"), 1, NULL);
   expect_text(cu, "row sum: one pass, no register row", "rj <", 0);
