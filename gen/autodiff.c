@@ -751,22 +751,24 @@ static void grad_dropout(AD *a, Node *n, Node *dy) {
 
 /* cross_entropy (mean over the rows whose target is not ignore_index):
  * dlogits = (softmax(logits) - onehot(target)) where(valid, dy / count(valid), 0),
- * the one-hot as eq(unsqueeze(target), arange(C)); logits [N, C] or [C]. As
- * torch's: an ignored row's gradient is selected away, not multiplied by 0, so
- * a batch whose targets are all ignored has a NaN loss (0/0) but zero
- * gradients (dy / 0 is inf, and inf * 0 would be NaN). */
+ * the one-hot as eq(unsqueeze(target), arange(C)); logits [N, C] or [C]; in
+ * f32, rounded once (as the norms' backwards: f32_ above). As torch's: an
+ * ignored row's gradient is selected away, not multiplied by 0, so a batch
+ * whose targets are all ignored has a NaN loss (0/0) but zero gradients
+ * (dy / 0 is inf, and inf * 0 would be NaN). */
 static void grad_cross_entropy(AD *a, Node *n, Node *dy) {
   Node *lg = n->in[0], *t = n->in[1];
   if (!wants(a, lg))
     return;
   DType dt = lg->dtype;
   int r = lg->shape.rank;
-  Node *p = softmax_(a, lg, r - 1);
-  Node *onehot = mask(a, OP_EQ, unsqueeze_(a, t, t->shape.rank), arange_(a, lg->shape.d[r - 1]), dt);
+  Node *p = softmax_(a, f32_(a, lg), r - 1);
+  Node *onehot = mask(a, OP_EQ, unsqueeze_(a, t, t->shape.rank), arange_(a, lg->shape.d[r - 1]), DT_F32);
   Node *ok = op2(a, OP_NE, t, scalar(a, (double)n->ignore_index, DT_I32));
-  Node *w = op2(a, OP_DIV, dy, reduce(a, OP_SUM, cast_(a, ok, dt), ~0u, 0, 0));
-  Node *rows = where_(a, unsqueeze_(a, ok, ok->shape.rank), w, scalar(a, 0, dt));
-  acc(a, lg, op2(a, OP_MUL, op2(a, OP_SUB, p, onehot), rows));
+  Node *w = op2(a, OP_DIV, f32_(a, dy), reduce(a, OP_SUM, cast_(a, ok, DT_F32), ~0u, 0, 0));
+  Node *rows = where_(a, unsqueeze_(a, ok, ok->shape.rank), w, scalar(a, 0, DT_F32));
+  Node *dx = op2(a, OP_MUL, op2(a, OP_SUB, p, onehot), rows);
+  acc(a, lg, dt == DT_F32 ? dx : cast_(a, dx, dt));
 }
 
 /* mse_loss = mean((a - b)^2): da = 2 (a - b) dy / numel, db = -da, each

@@ -162,10 +162,13 @@ static Node *decompose(D *d, const Node *n, Node **in) {
     uint32_t ax = 1u << n->axis;
     Node *xf = cast(d, x, DT_F32);
     for (int i = 0; i < d->nce && n->op == OP_SOFTMAX; i++)
-      if (same_value(d->ce_x[i], x) && d->ce_ax[i] == n->axis) { /* cross_entropy's gradient: its forward's row statistics */
-        Node *e = op1(d, OP_EXP, op2(d, OP_SUB, xf, d->ce_m[i]));
+      if ((same_value(d->ce_x[i], x) || (x->op == OP_CAST && x->dtype == DT_F32 && same_value(d->ce_x[i], x->in[0]))) &&
+          d->ce_ax[i] == n->axis) {
+        /* cross_entropy's gradient: exp(x - lse) from its forward's row max m and sum s (lse = m + log s):
+         * one subtraction and one exp a logit, no division */
         Shape ks = d->ce_m[i]->shape;
-        return cast(d, op2(d, OP_DIV, e, reshape(d, d->ce_s[i], &ks)), dt);
+        Node *lse = op2(d, OP_ADD, d->ce_m[i], reshape(d, op1(d, OP_LOG, d->ce_s[i]), &ks));
+        return cast(d, op1(d, OP_EXP, op2(d, OP_SUB, xf, lse)), dt);
       }
     Node *z = op2(d, OP_SUB, xf, reduce(d, OP_AMAX, xf, ax, 1));
     if (n->op == OP_SOFTMAX) {

@@ -175,6 +175,7 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
     const float v18 = v13 - v17;
     const float v19 = v11 ? v18 : 0.0f;
     loss_where[o] = (float)v19;
+    const float v22 = s3 + v12;
     const float v28 = d_loss_sum[0];
     const float v29 = mlp_div(1.0f, v28);
     const float v30 = v11 ? v29 : 0.0f;
@@ -182,9 +183,8 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
     for (int64_t r = 0; r < n_r; r++) {
       const int64_t ix20 = o * n_r + r;
       const float v21 = logits[ix20];
-      const float v22 = v21 - s3;
-      const float v23 = mlp_exp(v22);
-      const float v24 = mlp_div(v23, s9);
+      const float v23 = v21 - v22;
+      const float v24 = mlp_exp(v23);
       const int v25 = ix10 == r;
       const float v26 = (float)v25;
       const float v27 = v24 - v26;

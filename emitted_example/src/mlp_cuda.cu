@@ -205,6 +205,7 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
     const float v18 = v10 ? v17 : 0.0f;
     if (threadIdx.x % 4 == 0) loss_where[o] = (float)v18;
     __syncwarp(mlp_group_mask(4));  /* d_loss is written over logits from here */
+    const float v21 = s7 + v11;
     const float v27 = d_loss_sum[0];
     const float v28 = mlp_div(1.0f, v27);
     const float v29 = v10 ? v28 : 0.0f;
@@ -217,9 +218,8 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
       for (int lane = 0; lane < 4; lane++) {
         const int r = rv * 4 + lane;
         const float v20 = v3[rj].v[lane];
-        const float v21 = v20 - s7;
-        const float v22 = mlp_exp(v21);
-        const float v23 = mlp_div(v22, s8);
+        const float v22 = v20 - v21;
+        const float v23 = mlp_exp(v22);
         const int v24 = ix9 == r;
         const float v25 = (float)v24;
         const float v26 = v23 - v25;
@@ -232,14 +232,13 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
     for (int r = nrv * 4 + threadIdx.x % 4; r < n_r; r += 4) {
       const int ix32 = o * n_r + r;
       const float v33 = logits[ix32];
-      const float v34 = v33 - s7;
+      const float v34 = v33 - v21;
       const float v35 = mlp_exp(v34);
-      const float v36 = mlp_div(v35, s8);
-      const int v37 = ix9 == r;
-      const float v38 = (float)v37;
-      const float v39 = v36 - v38;
-      const float v40 = v39 * v29;
-      d_loss[ix32] = (float)v40;
+      const int v36 = ix9 == r;
+      const float v37 = (float)v36;
+      const float v38 = v35 - v37;
+      const float v39 = v38 * v29;
+      d_loss[ix32] = (float)v39;
     }
   }
 }

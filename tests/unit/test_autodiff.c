@@ -564,15 +564,16 @@ static void run_random_cases(int n, const char *only) {
   arena_free(&a);
 }
 
-/* In a bf16 model the backwards of softmax, log_softmax, layer_norm and
- * rms_norm compute in f32 and round once (as PyTorch's
+/* In a bf16 model the backwards of softmax, log_softmax, layer_norm,
+ * rms_norm and cross_entropy compute in f32 and round once (as PyTorch's
  * native kernels do): the gradient of a param that is the op's operand is
  * one cast to bf16 of an f32 arithmetic result (not of a cast: the work is
  * in f32, not in bf16 and widened). */
 static void f32_backwards(void) {
   static const char *const ops[] = {"sum(softmax(x, dim=-1) * c)", "sum(log_softmax(x, dim=-1) * c)",
-                                    "sum(layer_norm(x, w, w) * c)", "sum(rms_norm(x, w) * c)"};
-  for (int i = 0; i < 4; i++) {
+                                    "sum(layer_norm(x, w, w) * c)", "sum(rms_norm(x, w) * c)",
+                                    "cross_entropy(x, t)"};
+  for (int i = 0; i < 5; i++) {
     Arena arena = {0};
     Diag dg;
     arena.fail_after = -1;
