@@ -11,6 +11,8 @@
  *   cpu_gemm [--iters N] [--work NAME] [--list]
  * --work times only that workload's shapes; --list prints the shapes only (bench/cpu_gemm_torch.py reads them, so that
  * torch times the same products in the same run). Threads: OMP_NUM_THREADS.
+ * Built with -DCPU_GEMM_LIB -shared -fPIC it is instead a library for bench/cpu_gemm_ab.py, which calls it and torch
+ * alternately in one process (cg_count, cg_describe, cg_select, cg_call below).
  *
  * The shapes, f32, as tgen prints them for the workloads (bench/specs/
  * mlp_blocks_cpu.yaml at B=1024, spec/examples/mlp3.yaml at B=32,
@@ -58,10 +60,12 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
+#ifndef CPU_GEMM_LIB
 static int cmpd(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
+#endif
 static float *fill(int64_t n, uint32_t seed) {
   float *p = malloc((size_t)n * sizeof *p);
   if (!p) {
@@ -75,6 +79,59 @@ static float *fill(int64_t n, uint32_t seed) {
   return p;
 }
 
+/* One shape's operands (fill's values) and its descriptor; plain: the product alone, no epilogue. */
+typedef struct Run {
+  float *A, *B, *C, *bias, *aux, *res;
+  tgm_gemm g;
+} Run;
+
+static Run run_make(const Shape *h, int s, int plain) {
+  Run r;
+  r.A = fill(h->M * h->K, 1 + s), r.B = fill(h->K * h->N, 7 + s), r.C = fill(h->M * h->N, 3);
+  r.bias = fill(h->N, 5), r.aux = fill(h->M * h->N, 11), r.res = fill(h->M * h->N, 13);
+  tgm_gemm g = {.dt = TGM_F32, .ta = h->ta, .tb = h->tb, .M = h->M, .N = h->N, .K = h->K, .batch = 1,
+                .A = r.A, .lda = h->ta ? h->M : h->K, .B = r.B, .ldb = h->tb ? h->K : h->N, .C = r.C, .ldc = h->N,
+                .bias = h->bias && !plain ? r.bias : NULL, .act = plain ? TGM_ACT_NONE : h->act,
+                .aux = h->dact && !plain ? r.aux : NULL, .residual = h->res && !plain ? r.res : NULL,
+                .dact = plain ? 0 : h->dact};
+  r.g = g;
+  return r;
+}
+
+static void run_free(Run *r) {
+  free(r->A), free(r->B), free(r->C), free(r->bias), free(r->aux), free(r->res);
+  memset(r, 0, sizeof *r);
+}
+
+#ifdef CPU_GEMM_LIB
+/* The ctypes interface of bench/cpu_gemm_ab.py: the shapes, one selected at a
+ * time (its operands made, the previous one's freed), and one timed call. */
+static Run sel;
+int cg_count(void) { return NSHAPES; }
+/* Shape s as `--list` prints it, into buf (n bytes); -1 for no such shape. */
+int cg_describe(int s, char *buf, int n) {
+  if (s < 0 || s >= NSHAPES)
+    return -1;
+  const Shape *h = &shapes[s];
+  snprintf(buf, (size_t)n, "%s %d %d %lld %lld %lld %d %d %d %d", h->work, h->ta, h->tb, (long long)h->M,
+           (long long)h->N, (long long)h->K, h->bias, h->act, h->res, h->dact);
+  return 0;
+}
+int cg_select(int s, int plain) {
+  if (s < 0 || s >= NSHAPES)
+    return -1;
+  run_free(&sel);
+  sel = run_make(&shapes[s], s, plain);
+  return 0;
+}
+/* One tgm_cpu_gemm of the selected shape: its seconds, or -1 when refused. */
+double cg_call(void) {
+  double t0 = now();
+  if (!sel.A || tgm_cpu_gemm(&sel.g))
+    return -1;
+  return now() - t0;
+}
+#else
 int main(int argc, char **argv) {
   int iters = 50, list = 0;
   const char *work = NULL;
@@ -101,12 +158,8 @@ int main(int argc, char **argv) {
              (long long)h->K, h->bias, h->act, h->res, h->dact);
       continue;
     }
-    float *A = fill(h->M * h->K, 1 + s), *B = fill(h->K * h->N, 7 + s), *C = fill(h->M * h->N, 3);
-    float *bias = fill(h->N, 5), *aux = fill(h->M * h->N, 11), *res = fill(h->M * h->N, 13);
-    tgm_gemm g = {.dt = TGM_F32, .ta = h->ta, .tb = h->tb, .M = h->M, .N = h->N, .K = h->K, .batch = 1,
-                  .A = A, .lda = h->ta ? h->M : h->K, .B = B, .ldb = h->tb ? h->K : h->N, .C = C, .ldc = h->N,
-                  .bias = h->bias ? bias : NULL, .act = h->act, .aux = h->dact ? aux : NULL,
-                  .residual = h->res ? res : NULL, .dact = h->dact};
+    Run run = run_make(h, s, 0);
+    const tgm_gemm g = run.g;
     double *t = malloc((size_t)iters * sizeof *t);
     for (int w = 0; w < 3; w++)
       if (tgm_cpu_gemm(&g)) {
@@ -125,7 +178,8 @@ int main(int argc, char **argv) {
            med * 1e6, fl / med * 1e-9, t[0] * 1e6);
     fflush(stdout);
     free(t);
-    free(A), free(B), free(C), free(bias), free(aux), free(res);
+    run_free(&run);
   }
   return 0;
 }
+#endif
