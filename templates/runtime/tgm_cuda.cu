@@ -2176,9 +2176,10 @@ constexpr int flash_bwd_blocks(int D) { return D == 64 ? 3 : 1; }
 /* The grid's x walks the query tiles; causal, from the last (the longest rows: every key tile up to them) to the
  * first, so that the short blocks fill the tail of the grid. Keys and values come in 64-row tiles, double
  * buffered: tile i + 1 is copied (cp.async) while tile i is computed. A warp takes MT tiles of 16 query rows
- * (a block 64 MT rows): each key and value fragment read from shared memory (ldmatrix) serves all MT, so the
- * tensor cores wait less on shared memory. At D = 64 MT is 2 (flash_rows): on the H100 at GPT-2's sizes one
- * warp's 16 rows read a fragment per 2 MMAs, and shared memory was the limit. */
+ * (a block 64 MT rows): each key and value fragment read from shared memory (ldmatrix) serves all MT, and a
+ * warp skips a causal key tile past all its rows. At D = 64 MT is 2 (flash_rows; 249 registers, two blocks an
+ * SM): GPT-2's layer 0.147 -> 0.143 ms on the H100, less than halving the fragment reads promised, so shared
+ * memory was not what held the forward at ~180 TFLOP/s. D = 128 would not fit two tiles in registers. */
 template <class T, int D, int MT>
 __global__ void __launch_bounds__(128)
     k_flash_fwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y,
