@@ -3,8 +3,11 @@
  * aligned and not, with a scalar tail), w (a full sum and amax, split), sm
  * and sq (softmax rows of 47, a warp a row, and of 3000, a block a row: the
  * max and the sum of exp in one online pass; sq's rows hold a NaN, all -inf,
- * a +inf) and cs (a column sum over an arena value, 4 columns a thread
- * from one vector load of each row) against plain loops. Built by run.sh on the CPU through emu.h, or by
+ * a +inf), cs (a column sum over an arena value, 4 columns a thread
+ * from one vector load of each row) and hd (rows of 64 summed through a
+ * transposed view of hv, [B, 2, 64] as [2, B, 64]: each row's vectors
+ * from its base, 16 lanes a row; shifted, hv is misaligned and the rows
+ * go element by element) against plain loops. Built by run.sh on the CPU through emu.h, or by
  * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
 #include "t_math.h"
 #include <cmath>
@@ -79,6 +82,10 @@ static void run(int64_t dim_B, int shift) {
   float *sq_amax = alloc<float>(4), *sq_sum = alloc<float>(4); /* sq's row statistics (a kernel of their own) */
   const int C = 64;
   float *c_ = alloc<float>(dim_B * C), *g = alloc<float>(dim_B * C), *cs = alloc<float>(C);
+  float *hvs = alloc<float>(dim_B * 128 + 8), *hd = alloc<float>(2 * dim_B);
+  float *hv = hvs + shift;
+  for (int64_t i = 0; i < dim_B * 128; i++)
+    hv[i] = (float)((i * 6007 % 1000) - 500) / 500.0f;
   for (int64_t i = 0; i < dim_B * C; i++)
     c_[i] = (float)((i * 7907 % 1000) - 500) / 500.0f;
   for (int r = 0; r < 4; r++) /* rows: ordinary, a NaN, all -inf, a +inf */
@@ -118,6 +125,13 @@ static void run(int64_t dim_B, int shift) {
       cmp("cs", cs[j], t, 1e-5);
     }
     cmp_rows("sq", sq, q, 4, Q);
+    for (int h = 0; h < 2; h++)
+      for (int64_t b = 0; b < dim_B; b++) {
+        double t = 0;
+        for (int k = 0; k < 64; k++)
+          t += hv[b * 128 + h * 64 + k];
+        cmp("hd", hd[h * dim_B + b], t, 1e-5);
+      }
     for (int i = 0; i < 1024; i++)
       if (count[i] && fails++ < 10)
         printf("FAIL count[%d] = %u left\n", i, count[i]);
