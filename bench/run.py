@@ -486,10 +486,11 @@ class Worker:
         bad = [k for k, e in errs.items()
                if not isinstance(e, float) or not (e <= tol or (isinstance(terrs.get(k), float) and
                                                                 e <= TORCH_MULT * terrs[k]))]
-        self.res.update({"err": worst, "errs": errs, "torch_errs": terrs, "tol": tol, "check_dims": self.w["check"],
+        self.res.update({"err": worst, "errs": errs, "torch_errs": terrs, "tol": tol, "torch_mult": TORCH_MULT,
+                         "check_dims": self.w["check"],
                          "torch_err": max((e for e in terrs.values() if isinstance(e, float)), default=None),
-                         "status": "pass" if not bad else f"FAIL ({len(bad)} of {len(errs)} over tol: "
-                                                          f"{', '.join(bad[:3])})"})
+                         "status": "pass" if not bad else f"FAIL ({len(bad)} of {len(errs)} over tol and over "
+                                                          f"{TORCH_MULT:g}x torch's: {', '.join(bad[:3])})"})
         say(f"  [{self.name}] check at {self.w['check'] or 'static dims'}: max rel err {worst} "
             f"(torch in {self.w['dtype']}: {self.res['torch_err']}), tol {tol:g}: {self.res['status']}")
         # the hand-written module against the same reference, in float64
