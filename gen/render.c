@@ -692,6 +692,20 @@ static const char *row_view_base(R *r, const Node *n, Ix *ix, const Layout *pl) 
   return ix_at(r, &at, pl ? pl->st : NULL);
 }
 
+/* The lane's element of one vector of n's dtype loaded from base at vector
+ * index idx, the load printed once (memo key) at the vector loop's level. */
+static const char *vec_lane(R *r, const Node *n, const char *key, const char *base, const char *idx) {
+  const char *v = memo_get(r, key);
+  if (!v) {
+    v = arena_printf(r->a, "v%d", r->nvars++);
+    const char *vt = vec_type(r, n->dtype);
+    emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[%s];", vt, v, vt, base, idx);
+    memo_put(r, key, v, r->vload_lv);
+    set_var_level(r, v, r->vload_lv);
+  }
+  return arena_printf(r->a, "%s.v[lane]", v);
+}
+
 static const char *load(R *r, const Node *n, Ix *ix) {
   if (own_bytes(r, n))
     r->fail = 2;
@@ -710,46 +724,19 @@ static const char *load(R *r, const Node *n, Ix *ix) {
     int bi = r->p->buf[n->id];
     bf_set(r, bi, BF_CONTIG);
     const char *rc = r->lanes && r->rcache ? row_cache(r, n, p) : NULL;
-    if (rc) {
+    if (rc)
       at = arena_printf(r->a, "%s[rj].v[lane]", rc);
-    } else if (r->lanes) { /* the lane of one vector load per buffer and vector */
-      const char *key = arena_printf(r->a, "vec|%s", p), *v = memo_get(r, key);
-      if (!v) {
-        v = arena_printf(r->a, "v%d", r->nvars++);
-        const char *vt = vec_type(r, n->dtype);
-        emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[%s];", vt, v, vt, vec_base(r, p), r->vidx);
-        memo_put(r, key, v, r->vload_lv);
-        set_var_level(r, v, r->vload_lv);
-      }
-      at = arena_printf(r->a, "%s.v[lane]", v);
-    }
+    else if (r->lanes) /* the lane of one vector load per buffer and vector */
+      at = vec_lane(r, n, arena_printf(r->a, "vec|%s", p), vec_base(r, p), r->vidx);
   } else if (r->p->buf && r->p->buf[n->id] != r->ip_in && (rb = row_view_base(r, n, ix, pl))) {
     bf_set(r, r->p->buf[n->id], BF_ROWV);
-    if (r->lanes) { /* the lane of one vector load per buffer, row base and vector */
-      const char *key = arena_printf(r->a, "rowv|%s|%s", p, rb), *v = memo_get(r, key);
-      if (!v) {
-        v = arena_printf(r->a, "v%d", r->nvars++);
-        const char *vt = vec_type(r, n->dtype);
-        emit(r, r->vload_lv, "const %s %s = ((const %s *)(%s + %s))[%s];", vt, v, vt, p, rb, r->vidx);
-        memo_put(r, key, v, r->vload_lv);
-        set_var_level(r, v, r->vload_lv);
-      }
-      at = arena_printf(r->a, "%s.v[lane]", v);
-    }
+    if (r->lanes) /* the lane of one vector load per buffer, row base and vector */
+      at = vec_lane(r, n, arena_printf(r->a, "rowv|%s|%s", p, rb), arena_printf(r->a, "(%s + %s)", p, rb), r->vidx);
   } else if (r->p->buf && kernel_rows(r->k) && !strcmp(i, "r") && r->p->buf[n->id] != r->ip_in) {
     int bi = r->p->buf[n->id]; /* the same elements for every row: one vector load a vector of the row */
     bf_set(r, bi, BF_BCAST);
-    if (r->lanes && bcast_vec(r, bi)) {
-      const char *key = arena_printf(r->a, "bvec|%s", p), *v = memo_get(r, key);
-      if (!v) {
-        v = arena_printf(r->a, "v%d", r->nvars++);
-        const char *vt = vec_type(r, n->dtype);
-        emit(r, r->vload_lv, "const %s %s = ((const %s *)%s)[rv];", vt, v, vt, p);
-        memo_put(r, key, v, r->vload_lv);
-        set_var_level(r, v, r->vload_lv);
-      }
-      at = arena_printf(r->a, "%s.v[lane]", v);
-    }
+    if (r->lanes && bcast_vec(r, bi))
+      at = vec_lane(r, n, arena_printf(r->a, "bvec|%s", p), p, "rv");
   }
   const char *e;
   switch (n->dtype) {
