@@ -262,6 +262,10 @@ typedef struct Kernel {
   int nouts;
   Node **reds;       /* K_LOOP: the reductions it computes (stored or not) */
   int nreds;
+  Node **cols;       /* K_LOOP rows: sums over the dims the rows' reductions keep (the leading dims: a layer
+                        norm's weight and bias gradients), accumulated as the rows go by (riders); the values
+                        over their result space (the riders' outs) are among outs */
+  int ncols;
   Node *anchor;      /* K_GEMM, K_EXTERN, K_CONCAT: the node */
   Node *act, *add;   /* K_GEMM: the activation (relu, gelu) and the residual add its store applies, or NULL;
                         outs[0] is the last of anchor, act, add */
@@ -342,6 +346,12 @@ const Node *gemm_operand(const Node *n, int k, int *trans);
 int gemm_strided(const Node *n);
 /* Are loop kernel k's reduced dims the innermost ones (rows, not columns)? */
 int kernel_rows(const Kernel *k);
+/* Riders (schedule.c's rider_fit, render.c): a row kernel's rows at most
+ * RIDE_ROW elements long, its riders' result elements (the sums of all of
+ * them) at most RIDE_COLS, and a CUDA thread's share of them at most
+ * RIDE_SLOTS registers. */
+enum { RIDE_ROW = 1024, RIDE_COLS = 4096, RIDE_SLOTS = 64 };
+int rider_fit(const BPass *p, const Kernel *a, const Kernel *b);
 /* A walk over the values a kernel reads from memory (leaves and values
  * stored by other kernels): after kernel_loads(p, k, w), list[0 .. nlist)
  * holds their ids and mark[id] == stamp says whether id is one. It costs the

@@ -165,7 +165,7 @@ static void hash_build(Arena *a, Hash *h, int n, const char *const *names, size_
  * kernel's size, not the pass's (the scheduler renders a kernel at every
  * merge it tries). */
 typedef struct RTab {
-  int *own_st, *acc_st, *dep_st, *dep;
+  int *own_st, *acc_st, *dep_st, *dep, *cdep_st, *cdep;
   const char **acc;
   int stamp;
 } RTab;
@@ -231,6 +231,7 @@ struct R {
   int ip_seq;         /* reads and stores noted so far */
   int ip_bad;         /* a read or store that is not safe in place */
   Vec ip_ld, ip_st;   /* the reads of ip_in's bytes and the stores of ip_out: "loop|phase|index" */
+  int nslot;          /* riders on CUDA: each thread's sums of a rider (its columns of the row), in registers */
   int leaf;           /* on the CPU (not csplit): the parallel loop printed as a leaf function's loop over
                          [lo, hi), no parallel region inside (loop_kernel prints the region that calls it) */
 };
@@ -555,6 +556,18 @@ enum { RCACHE_REGS = 64, RCACHE_MAX = 8 };
  * entropy over 50304 logits took 1.94 ms with 256 threads a row against 2.14 with 512 and 2.62 with 1024, and
  * a layer-norm backward over rows of 768 73 us with 128 threads a block against 83 with 256. */
 enum { ROW_BLOCK = 256, WARP_BLOCK = 128 };
+/* Riders on CUDA (a row kernel's column sums, loop_body): each thread adds
+ * its row positions' elements into its own column of the block's shared
+ * sums ([rider][a thread's position s][thread]: no bank conflicts, and no
+ * registers: in registers they took GPT-2's layer-norm backward from 93 to
+ * 160+ and its step from 34.7 to 35.5 ms); after its rows each block adds
+ * its lane groups' sums in order into a row of partials, and the last of
+ * each group of RIDE_GROUP blocks adds the group's rows in order; the
+ * finish kernel (rider_finish) adds the groups'. At most RIDE_BLOCKS
+ * blocks (H100, GPT-2: 264, 512, 660, 1024 and 2048 blocks took 35.1,
+ * 34.7, 35.1, 35.5 and 36.7 ms a step with the finish adding every block's
+ * row, one load at a time). */
+enum { RIDE_BLOCKS = 512, RIDE_SPLIT = 16 };
 
 static const char *row_cache(R *r, const Node *n, const char *p) {
   const char *key = arena_printf(r->a, "rcache|%s", p), *v = memo_get(r, key);
@@ -1224,6 +1237,24 @@ static int dep(R *r, const Node *n) {
   return t->dep[n->id] = d;
 }
 
+/* Does n's value read one of kernel r->k's riders (its column sums)? Such a
+ * value is known only once every row is done: the riders' outs. */
+static int cdep(R *r, const Node *n) {
+  RTab *t = r->t;
+  if (!r->k || !r->k->ncols)
+    return 0;
+  if (t->cdep_st[n->id] == r->stamp)
+    return t->cdep[n->id];
+  int c = 0;
+  for (int i = 0; i < r->k->ncols && !c; i++)
+    c = r->k->cols[i] == n;
+  if (!c && !(n->op == OP_INPUT || n->op == OP_PARAM) && !(r->p->realized[n->id] && !is_own(r, n)))
+    for (int k = 0; k < n->nin && !c; k++)
+      c = n->in[k] && cdep(r, n->in[k]);
+  t->cdep_st[n->id] = r->stamp;
+  return t->cdep[n->id] = c;
+}
+
 static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   R *r = arena_alloc(a, sizeof(R));
   r->p = p;
@@ -1243,6 +1274,8 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
     t->acc_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
     t->dep_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
     t->dep = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->cdep_st = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
+    t->cdep = arena_alloc(ga, sizeof(int) * (size_t)(p->n + 1));
     t->acc = arena_alloc(ga, sizeof(char *) * (size_t)(p->n + 1));
     p->rtab = t;
   }
@@ -1257,6 +1290,8 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
     r->t->own_st[k->outs[i]->id] = r->stamp;
   for (int i = 0; k && i < k->nreds; i++)
     r->t->own_st[k->reds[i]->id] = r->stamp;
+  for (int i = 0; k && i < k->ncols; i++)
+    r->t->own_st[k->cols[i]->id] = r->stamp;
   r->ip_in = r->ip_out = -1;
   r->grp = 32;
   for (int i = 0; k && p->buf && i < k->nouts; i++) {
@@ -1371,15 +1406,16 @@ static Dim numel_of(const Shape *sh) {
 
 /* Is n, a value reduction kernel k stores, over k's input space (not a
  * reduction, not over the output space)? */
-static int over_input(const Kernel *k, const Node *n) {
+static int over_input(R *r, const Node *n) {
+  const Kernel *k = r->k;
   Dim nn = numel_of(&n->shape);
-  return op_info[n->op].cls != C_REDUCE && dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer);
+  return op_info[n->op].cls != C_REDUCE && dim_eq(&nn, &k->numel) && !dim_eq(&k->numel, &k->outer) && !cdep(r, n);
 }
 
 /* Does kernel k store values over its input's space? */
 static int full_outputs(R *r) {
   for (int i = 0; i < r->k->nouts; i++)
-    if (over_input(r->k, r->k->outs[i]))
+    if (over_input(r, r->k->outs[i]))
       return 1;
   return 0;
 }
@@ -1502,7 +1538,10 @@ static void online_pair(R *r) {
   if (!m || !sm)
     return;
   for (int i = 0; i < k->nouts; i++)
-    if (over_input(k, k->outs[i]) && dep(r, k->outs[i]) == 1)
+    if (over_input(r, k->outs[i]) && dep(r, k->outs[i]) == 1)
+      return;
+  for (int i = 0; i < k->ncols; i++) /* a rider added in the second phase's pass, which this one drops */
+    if (dep(r, k->cols[i]->in[0]) == 1)
       return;
   const Node *e = sm->in[0], *d = e->op == OP_EXP ? e->in[0] : NULL;
   if (!d || d->op != OP_SUB || d->dtype != DT_F32 || e->dtype != DT_F32 || d->in[0] != m->in[0] ||
@@ -1646,9 +1685,21 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
       emit(r, lv, "%s = %s_max(%s, %s);", accs[na], r->name, accs[na], v);
     na++;
   }
+  for (int i = 0; i < k->ncols; i++) { /* the riders' columns: element r of the row adds into sum r */
+    const Node *c = k->cols[i];
+    if (dep(r, c->in[0]) != ph - 1)
+      continue;
+    Ix xi = ixF;
+    const char *v = val(r, c->in[0], &xi);
+    if (!strcmp(r->d->name, "cuda")) /* (this thread's column of the block's sums: no bank conflicts) */
+      emit(r, lv, "csum[(%d + %s) * %d + threadIdx.x] += %s;", i * r->nslot,
+           r->lanes ? arena_printf(r->a, "rj * %d + lane", r->rvec) : "rk", WARP_BLOCK, v);
+    else
+      emit(r, lv, "cpart[%d * n_r + r] += %s;", i, v);
+  }
   for (int i = 0; i < k->nouts; i++) {
     const Node *n = k->outs[i];
-    if (!over_input(k, n))
+    if (!over_input(r, n))
       continue;
     int d = dep(r, n);
     if (d == ph - 1 || (d == r->nph && ph == r->nph + 1)) {
@@ -1671,7 +1722,7 @@ static void out_space_stores(R *r, int ph) {
   for (int i = 0; i < k->nouts; i++) {
     const Node *n = k->outs[i];
     Dim nn = numel_of(&n->shape);
-    if (!dim_eq(&nn, &k->outer))
+    if (!dim_eq(&nn, &k->outer) || cdep(r, n))
       continue;
     Ix xi = ix_make(&n->shape, "o");
     store(r, n, &xi, 1);
@@ -1727,13 +1778,29 @@ static void loop_body(R *r) {
   }
   int last_full = 0; /* the latest phase a value over the input space waits for */
   for (int i = 0; i < k->nouts; i++)
-    if (over_input(k, k->outs[i])) {
+    if (over_input(r, k->outs[i])) {
       int d = dep(r, k->outs[i]);
       last_full = d > last_full ? d : last_full;
     }
+  for (int i = 0; i < k->ncols; i++) { /* a rider adds its element in the pass after the phase it waits for */
+    const Node *c = k->cols[i];
+    int d = dep(r, c->in[0]);
+    last_full = d > last_full ? d : last_full;
+    if (cdep(r, c->in[0])) /* a rider reads another's sum: known only after every row */
+      r->fail = 1;
+  }
+  for (int i = 0; i < k->ncols && !r->fail; i++) { /* only the riders' outs read their sums, over their space */
+    for (int j = 0; j < k->nreds; j++)
+      r->fail |= cdep(r, k->reds[j]);
+    for (int j = 0; j < k->nouts; j++) { /* and every other value over the rows' space or their results' */
+      Dim nn = numel_of(&k->outs[j]->shape);
+      r->fail |= cdep(r, k->outs[j]) ? !dim_eq(&nn, &k->rnum) : !dim_eq(&nn, &k->numel) && !dim_eq(&nn, &k->outer);
+    }
+  }
   r->nph = nph, r->last_full = last_full;
   online_pair(r);
-  if (nph + (last_full == nph) - (r->on_sum != NULL) < 2) /* one pass over the row: nothing to keep */
+  if (nph + (last_full == nph) - (r->on_sum != NULL) < 2 && !k->ncols) /* one pass over the row: nothing to keep
+                                                                         (riders keep the loop over rj) */
     r->rcache = 0;
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
     open_level(r);
@@ -1747,6 +1814,16 @@ static void loop_body(R *r) {
   }
   if (r->mode == M_CTILE) /* several phases, or values over the input space: a loop per output element */
     r->mode = M_SERIAL;
+  int cuda = !strcmp(r->d->name, "cuda");
+  int64_t nrc = 0;
+  if (k->ncols && cuda && dim_is_const(&k->rnum, &nrc)) { /* each thread's sums of its columns, one per rider */
+    r->nslot = r->rvec ? r->rcache * r->rvec : (int)((nrc + r->grp - 1) / r->grp);
+    emit(r, 0, "__shared__ float csum[%d];  /* the riders' sums: [rider][a thread's sum s][thread] */",
+         k->ncols * r->nslot * WARP_BLOCK);
+    emit(r, 0, "for (int s = 0; s < %d; s++)", k->ncols * r->nslot);
+    emit(r, 0, "  csum[s * %d + threadIdx.x] = 0;", WARP_BLOCK);
+  } else if (k->ncols && cuda)
+    r->fail = 1;
   open_level(r);
   r->d->o_loop(r);
   set_var_level(r, "o", 1);
@@ -1850,7 +1927,15 @@ static void loop_body(R *r) {
       close_level(r);
       open_level(r);
     }
-    r->d->r_loop(r);
+    if (k->ncols && cuda) { /* counted: sum rk of the thread's riders is element rk of its elements */
+      head(r, "#pragma unroll 4");
+      head(r, "for (int rk = 0; rk < %d; rk++) {", r->nslot);
+      emit(r, r->level, "const %s r = %sthreadIdx.x %% %d + rk * %d;", r->it,
+           r->rvec ? arena_printf(r->a, "nrv * %d + ", r->rvec) : "", r->grp, r->grp);
+      emit(r, r->level, "if (r >= n_r) break;");
+      set_var_level(r, "rk", 2);
+    } else
+      r->d->r_loop(r);
     set_var_level(r, "r", 2);
     na = phase_body(r, ph, &rsh, accs);
     r->vflat = NULL;
@@ -1899,6 +1984,24 @@ static void loop_body(R *r) {
   if (!(ph_w && early))
     out_space_stores(r, 2 * (nph + 2));
   close_level(r);
+  if (k->ncols && cuda && !r->fail) { /* the riders' sums of the block's rows, lane group by lane group in order */
+    const int nc = k->ncols * (int)nrc;
+    emit(r, 0, "__syncthreads();  /* the block's partials: column c of rider i, from each lane group g in order */");
+    emit(r, 0, "for (int j = threadIdx.x; j < %d; j += blockDim.x) {", nc);
+    emit(r, 0, "  const int i = j / %d, c = j %% %d;", (int)nrc, (int)nrc);
+    if (r->rvec) /* the vector loop's lanes (nrv: all the row's vectors), else a thread's elements */
+      emit(r, 0, "  const int t = nrv ? c / %d %% %d : c %% %d, s = nrv ? c / %d / %d * %d + c %% %d : c / %d;", r->rvec, r->grp,
+           r->grp, r->rvec, r->grp, r->rvec, r->rvec, r->grp);
+    else
+      emit(r, 0, "  const int t = c %% %d, s = c / %d;", r->grp, r->grp);
+    emit(r, 0, "  float a = 0;");
+    emit(r, 0, "  for (int g = 0; g < %d; g++)", WARP_BLOCK / r->grp);
+    emit(r, 0, "    a += csum[(i * %d + s) * %d + g * %d + t];", r->nslot, WARP_BLOCK, r->grp);
+    emit(r, 0, "  split_part[blockIdx.x * %d + j] = a;", nc);
+    emit(r, 0, "}");
+  }
+  if (k->ncols && r->saw_take) /* (a rider kernel reports no bad index) */
+    r->fail = 1;
 }
 
 static void choose_mode(R *r) {
@@ -2223,6 +2326,129 @@ int render_inplace_ok(BPass *p, const Kernel *k) {
   return ok;
 }
 
+/* A printed kernel's parameters: the dims its text (body, and a leaf's
+ * caller's sizes) uses, then the buffers r read or wrote, into sig (with
+ * types) and args (the caller's names); returns whether none was added
+ * (first stays 1). */
+static int kernel_params(File *f, R *r, const char *body, const char *size, Buf *sig, Buf *args, int first) {
+  for (int s = 0; s < f->g->nsyms; s++) {
+    const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
+    const char *hit = strstr(body, dn), *hit2 = strstr(size, dn);
+    if ((hit && !idc(hit[strlen(dn)])) || (hit2 && !idc(hit2[strlen(dn)]))) {
+      buf_printf(sig, "%s%s %s", first ? "" : ", ", r->it, dn);
+      buf_printf(args, "%s%s", first ? "" : ", ", dn);
+      first = 0;
+    }
+  }
+  for (int i = 0; i < r->params.n; i++) {
+    int bi = (int)(intptr_t)r->params.p[i] - 1;
+    const Buffer *b = &r->p->b[bi];
+    if (bi == r->ip_in || bi == r->ip_out) /* the same bytes under two names: no restrict */
+      buf_printf(sig, "%s%s%s *%s%s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype), b->name,
+                 bi == r->ip_out ? arena_printf(f->a, " /* in place of %s */", r->p->b[r->ip_in].name) : "");
+    else
+      buf_printf(sig, "%s%s%s *%s %s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype),
+                 f->d->restr, b->name);
+    buf_printf(args, "%s%s", first ? "" : ", ", b->name);
+    first = 0;
+  }
+  return first;
+}
+
+/* The riders' finish (CUDA): each accumulator ca<i> the sum, over this
+ * thread's rows of partials (`loop`: its variable from threadIdx.x / 32, a
+ * step of the block's row groups; row `row` at split_part + row * the
+ * partials' width), of its column o, four loads in flight; then the row
+ * groups combined in order (tgm_column_sum). */
+static void finish_rows(R *q, const Kernel *k, long long nr, const char *loop, const char *row, const char *what) {
+  long long nc = (long long)k->ncols * nr;
+  for (int i = 0; i < k->ncols; i++)
+    emit(q, 1, "ca%d = 0;", i);
+  emit(q, 1, "#pragma unroll 4");
+  emit(q, 1, "for (int %s; %c += blockDim.x / 32) {  /* %s */", loop, loop[0], what);
+  for (int i = 0; i < k->ncols; i++)
+    emit(q, 1, "  ca%d += __ldcg(split_part + %s * %lld + %lld + o);", i, row, nc, (long long)i * nr);
+  emit(q, 1, "}");
+  for (int i = 0; i < k->ncols; i++)
+    emit(q, 1, "ca%d = %s_column_sum(ca%d);", i, q->name, i);
+}
+
+/* The riders' results of row kernel k (printed as r): the sums' totals,
+ * then their outs stored at each element o of the riders' result space.
+ * CUDA: a kernel of its own over the blocks' partials (split_part, nb rows
+ * of ncols * n_r floats), a block a tile of 32 columns and a share of the
+ * rows (gridDim.y of them: RIDE_SPLIT), whose 8 row groups add rows y, y +
+ * 8, ... of its share in order, four loads in flight, then combine in
+ * order (tgm_column_sum) into a row of its own after the nb; the tile's
+ * last block to finish adds those rows the same way and stores (one block
+ * a tile reading all nb rows took 11 us, 24 blocks for GPT-2's 768
+ * columns); the CPU: a loop over o reading the chunks' totals
+ * (tot, summed in chunk order by the caller). Returns the body; *fr gets
+ * the printer (its buffers). */
+static const char *rider_finish(File *f, Arena *ka, BPass *p, const Kernel *k, const R *r, R **fr) {
+  R *q = new_r(ka, p, k, f->d);
+  int cuda = !strcmp(f->d->name, "cuda");
+  int64_t nr = 0;
+  dim_is_const(&k->rnum, &nr);
+  q->mode = cuda ? M_COLUMN : M_SERIAL;
+  q->it = r->it;
+  q->outer_shape.rank = 0;
+  for (int j = 0; j < k->full.rank; j++)
+    if (k->axes >> j & 1)
+      q->outer_shape.d[q->outer_shape.rank++] = k->full.d[j];
+  q->outer_sh = &q->outer_shape;
+  emit(q, 0, "const %s n_o = %lld;", q->it, (long long)nr);
+  open_level(q);
+  if (cuda) {
+    head(q, "for (%s o0 = blockIdx.x * (%s)32; o0 < n_o; o0 += (%s)gridDim.x * 32) {", q->it, q->it, q->it);
+    head(q, "  const int live = o0 + threadIdx.x %% 32 < n_o;  /* the tile's last columns may be past the end */");
+    head(q, "  const %s o = live ? o0 + threadIdx.x %% 32 : n_o - 1;", q->it);
+    set_var_level(q, "o0", 1);
+    set_var_level(q, "live", 1);
+    long long nc = (long long)(k->ncols * nr);
+    for (int i = 0; i < k->ncols; i++)
+      emit(q, 1, "float ca%d;", i);
+    emit(q, 1, "const int b0 = blockIdx.y * nb / gridDim.y, b1 = (blockIdx.y + 1) * nb / gridDim.y;  /* this block's rows */");
+    finish_rows(q, k, nr, "b = b0 + threadIdx.x / 32; b < b1", "b", "the rows of partials, in order");
+    emit(q, 1, "if (threadIdx.x / 32 == 0 && live) {  /* this block's sums, after the nb rows */");
+    for (int i = 0; i < k->ncols; i++)
+      emit(q, 1, "  split_part[(nb + blockIdx.y) * %lld + %lld + o] = ca%d;", nc, (long long)(i * nr), i);
+    emit(q, 1, "}");
+    emit(q, 1, "if (!%s_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */", q->name);
+    emit(q, 1, "  continue;");
+    finish_rows(q, k, nr, "y = threadIdx.x / 32; y < (int)gridDim.y", "(nb + y)", "the tile's blocks' sums, in order");
+  } else {
+    head(q, "for (int64_t o = 0; o < n_o; o++) {");
+  }
+  set_var_level(q, "o", 1);
+  for (int i = 0; i < k->ncols; i++) {
+    const Node *c = k->cols[i];
+    const char *v = arena_printf(q->a, "s%d", q->nvars++);
+    const char *tot = cuda ? arena_printf(q->a, "ca%d", i) : arena_printf(q->a, "tot[%lld + o]", (long long)(i * nr));
+    emit(q, 1, "const %s %s = %s;", vtype(c->dtype), v, half_round(q, c->dtype, arena_printf(q->a, "(%s)%s", vtype(c->dtype), tot)));
+    set_var_level(q, v, 1);
+    set_acc(q, c, v);
+  }
+  for (int i = 0; i < k->nouts; i++)
+    if (cdep(q, k->outs[i])) {
+      Ix xi = ix_make(&k->outs[i]->shape, "o");
+      store(q, k->outs[i], &xi, 1);
+    }
+  close_level(q);
+  *fr = q;
+  return prune(ka, q->lv[0].p);
+}
+
+/* The blocks of a CUDA row kernel with riders: at most RIDE_BLOCKS, and no
+ * more than the runtime's partials hold (a constant: the sums' order, so
+ * their bits, do not depend on the GPU). */
+static int ride_blocks(const Kernel *k) {
+  int64_t nr = 1;
+  dim_is_const(&k->rnum, &nr);
+  int64_t b = SPLIT_PARTS / (k->ncols * nr) - RIDE_SPLIT; /* (and the finish's rows) */
+  return (int)(b < RIDE_BLOCKS ? b : RIDE_BLOCKS);
+}
+
 static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   Arena ka = {.fail_after = -1}; /* the walkers' per-node tables, freed after each kernel: memory stays linear */
   R *r = configured(&ka, p, k, f->d);
@@ -2251,52 +2477,70 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     size = arena_printf(f->a, "  const int64_t n = %s;\n", c_dim(f->g, &k->numel));
   else if (r->leaf)
     size = arena_printf(f->a, "  const int64_t n_o = %s, n_r = %s;\n", c_dim(f->g, &k->outer), c_dim(f->g, &k->rnum));
-  int first = 1;
-  for (int s = 0; s < f->g->nsyms; s++) {
-    const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
-    const char *hit = strstr(body, dn), *hit2 = strstr(size, dn);
-    if ((hit && !idc(hit[strlen(dn)])) || (hit2 && !idc(hit2[strlen(dn)]))) {
-      buf_printf(&sig, "%s%s %s", first ? "" : ", ", r->it, dn);
-      buf_printf(&args, "%s%s", first ? "" : ", ", dn);
-      first = 0;
-    }
-  }
-  for (int i = 0; i < r->params.n; i++) {
-    int bi = (int)(intptr_t)r->params.p[i] - 1;
-    const Buffer *b = &p->b[bi];
-    if (bi == r->ip_in || bi == r->ip_out) /* the same bytes under two names: no restrict */
-      buf_printf(&sig, "%s%s%s *%s%s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype), b->name,
-                 bi == r->ip_out ? arena_printf(f->a, " /* in place of %s */", p->b[r->ip_in].name) : "");
-    else
-      buf_printf(&sig, "%s%s%s *%s %s", first ? "" : ", ", (bf(r, bi) & BF_WRITTEN) ? "" : "const ", ctype(b->node->dtype),
-                 f->d->restr, b->name);
-    buf_printf(&args, "%s%s", first ? "" : ", ", b->name);
-    first = 0;
-  }
-  if (r->split) {
-    buf_printf(&sig, "%sfloat *split_part, unsigned *split_count", first ? "" : ", ");
-    buf_printf(&args, "%s%s_cuda_split_part(m->cx), %s_cuda_split_count(m->cx)", first ? "" : ", ", f->name, f->name);
+  R *q = NULL; /* the riders' results (rider_finish) */
+  const char *fbody = k->ncols ? rider_finish(f, &ka, p, k, r, &q) : "";
+  int first = kernel_params(f, r, body, size, &sig, &args, 1);
+  if (r->split || (k->ncols && cuda)) { /* (riders: their rows of partials) */
+    buf_printf(&sig, "%sfloat *split_part%s", first ? "" : ", ", r->split ? ", unsigned *split_count" : "");
+    buf_printf(&args, "%s%s_cuda_split_part(m->cx)%s", first ? "" : ", ", f->name,
+               r->split ? arena_printf(f->a, ", %s_cuda_split_count(m->cx)", f->name) : "");
     first = 0;
   }
   if (r->has_bad && cuda) {
     buf_printf(&sig, "%sunsigned long long *bad", first ? "" : ", ");
     buf_printf(&args, "%s%s_cuda_bad_ptr(m->cx)", first ? "" : ", ", f->name);
   }
+  /* riders: the finish's signature (CUDA: its kernel's; the CPU: the caller's, past the leaf's) */
+  Buf fsig, fargs;
+  buf_init(&fsig, f->a);
+  buf_init(&fargs, f->a);
+  int ffirst = 1;
+  if (q && cuda) {
+    buf_printf(&fsig, "int nb, float *split_part, unsigned *split_count");
+    kernel_params(f, q, fbody, "", &fsig, &fargs, 0);
+  } else if (q) { /* the buffers and dims the finish adds to the leaf's */
+    buf_printf(&fsig, "%s", sig.p ? sig.p : "");
+    buf_printf(&fargs, "%s", args.p ? args.p : "");
+    ffirst = first;
+    for (int s2 = 0; s2 < f->g->nsyms; s2++) {
+      const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s2].derived ? arena_printf(f->a, "q%d", s2) : f->g->syms[s2].name);
+      const char *hit = strstr(fbody, dn), *mine = sig.p ? strstr(sig.p, dn) : NULL;
+      if (hit && !idc(hit[strlen(dn)]) && !(mine && !idc(mine[strlen(dn)]))) {
+        buf_printf(&fsig, "%s%s %s", ffirst ? "" : ", ", r->it, dn);
+        buf_printf(&fargs, "%s%s", ffirst ? "" : ", ", dn);
+        ffirst = 0;
+      }
+    }
+    for (int i = 0; i < q->params.n; i++) {
+      int bi = (int)(intptr_t)q->params.p[i] - 1, dup = 0;
+      for (int j = 0; j < r->params.n && !dup; j++)
+        dup = (int)(intptr_t)r->params.p[j] - 1 == bi;
+      if (dup)
+        continue;
+      const Buffer *bb = &p->b[bi];
+      buf_printf(&fsig, "%s%s%s *%s %s", ffirst ? "" : ", ", (bf(q, bi) & BF_WRITTEN) ? "" : "const ", ctype(bb->node->dtype),
+                 f->d->restr, bb->name);
+      buf_printf(&fargs, "%s%s", ffirst ? "" : ", ", bb->name);
+      ffirst = 0;
+    }
+  }
   const char *ret = r->has_bad && !cuda ? "int64_t" : "void";
-  const char *text = arena_printf(f->a, "(%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
-                                  sig.p, r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
+  const char *text = arena_printf(f->a, "(%s%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
+                                  sig.p ? sig.p : "", q && !cuda ? ", double *restrict cpart" : "",
+                                  r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
+  const char *key = q ? arena_printf(f->a, "%s/* riders */%s%s", text, fsig.p ? fsig.p : "", fbody) : text;
   const char *kn = NULL;
   for (int i = 0; i < f->bodies.n; i++)
-    if (!strcmp(f->bodies.p[i], text))
+    if (!strcmp(f->bodies.p[i], key))
       kn = f->names.p[i];
   if (!kn) {
     kn = arena_printf(f->a, "k%d%s", ++f->nk, kernel_ops(f, p, k));
-    vec_push(f->a, &f->bodies, (void *)text);
+    vec_push(f->a, &f->bodies, (void *)key);
     vec_push(f->a, &f->names, (void *)kn);
     static const char *const modes[] = {"one thread per element", "one thread per output element",
                                         "one warp per output element", "one block per output element",
                                         "32 output elements per block, 32 threads each", ""};
-    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s)%s */\n%s%s %s %s%s%s", kn, kernel_covers(p, k, f->spec),
+    buf_printf(&f->kernels, "\n/* %s: %s%s  (%s)%s%s */\n%s%s %s %s%s%s", kn, kernel_covers(p, k, f->spec),
                k->nreds ? arena_printf(f->a, "; reduces %s of %s", c_dim(f->g, &k->rnum), shape_str(f->g, &k->full)) : "",
                r->vec               ? arena_printf(f->a, "%d elements per thread: vector loads and stores", r->vec)
                : r->cvec            ? arena_printf(f->a, "%d output elements per block, %d a thread, 32 threads each", 32 * r->cvec, r->cvec)
@@ -2307,11 +2551,51 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
                : k->nreds           ? "a loop per output element"
                                     : "a loop over the elements",
+               !q ? ""
+               : cuda
+                   ? arena_printf(f->a, ";\n * and %d rider%s: sum%s over its rows' positions, each thread's in the block's shared memory, then each "
+                                        "block's in split_part (%s_cols adds them)",
+                                  k->ncols, k->ncols > 1 ? "s" : "", k->ncols > 1 ? "s" : "", kn)
+                   : arena_printf(f->a, ";\n * and %d rider%s: sum%s over its rows' positions, into cpart (the caller adds the "
+                                        "chunks' in order)",
+                                  k->ncols, k->ncols > 1 ? "s" : "", k->ncols > 1 ? "s" : ""),
                !r->leaf ? ""
                         : arena_printf(f->a, "\n * %s_part: the loop, over %s [lo, hi); compiled per ISA (see the top)",
                                        kn, !k->nreds ? "elements" : r->mode == M_CTILE ? "the tiles of output elements" : "output elements"),
                r->leaf ? arena_printf(f->a, "%s_CLONES ", f->NAME) : "", f->d->qual, ret, kn, r->leaf ? "_part" : "", text);
-    if (r->leaf) { /* the kernel: each thread runs the loop over its share */
+    if (q && cuda)
+      buf_printf(&f->kernels, "\n/* %s_cols: %s's riders' totals (the blocks' partials added in block order) and the values "
+                              "over their result space */\n%s void %s_cols(%s) {\n%s}\n",
+                 kn, kn, f->d->qual, kn, fsig.p, fbody);
+    if (r->leaf && q) { /* the rows in CHUNKS fixed chunks, each chunk's riders' sums added in chunk order */
+      int64_t nr = 0;
+      dim_is_const(&k->rnum, &nr);
+      long long nc = (long long)(k->ncols * nr);
+      buf_printf(&f->kernels, "%s void %s(%s) {\n%s", f->d->qual, kn, fsig.p ? fsig.p : "", size);
+      buf_printf(&f->kernels, "  double tot[%lld];  /* the riders' sums, then the chunks' added in order */\n", nc);
+      buf_printf(&f->kernels, "  for (int64_t j = 0; j < %lld; j++)\n    tot[j] = 0;\n", nc);
+      buf_printf(&f->kernels, "  %s_OMP(parallel for ordered schedule(static, 1) if (n_o * n_r > 16384))\n", f->NAME);
+      buf_printf(&f->kernels, "  for (int64_t c = 0; c < %d; c++) {\n    double part[%lld];\n", CHUNKS, nc);
+      buf_printf(&f->kernels, "    for (int64_t j = 0; j < %lld; j++)\n      part[j] = 0;\n", nc);
+      buf_printf(&f->kernels, "    %s_part(c * n_o / %d, (c + 1) * n_o / %d%s%s, part);\n", kn, CHUNKS, CHUNKS,
+                 first ? "" : ", ", args.p ? args.p : "");
+      buf_printf(&f->kernels, "    %s_OMP(ordered)\n    for (int64_t j = 0; j < %lld; j++)\n      tot[j] += part[j];\n  }\n",
+                 f->NAME, nc);
+      const char *fb = fbody; /* the finish, indented one level (its n_o is the riders' result count) */
+      Buf ind;
+      buf_init(&ind, f->a);
+      buf_printf(&ind, "  {\n");
+      for (const char *e; *fb; fb = e + 1) {
+        e = strchr(fb, '\n');
+        if (!e)
+          e = fb + strlen(fb);
+        buf_printf(&ind, "  %.*s\n", (int)(e - fb), fb);
+        if (!*e)
+          break;
+      }
+      buf_printf(&ind, "  }\n");
+      buf_printf(&f->kernels, "%s}\n", ind.p);
+    } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
       const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
       buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
       buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
@@ -2335,11 +2619,20 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                           f->name, c_dim(f->g, &k->rnum), split_per(r), tiles, split_total(r),
                           r->mode == M_BLOCK ? 512 : r->cvec ? COLUMN_VBLOCK : 1024);
     }
-    buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
+    if (q) { /* at most a fixed number of blocks, each adding its rows' riders into a row of partials, then the finish */
+      int64_t nr = 0;
+      dim_is_const(&k->rnum, &nr);
+      const char *nb = arena_printf(f->a, "%s_blocks_most(%s, %d, %d)", f->name, n, WARP_BLOCK / r->grp, ride_blocks(k));
+      buf_printf(call, "  %s<<<%s, %d, 0, st>>>(%s);\n", kn, nb, WARP_BLOCK, args.p);
+      buf_printf(call, "  %s_cols<<<dim3(%s_blocks(%lld, 32), %d), 256, 0, st>>>((int)%s, %s_cuda_split_part(m->cx), "
+                       "%s_cuda_split_count(m->cx)%s);\n",
+                 kn, f->name, (long long)nr, RIDE_SPLIT, nb, f->name, f->name, fargs.p ? fargs.p : ""); /* (fargs: ", name, ...") */
+    } else
+      buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {
     buf_printf(call, "  bad = %s(%s);\n", kn, args.p);
   } else {
-    buf_printf(call, "  %s(%s);\n", kn, args.p);
+    buf_printf(call, "  %s(%s);\n", kn, q ? fargs.p : args.p);
   }
   if (r->has_bad && !cuda) {
     const Node *t = NULL;

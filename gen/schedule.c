@@ -228,8 +228,10 @@ void kernel_loads(const BPass *p, const Kernel *k, LoadWalk *w) {
     w->own[k->outs[i]->id] = w->stamp;
   for (int i = 0; i < k->nreds; i++)
     w->own[k->reds[i]->id] = w->stamp;
-  for (int i = 0; i < k->nreds + k->nouts; i++) {
-    w->stack[sp++] = i < k->nouts ? k->outs[i] : k->reds[i - k->nouts];
+  for (int i = 0; i < k->ncols; i++)
+    w->own[k->cols[i]->id] = w->stamp;
+  for (int i = 0; i < k->nreds + k->nouts + k->ncols; i++) {
+    w->stack[sp++] = i < k->nouts ? k->outs[i] : i < k->nouts + k->nreds ? k->reds[i - k->nouts] : k->cols[i - k->nouts - k->nreds];
     while (sp) {
       const Node *n = w->stack[--sp];
       if (w->seen[n->id] == w->stamp)
@@ -277,12 +279,46 @@ static int domains_fit(const Kernel *a, const Kernel *b) {
   return dim_eq(&a->numel, &b->numel);
 }
 
+/* Can column kernel b ride row kernel a (a < b in pass order): b's sums over
+ * the dims a's reductions keep (the leading dims: a layer norm's weight and
+ * bias gradients) accumulated as a's rows go by, so the rows are read once
+ * (render.c's riders)? b sums floats in one phase and stores only values
+ * over its result space; a's rows are of a constant length, a multiple of
+ * 8 elements and at most RIDE_ROW (a warp's on CUDA), and the sums of all
+ * its riders fit a thread's registers on CUDA (at most RIDE_SLOTS a
+ * thread) and a chunk's partials on the CPU (RIDE_COLS). */
+int rider_fit(const BPass *p, const Kernel *a, const Kernel *b) {
+  int64_t nr;
+  uint32_t all = (a->full.rank >= 32 ? 0 : 1u << a->full.rank) - 1;
+  if (a->kind != K_LOOP || b->kind != K_LOOP || !a->nreds || !b->nreds || b->ncols || !kernel_rows(a) ||
+      !shape_eq(&a->full, &b->full) || (a->axes & b->axes) || (a->axes | b->axes) != all ||
+      !dim_is_const(&a->rnum, &nr) || nr % 8 || nr > RIDE_ROW)
+    return 0;
+  /* a thread's sums of a rider (render.c: vectors of 8 or 4 a lane group, or elements): at most */
+  int64_t n = a->ncols + b->nreds, s8 = (nr + 255) / 256 * 8, s4 = (nr + 127) / 128 * 4, s1 = (nr + 31) / 32;
+  int64_t slots = s8 > s4 ? s8 : s4;
+  slots = slots > s1 ? slots : s1;
+  if (n * nr > RIDE_COLS || n * slots > RIDE_SLOTS)
+    return 0;
+  for (int i = 0; i < b->nreds; i++)
+    if (b->reds[i]->op != OP_SUM || !dtype_is_float(b->reds[i]->dtype))
+      return 0;
+  for (int i = 0; i < b->nouts; i++) {
+    Dim nn = numel_dim(p, &b->outs[i]->shape, 0, 0);
+    if (!dim_eq(&nn, &b->outer))
+      return 0;
+  }
+  return 1;
+}
+
 static void absorb(Kernel *into, const Kernel *from) {
   int had = into->nreds;
   for (int i = 0; i < from->nouts; i++)
     into->outs[into->nouts++] = from->outs[i];
   for (int i = 0; i < from->nreds; i++)
     into->reds[into->nreds++] = from->reds[i];
+  for (int i = 0; i < from->ncols; i++)
+    into->cols[into->ncols++] = from->cols[i];
   if (!had && from->nreds) {
     into->full = from->full;
     into->axes = from->axes;
@@ -308,6 +344,9 @@ static int in_backward(const BPass *p, const Kernel *k) {
       return 1;
   for (int i = 0; i < k->nreds; i++)
     if (k->reds[i]->id >= p->nfwd)
+      return 1;
+  for (int i = 0; i < k->ncols; i++)
+    if (k->cols[i]->id >= p->nfwd)
       return 1;
   return 0;
 }
@@ -353,6 +392,9 @@ static int gradient_only(const BPass *p, const Kernel *k) {
       return 0;
   for (int i = 0; i < k->nreds; i++)
     if (p->orig[k->reds[i]->id]->id < p->g->nforward)
+      return 0;
+  for (int i = 0; i < k->ncols; i++)
+    if (p->orig[k->cols[i]->id]->id < p->g->nforward)
       return 0;
   return 1;
 }
@@ -423,10 +465,14 @@ static const char *merge(S *s, int i, int j, int commit) {
     return commit ? "" : call_stop(p, ki);
   if (kj->kind != K_LOOP)
     return WHY("%s comes next", kernel_what(p, kj));
-  if (ki->nouts + ki->nreds + kj->nouts + kj->nreds > MAX_KERNEL_VALUES)
+  if (ki->nouts + ki->nreds + ki->ncols + kj->nouts + kj->nreds + kj->ncols > MAX_KERNEL_VALUES)
     return WHY("the kernel would compute more than %d stored values and reductions (a bound on its "
                         "size: registers, and the compiler's time)", MAX_KERNEL_VALUES);
-  if (!domains_fit(ki, kj)) {
+  int ride = !domains_fit(ki, kj) && rider_fit(p, ki, kj); /* kj's sums ride ki's rows */
+  /* pointwise work over the riders' result space (a cast of their sums): with their totals (the renderer
+   * checks that it reads them) */
+  int ride_out = !domains_fit(ki, kj) && !ride && ki->ncols && !kj->nreds && !kj->ncols && dim_eq(&kj->numel, &ki->rnum);
+  if (!domains_fit(ki, kj) && !ride && !ride_out) {
     if (ki->nreds && kj->nreds)
       return WHY("both reduce, over different spaces (%s; the next: %s)", space(p, ki), space(p, kj));
     return WHY("the next loop runs over another space (this: %s; the next: %s)", space(p, ki),
@@ -511,10 +557,17 @@ static const char *merge(S *s, int i, int j, int commit) {
   m->leaves = 0;
   m->outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nouts + kj->nouts + 1));
   m->reds = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->nreds + kj->nreds + 1));
-  m->nouts = m->nreds = 0;
+  m->cols = arena_alloc(s->a, sizeof(Node *) * (size_t)(ki->ncols + kj->ncols + kj->nreds + 1));
+  m->nouts = m->nreds = m->ncols = 0;
   m->stop = NULL;
   absorb(m, ki);
-  absorb(m, kj);
+  if (ride) { /* kj's sums as riders, its values over their result space among the outs */
+    for (int q = 0; q < kj->nouts; q++)
+      m->outs[m->nouts++] = kj->outs[q];
+    for (int q = 0; q < kj->nreds; q++)
+      m->cols[m->ncols++] = kj->reds[q];
+  } else
+    absorb(m, kj);
   /* a reduction over leading dims (bias gradients) runs as tiles of 32
    * output columns, so few outputs means few thread blocks: work over its
    * whole input is not put there unless the tiles fill the GPU */
@@ -1239,6 +1292,12 @@ void dump_pass(const BPass *p, int after, Buf *b) {
       for (int i = 0; i < k->nreds; i++)
         buf_printf(b, " %%%d", k->reds[i]->id);
       buf_printf(b, " over %s of %s", c_dim(g, &k->rnum), shape_str(g, &k->full));
+    }
+    if (k->ncols) {
+      buf_printf(b, "  and sums");
+      for (int i = 0; i < k->ncols; i++)
+        buf_printf(b, " %%%d", k->cols[i]->id);
+      buf_printf(b, " over its rows (riders)");
     }
     if (k->stop)
       buf_printf(b, "  (not fused with the next: %s)", k->stop);

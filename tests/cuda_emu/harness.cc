@@ -7,7 +7,10 @@
  * from one vector load of each row) and hd (rows of 64 summed through a
  * transposed view of hv, [B, 2, 64] as [2, B, 64]: each row's vectors
  * from its base, 16 lanes a row; shifted, hv is misaligned and the rows
- * go element by element) against plain loops. Built by run.sh on the CPU through emu.h, or by
+ * go element by element), and the riders (column sums riding a row
+ * kernel: rac over ra = c - mean(c), rows of 64, 16 lanes a row, with cs
+ * over the same rows; rbc and rbd over rw's rows of 200, a warp a row, as
+ * vectors or, rw shifted, element by element) against plain loops. Built by run.sh on the CPU through emu.h, or by
  * gpu.sh with nvcc on a GPU (the split reductions' last-block race real). */
 #include "t_math.h"
 #include <cmath>
@@ -84,6 +87,12 @@ static void run(int64_t dim_B, int shift) {
   float *c_ = alloc<float>(dim_B * C), *g = alloc<float>(dim_B * C), *cs = alloc<float>(C);
   float *hvs = alloc<float>(dim_B * 128 + 8), *hd = alloc<float>(2 * dim_B);
   float *hv = hvs + shift;
+  const int RW = 200;
+  float *ra = alloc<float>(dim_B * C), *rac = alloc<float>(C), *rws = alloc<float>(dim_B * RW + 8);
+  float *rb = alloc<float>(dim_B * RW), *rbc = alloc<float>(RW), *rbd = alloc<float>(RW);
+  float *rw = rws + shift;
+  for (int64_t i = 0; i < dim_B * RW; i++)
+    rw[i] = (float)((i * 4099 % 1000) - 500) / 500.0f;
   for (int64_t i = 0; i < dim_B * 128; i++)
     hv[i] = (float)((i * 6007 % 1000) - 500) / 500.0f;
   for (int64_t i = 0; i < dim_B * C; i++)
@@ -132,6 +141,34 @@ static void run(int64_t dim_B, int shift) {
           t += hv[b * 128 + h * 64 + k];
         cmp("hd", hd[h * dim_B + b], t, 1e-5);
       }
+    std::vector<double> rac_w((size_t)C, 0.0), rbc_w((size_t)RW, 1.0), rbd_w((size_t)RW, 0.0), rb_abs((size_t)RW, 1.0);
+    for (int64_t b = 0; b < dim_B; b++) {
+      double mean = 0, mx = -INFINITY;
+      for (int j = 0; j < C; j++)
+        mean += c_[b * C + j];
+      mean /= C;
+      for (int j = 0; j < C; j++) {
+        double v = (double)c_[b * C + j] - mean;
+        cmp("ra", ra[b * C + j], v, 1e-5);
+        rac_w[(size_t)j] += v * v;
+      }
+      for (int j = 0; j < RW; j++)
+        mx = std::max(mx, (double)rw[b * RW + j]);
+      for (int j = 0; j < RW; j++) {
+        double v = (double)rw[b * RW + j] * mx;
+        cmp("rb", rb[b * RW + j], v, 1e-6);
+        rbc_w[(size_t)j] += v;
+        rbd_w[(size_t)j] += 3.0 * rw[b * RW + j];
+        rb_abs[(size_t)j] += std::fabs(v) + std::fabs(3.0 * rw[b * RW + j]);
+      }
+    }
+    for (int j = 0; j < C; j++)
+      cmp("rac", rac[j], rac_w[(size_t)j], 1e-5);
+    for (int j = 0; j < RW; j++) { /* sums that cancel: to f32's rounding of the terms' magnitudes */
+      double tol = 1e-6 * rb_abs[(size_t)j] / (1 + std::fabs(rbd_w[(size_t)j]));
+      cmp("rbc", rbc[j], rbc_w[(size_t)j], std::max(1e-5, 1e-6 * rb_abs[(size_t)j] / (1 + std::fabs(rbc_w[(size_t)j]))));
+      cmp("rbd", rbd[j], rbd_w[(size_t)j], std::max(1e-5, tol));
+    }
     for (int i = 0; i < 1024; i++)
       if (count[i] && fails++ < 10)
         printf("FAIL count[%d] = %u left\n", i, count[i]);

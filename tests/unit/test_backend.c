@@ -36,7 +36,9 @@
  * a broadcast operand scalar; its indices are int when every size fits,
  * int64_t otherwise; a reduction with few outputs and many reduced elements
  * (a full sum, a column sum over many rows) is split over blocks, one with
- * few reduced elements or two phases (softmax) is not.
+ * few reduced elements or two phases (softmax) is not. Riders: a layer
+ * norm's weight and bias gradients ride its backward's row kernel (rows of
+ * 768), and do not where a row is too long (2048) or not whole vectors.
  *
  * Prints one line per case and "N passed, M failed". */
 #include "ir.h"
@@ -982,6 +984,70 @@ static void cuda_mapping(void) {
   arena_free(&a);
 }
 
+/* Riders: a layer norm's weight and bias gradients (sums over the rows of
+ * its backward's space) ride the row kernel of its backward: no column
+ * kernel of their own in the train pass. CUDA adds each thread's positions
+ * into its column of the block's shared sums, each block's into a row of
+ * partials, and a finish kernel (NAME_cols) adds those; the CPU adds each
+ * chunk's rows into cpart and the caller the chunks in order. Rows too
+ * long for a warp (2048), or not a multiple of 8 elements (100), keep the
+ * column kernel. */
+static void riders(void) {
+  Arena a = {.fail_after = -1};
+  for (int v = 0; v < 3; v++) {
+    int d = v == 0 ? 768 : v == 1 ? 2048 : 100;
+    const char *src = arena_printf(&a, "dtype: bf16\n%soutputs: [y]\ntrain:\n  loss: loss\n  optimizer: {sgd: {lr: 0.1}}\n",
+                                   spec(&a, arena_printf(&a, "  B: {dynamic: true, max: 64}\n  D: %d", d), "  x: [B, D]",
+                                        "  w: {shape: [D], init: ones}\n  b: {shape: [D], init: zeros}",
+                                        "  - y: layer_norm(x, w, b) * 2\n  - loss: mean(y * y)"));
+    Plan pl = {0};
+    char what[128];
+    BPass *p = train_pass_of(&a, "riders", src, 0, &pl);
+    int rows = 0, cols = 0, riders = 0;
+    for (int c = 0; p && c < p->nk; c++) {
+      const Kernel *k = p->k[c];
+      if (k->kind != K_LOOP || !k->nreds)
+        continue;
+      if (kernel_rows(k))
+        rows++, riders += k->ncols;
+      else
+        cols++;
+    }
+    snprintf(what, sizeof what, "riders, rows of %d: the weight and bias gradients %s", d,
+             v == 0 ? "ride the backward's row kernel" : "stay a column kernel");
+    char detail[96];
+    snprintf(detail, sizeof detail, "%d row kernels, %d riders, %d column kernels", rows, riders, cols);
+    check(p && (v == 0 ? riders == 2 && cols == 0 : riders == 0 && cols == 1), what, detail);
+    if (v)
+      continue;
+    Graph *g = load(&a, "riders", src);
+    BPass *ps[NPASS] = {0};
+    Plan pl2 = {0};
+    char err[256];
+    int64_t maxsym[MAXSYM] = {0};
+    if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl2, err, sizeof err)) {
+      check(0, "riders: the spec", "cannot load, differentiate or partition");
+      continue;
+    }
+    build_passes(g, &pl2, 1, 2, ps);
+    const char *cu = render_file(g, ps, 1, "riders"), *cpu = render_file(g, ps, 0, "riders");
+    expect_text(cu, "riders (CUDA): a thread's 24 positions of rows of 768 bf16 (3 vectors of 8) for 2 riders",
+                "__shared__ float csum[6144];", 1);
+    expect_text(cu, "riders (CUDA): the vector loop adds into its column", "csum[(24 + rj * 8 + lane) * 128 + threadIdx.x] += ", 1);
+    expect_text(cu, "riders (CUDA): so does the loop past the vectors", "csum[(24 + rk) * 128 + threadIdx.x] += ", 1);
+    expect_text(cu, "riders (CUDA): a block's lane groups in order, then a row of partials",
+                "split_part[blockIdx.x * 1536 + j] = a;", 1);
+    expect_text(cu, "riders (CUDA): at most 512 blocks", "_blocks_most(dim_B, 4, 512), 128, 0, st>>>", 1);
+    expect_text(cu, "riders (CUDA): the finish over 16 blocks a tile of 32 columns", "_cols<<<dim3(t_blocks(768, 32), 16), 256", 1);
+    expect_text(cu, "riders (CUDA): the finish's tile's last block adds the 16 blocks' sums",
+                "if (!t_split_last(&split_count[o0 / 32]))", 1);
+    expect_text(cpu, "riders (CPU): a chunk's rows add into cpart", "cpart[0 * n_r + r] += ", 1);
+    expect_text(cpu, "riders (CPU): the chunks in order", "_OMP(parallel for ordered schedule(static, 1)", 1);
+    expect_text(cpu, "riders (CPU): the totals", "double tot[1536];", 1);
+  }
+  arena_free(&a);
+}
+
 /* The CPU kernels' loops are leaf functions compiled per ISA (NAME_CLONES):
  * no parallel region inside one (its body would not be cloned), and every
  * parallel region of a kernel is one that calls a leaf on a thread's share,
@@ -1025,6 +1091,7 @@ int main(int argc, char **argv) {
     gpt2_in_place();
     in_place_cases();
     cuda_mapping();
+    riders();
     cpu_leaves("spec/examples/mlp_blocks.yaml");
     cpu_leaves("tests/e2e/all_ops_bf16.yaml");
     cpu_leaves("tests/data/gpt2_tiny.yaml");
