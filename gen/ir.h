@@ -350,7 +350,7 @@ int kernel_rows(const Kernel *k);
  * RIDE_ROW elements long, its riders' result elements (the sums of all of
  * them) at most RIDE_COLS, and a CUDA thread's share of them at most
  * RIDE_SLOTS registers. */
-enum { RIDE_ROW = 1024, RIDE_COLS = 4096, RIDE_SLOTS = 64 };
+enum { RIDE_ROW = 1024, RIDE_COLS = 4096, RIDE_SLOTS = 96 };
 int rider_fit(const BPass *p, const Kernel *a, const Kernel *b);
 /* A walk over the values a kernel reads from memory (leaves and values
  * stored by other kernels): after kernel_loads(p, k, w), list[0 .. nlist)

@@ -18,6 +18,9 @@
  *     after the reduction) or over its result's space (an epilogue after it);
  *   - reductions over the same input space and dims (several phases of one
  *     loop nest: layer_norm's mean then variance, softmax's max then sum);
+ *   - sums over the leading dims of a row kernel's space, as its riders
+ *     (rider_fit: a layer norm's weight and bias gradients, added as its
+ *     backward's rows go by), with the pointwise work over their results;
  * when the later kernel reads a value the earlier one stores, or both read
  * the same buffer, when no other kernel between them has to run in between
  * (fusion never creates a cycle), and when the renderer can index every read
@@ -1202,6 +1205,47 @@ void schedule(BPass *p, int fuse) {
           j = i - 1; /* the merged kernel may join an earlier one, and take more */
           break;
         }
+    /* a bias's gradient that a GEMM's store took (BGRADB: a kernel of its
+     * own in cuBLASLt, reading dy again) rides instead the row kernel that
+     * stores dy, where it can (a residual's gradient out of a layer norm's
+     * backward: the attention and MLP projections' biases in GPT-2) */
+    for (int c = 0; c < p->nk; c++) {
+      Kernel *g = p->k[c];
+      if (g->kind != K_GEMM || !g->bgrad)
+        continue;
+      Node *b = g->bgrad;
+      int x = kidx(s, b->in[0]->id);
+      if (x < 0 || x >= c || p->k[x]->kind != K_LOOP)
+        continue;
+      Kernel *r = p->k[x], col = {0};
+      Node *one[1] = {b};
+      col.kind = K_LOOP;
+      col.reds = col.outs = one;
+      col.nreds = col.nouts = 1;
+      col.full = b->in[0]->shape;
+      col.axes = b->axes;
+      col.outer = numel_dim(p, &col.full, col.axes, 0);
+      if (!rider_fit(p, r, &col))
+        continue;
+      Node **cols = arena_alloc(s->a, sizeof(Node *) * (size_t)(r->ncols + 1));
+      Node **outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(r->nouts + 1));
+      memcpy(cols, r->cols, sizeof(Node *) * (size_t)r->ncols);
+      memcpy(outs, r->outs, sizeof(Node *) * (size_t)r->nouts);
+      Kernel *m = arena_alloc(s->a, sizeof(Kernel));
+      *m = *r;
+      m->cols = cols, m->outs = outs;
+      m->cols[m->ncols++] = b;
+      m->outs[m->nouts++] = b;
+      p->k[x] = m;
+      p->kern[b->id] = s->kid_at[x];
+      if (render_check(p, m)) { /* as it was */
+        p->k[x] = r;
+        p->kern[b->id] = s->kid_at[c];
+        continue;
+      }
+      g->bgrad = NULL;
+      g->nouts = 1;
+    }
     /* stored values only their own kernel reads: kept in registers (the
      * kernel that reads each value: rd, -2 when several do) */
     int *rd = s->saved;
