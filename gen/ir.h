@@ -349,7 +349,8 @@ int kernel_rows(const Kernel *k);
 /* Riders (schedule.c's rider_fit, render.c): a row kernel's rows at most
  * RIDE_ROW elements long, its riders' result elements (the sums of all of
  * them) at most RIDE_COLS, and a CUDA thread's share of them at most
- * RIDE_SLOTS registers. */
+ * RIDE_SLOTS floats (its column of the block's shared sums: 48 KB for a
+ * block of 128 threads). */
 enum { RIDE_ROW = 1024, RIDE_COLS = 4096, RIDE_SLOTS = 96 };
 int rider_fit(const BPass *p, const Kernel *a, const Kernel *b);
 /* A walk over the values a kernel reads from memory (leaves and values

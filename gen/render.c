@@ -231,7 +231,7 @@ struct R {
   int ip_seq;         /* reads and stores noted so far */
   int ip_bad;         /* a read or store that is not safe in place */
   Vec ip_ld, ip_st;   /* the reads of ip_in's bytes and the stores of ip_out: "loop|phase|index" */
-  int nslot;          /* riders on CUDA: each thread's sums of a rider (its columns of the row), in registers */
+  int nslot;          /* riders on CUDA: each thread's sums of a rider (its positions of the row), in shared memory */
   int leaf;           /* on the CPU (not csplit): the parallel loop printed as a leaf function's loop over
                          [lo, hi), no parallel region inside (loop_kernel prints the region that calls it) */
 };
@@ -561,12 +561,12 @@ enum { ROW_BLOCK = 256, WARP_BLOCK = 128 };
  * sums ([rider][a thread's position s][thread]: no bank conflicts, and no
  * registers: in registers they took GPT-2's layer-norm backward from 93 to
  * 160+ and its step from 34.7 to 35.5 ms); after its rows each block adds
- * its lane groups' sums in order into a row of partials, and the last of
- * each group of RIDE_GROUP blocks adds the group's rows in order; the
- * finish kernel (rider_finish) adds the groups'. At most RIDE_BLOCKS
- * blocks (H100, GPT-2: 264, 512, 660, 1024 and 2048 blocks took 35.1,
- * 34.7, 35.1, 35.5 and 36.7 ms a step with the finish adding every block's
- * row, one load at a time). */
+ * its lane groups' sums in order into a row of partials, and the finish
+ * kernel (rider_finish) adds the rows, RIDE_SPLIT blocks a tile of
+ * columns. At most RIDE_BLOCKS blocks (H100, GPT-2: 264, 512, 660, 1024
+ * and 2048 blocks took 35.1, 34.7, 35.1, 35.5 and 36.7 ms a step with a
+ * finish of one block a tile, one load at a time; 512 and 600 the same
+ * with the split finish). */
 enum { RIDE_BLOCKS = 512, RIDE_SPLIT = 16 };
 
 static const char *row_cache(R *r, const Node *n, const char *p) {
@@ -1283,6 +1283,8 @@ static R *new_r(Arena *a, BPass *p, const Kernel *k, const Dialect *d) {
   r->stamp = ++r->t->stamp;
   r->it = "int64_t";
   r->capv = 256;
+  r->cap = 256; /* (a level may close before the first memo: rider_finish's) */
+  r->memo = arena_alloc(a, sizeof(Memo) * (size_t)r->cap);
   r->vlev = arena_alloc(a, sizeof(char *) * (size_t)r->capv);
   r->vlevel = arena_alloc(a, sizeof(int) * (size_t)r->capv);
   buf_init(&r->lv[0], a);

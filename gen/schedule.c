@@ -288,7 +288,7 @@ static int domains_fit(const Kernel *a, const Kernel *b) {
  * (render.c's riders)? b sums floats in one phase and stores only values
  * over its result space; a's rows are of a constant length, a multiple of
  * 8 elements and at most RIDE_ROW (a warp's on CUDA), and the sums of all
- * its riders fit a thread's registers on CUDA (at most RIDE_SLOTS a
+ * its riders fit a block's shared memory on CUDA (RIDE_SLOTS floats a
  * thread) and a chunk's partials on the CPU (RIDE_COLS). */
 int rider_fit(const BPass *p, const Kernel *a, const Kernel *b) {
   int64_t nr;
@@ -297,7 +297,7 @@ int rider_fit(const BPass *p, const Kernel *a, const Kernel *b) {
       !shape_eq(&a->full, &b->full) || (a->axes & b->axes) || (a->axes | b->axes) != all ||
       !dim_is_const(&a->rnum, &nr) || nr % 8 || nr > RIDE_ROW)
     return 0;
-  /* a thread's sums of a rider (render.c: vectors of 8 or 4 a lane group, or elements): at most */
+  /* a CUDA thread's sums of a rider (render.c: its positions in vectors of 8 or 4, or elements): at most */
   int64_t n = a->ncols + b->nreds, s8 = (nr + 255) / 256 * 8, s4 = (nr + 127) / 128 * 4, s1 = (nr + 31) / 32;
   int64_t slots = s8 > s4 ? s8 : s4;
   slots = slots > s1 ? slots : s1;
