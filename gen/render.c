@@ -2399,7 +2399,8 @@ static const char *rider_finish(File *f, Arena *ka, BPass *p, const Kernel *k, c
     if (k->axes >> j & 1)
       q->outer_shape.d[q->outer_shape.rank++] = k->full.d[j];
   q->outer_sh = &q->outer_shape;
-  emit(q, 0, "const %s n_o = %lld;", q->it, (long long)nr);
+  if (cuda) /* (the CPU's finish is in the caller, whose n_o is the rows') */
+    emit(q, 0, "const %s n_o = %lld;", q->it, (long long)nr);
   open_level(q);
   if (cuda) {
     head(q, "for (%s o0 = blockIdx.x * (%s)32; o0 < n_o; o0 += (%s)gridDim.x * 32) {", q->it, q->it, q->it);
@@ -2420,7 +2421,7 @@ static const char *rider_finish(File *f, Arena *ka, BPass *p, const Kernel *k, c
     emit(q, 1, "  continue;");
     finish_rows(q, k, nr, "y = threadIdx.x / 32; y < (int)gridDim.y", "(nb + y)", "the tile's blocks' sums, in order");
   } else {
-    head(q, "for (int64_t o = 0; o < n_o; o++) {");
+    head(q, "for (int64_t o = 0; o < %lld; o++) {  /* the riders' results */", (long long)nr);
   }
   set_var_level(q, "o", 1);
   for (int i = 0; i < k->ncols; i++) {
@@ -2500,19 +2501,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   if (q && cuda) {
     buf_printf(&fsig, "int nb, float *split_part, unsigned *split_count");
     kernel_params(f, q, fbody, "", &fsig, &fargs, 0);
-  } else if (q) { /* the buffers and dims the finish adds to the leaf's */
-    buf_printf(&fsig, "%s", sig.p ? sig.p : "");
-    buf_printf(&fargs, "%s", args.p ? args.p : "");
-    ffirst = first;
-    for (int s2 = 0; s2 < f->g->nsyms; s2++) {
-      const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s2].derived ? arena_printf(f->a, "q%d", s2) : f->g->syms[s2].name);
-      const char *hit = strstr(fbody, dn), *mine = sig.p ? strstr(sig.p, dn) : NULL;
-      if (hit && !idc(hit[strlen(dn)]) && !(mine && !idc(mine[strlen(dn)]))) {
-        buf_printf(&fsig, "%s%s %s", ffirst ? "" : ", ", r->it, dn);
-        buf_printf(&fargs, "%s%s", ffirst ? "" : ", ", dn);
-        ffirst = 0;
-      }
-    }
+  } else if (q) { /* the leaf's dims and buffers, the finish's dims, then the buffers the finish adds */
+    ffirst = kernel_params(f, r, body, arena_printf(f->a, "%s%s", size, fbody), &fsig, &fargs, 1);
     for (int i = 0; i < q->params.n; i++) {
       int bi = (int)(intptr_t)q->params.p[i] - 1, dup = 0;
       for (int j = 0; j < r->params.n && !dup; j++)
@@ -2583,20 +2573,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                  first ? "" : ", ", args.p ? args.p : "");
       buf_printf(&f->kernels, "    %s_OMP(ordered)\n    for (int64_t j = 0; j < %lld; j++)\n      tot[j] += part[j];\n  }\n",
                  f->NAME, nc);
-      const char *fb = fbody; /* the finish, indented one level (its n_o is the riders' result count) */
-      Buf ind;
-      buf_init(&ind, f->a);
-      buf_printf(&ind, "  {\n");
-      for (const char *e; *fb; fb = e + 1) {
-        e = strchr(fb, '\n');
-        if (!e)
-          e = fb + strlen(fb);
-        buf_printf(&ind, "  %.*s\n", (int)(e - fb), fb);
-        if (!*e)
-          break;
-      }
-      buf_printf(&ind, "  }\n");
-      buf_printf(&f->kernels, "%s}\n", ind.p);
+      buf_printf(&f->kernels, "%s}\n", fbody);
     } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
       const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
       buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");

@@ -528,16 +528,17 @@ TGM_FN float tgm_column_sum(float v) { return tgm_column_reduce(v, 0); }
 TGM_FN float tgm_column_max(float v) { return tgm_column_reduce(v, 1); }
 TGM_FN float tgm_block_sum(float v) { return tgm_block_reduce(v, 0); }
 TGM_FN float tgm_block_max(float v) { return tgm_block_reduce(v, 1); }
-/* Whether this block is the last of n blocks counting themselves done at
- * *count. All threads call it after the block's partials are written; the
- * fence makes them visible before the count says so, and the last block
- * resets the count for the next kernel. */
-TGM_FN int tgm_last_of(unsigned *count, unsigned n) {
+/* A reduction split over gridDim.y blocks per output tile (the last kernel
+ * dim's partials in `part`, one per block, in blockIdx.y order): whether this
+ * block is the last of its tile to finish. All threads call it after the
+ * block's partials are written; the fence makes them visible before the
+ * count says so, and the last block resets the count for the next kernel. */
+TGM_FN int tgm_split_last(unsigned *count) {
   __shared__ int last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(count, 1u) == n - 1;
+    last = atomicAdd(count, 1u) == gridDim.y - 1;
     if (last) {
       *count = 0;
       __threadfence(); /* the others' partials are read after their count */
@@ -546,10 +547,6 @@ TGM_FN int tgm_last_of(unsigned *count, unsigned n) {
   __syncthreads();
   return last;
 }
-/* A reduction split over gridDim.y blocks per output tile (the last kernel
- * dim's partials in `part`, one per block, in blockIdx.y order): whether this
- * block is the last of its tile to finish. */
-TGM_FN int tgm_split_last(unsigned *count) { return tgm_last_of(count, gridDim.y); }
 /* The last block's total of the gridDim.y partials at part (of one output
  * element, or of each live thread's column): each thread adds a fixed
  * subset in order, then the block (column) combines them as tgm_block_sum

@@ -165,9 +165,9 @@ static void run(int64_t dim_B, int shift) {
     for (int j = 0; j < C; j++)
       cmp("rac", rac[j], rac_w[(size_t)j], 1e-5);
     for (int j = 0; j < RW; j++) { /* sums that cancel: to f32's rounding of the terms' magnitudes */
-      double tol = 1e-6 * rb_abs[(size_t)j] / (1 + std::fabs(rbd_w[(size_t)j]));
-      cmp("rbc", rbc[j], rbc_w[(size_t)j], std::max(1e-5, 1e-6 * rb_abs[(size_t)j] / (1 + std::fabs(rbc_w[(size_t)j]))));
-      cmp("rbd", rbd[j], rbd_w[(size_t)j], std::max(1e-5, tol));
+      auto tol = [&](double want) { return std::max(1e-5, 1e-6 * rb_abs[(size_t)j] / (1 + std::fabs(want))); };
+      cmp("rbc", rbc[j], rbc_w[(size_t)j], tol(rbc_w[(size_t)j]));
+      cmp("rbd", rbd[j], rbd_w[(size_t)j], tol(rbd_w[(size_t)j]));
     }
     for (int i = 0; i < 1024; i++)
       if (count[i] && fails++ < 10)

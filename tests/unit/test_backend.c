@@ -412,7 +412,9 @@ static void kernel_groups(void) {
 /* The fused training pass of the model at path, partitioned at each dynamic
  * dim's max (as tgen does; at_max) or at zero sizes; NULL after a failed
  * check when it cannot be built. */
-static BPass *train_pass_of(Arena *a, const char *path, const char *src, int at_max, Plan *pl) {
+/* A training spec's passes (into ps), or NULL (a failed check) when it cannot be loaded, differentiated or
+ * partitioned. */
+static Graph *train_passes(Arena *a, const char *path, const char *src, int at_max, Plan *pl, BPass **ps) {
   Graph *g = src ? load(a, path, src) : NULL;
   int64_t maxsym[MAXSYM] = {0};
   char err[512];
@@ -422,9 +424,13 @@ static BPass *train_pass_of(Arena *a, const char *path, const char *src, int at_
     check(0, path, "cannot load, differentiate or partition");
     return NULL;
   }
-  BPass *ps[NPASS] = {0};
   build_passes(g, pl, 1, 2, ps);
-  return ps[PASS_TRAIN];
+  return g;
+}
+
+static BPass *train_pass_of(Arena *a, const char *path, const char *src, int at_max, Plan *pl) {
+  BPass *ps[NPASS] = {0};
+  return train_passes(a, path, src, at_max, pl, ps) ? ps[PASS_TRAIN] : NULL;
 }
 
 static BPass *train_pass(Arena *a, const char *path, int at_max, Plan *pl) {
@@ -1005,7 +1011,9 @@ static void riders(void) {
                                         "  - y: layer_norm(x, w, b) * 2\n  - loss: mean(y * y)"));
     Plan pl = {0};
     char what[128];
-    BPass *p = train_pass_of(&a, "riders", src, 0, &pl);
+    BPass *ps[NPASS] = {0};
+    Graph *g = train_passes(&a, "riders", src, 0, &pl, ps);
+    BPass *p = g ? ps[PASS_TRAIN] : NULL;
     int rows = 0, cols = 0, riders = 0;
     for (int c = 0; p && c < p->nk; c++) {
       const Kernel *k = p->k[c];
@@ -1021,18 +1029,8 @@ static void riders(void) {
     char detail[96];
     snprintf(detail, sizeof detail, "%d row kernels, %d riders, %d column kernels", rows, riders, cols);
     check(p && (v == 0 ? riders == 2 && cols == 0 : riders == 0 && cols == 1), what, detail);
-    if (v)
+    if (v || !g)
       continue;
-    Graph *g = load(&a, "riders", src);
-    BPass *ps[NPASS] = {0};
-    Plan pl2 = {0};
-    char err[256];
-    int64_t maxsym[MAXSYM] = {0};
-    if (!g || autodiff(g) || partition(g, g->spec->compile.remat, -1, maxsym, &pl2, err, sizeof err)) {
-      check(0, "riders: the spec", "cannot load, differentiate or partition");
-      continue;
-    }
-    build_passes(g, &pl2, 1, 2, ps);
     const char *cu = render_file(g, ps, 1, "riders"), *cpu = render_file(g, ps, 0, "riders");
     expect_text(cu, "riders (CUDA): a thread's 24 positions of rows of 768 bf16 (3 vectors of 8) for 2 riders",
                 "__shared__ float csum[6144];", 1);
