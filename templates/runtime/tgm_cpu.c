@@ -517,6 +517,12 @@ static Ukernel pick_ukernel(void) {
 #ifndef GEMM_NC
 #define GEMM_NC 3072
 #endif
+/* A piece whose K has several slices is one row block when that block's
+ * scratch (its f32 sums, and its packed A) takes at most this many bytes
+ * (gemm_pieces). */
+#ifndef GEMM_BLOCK_MAX
+#define GEMM_BLOCK_MAX (1 << 20)
+#endif
 
 /* d[0, n) = s[0, n) for a packed panel's row: the micro-kernels' widths as
  * fixed-size copies (inlined), where a loop of runtime length became a call
@@ -1482,8 +1488,14 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   const int npieces = pr * pcn;
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
-  sp.mcb = min64(p->mcb, mp);
   sp.ncb = min64(p->ncb, np);
+  /* With several K slices, each row block packs B's slice again (gemm_tiled): a piece whose block
+   * scratch fits GEMM_BLOCK_MAX is then one row block, so that B is packed once, as gemm_grid's cost
+   * assumes. H100 machine, 16 threads, against torch.mm in turn: 1024 x 512 x 2048 (pieces 1024 x 32,
+   * six row blocks before) 1.04 -> 1.13 of torch's rate with B transposed, 0.76 -> 1.01 without; dW's
+   * 2048 x 512 x 1024 (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
+  const int64_t block = mp * (sp.ncb + (p->a_rows ? 0 : p->kcb)) * (int64_t)sizeof(float);
+  sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
   /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
   GemmWs stack[64], *ws = gemm_ws_take(&sp, npieces, stack);
   int ok = ws != NULL;

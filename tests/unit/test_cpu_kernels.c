@@ -1772,12 +1772,15 @@ static void test_gemm(void) {
   /* one GEMM cut into a piece per thread (gemm_pieces): every grid the thread
    * counts give, against 1 thread and against the threads sharing one
    * blocking (gemm_shared); f32 with A read in place (its last row panel
-   * short), A transposed, bf16; K in two slices; accumulating, a residual */
+   * short), A transposed, bf16; K in two slices; accumulating, a residual;
+   * A transposed and K in two slices with pieces of more rows than GEMM_MC
+   * (each one row block, its packed A and sums whole) */
   if (omp_get_max_threads() != 1) {
     static const GemmCase pcs[] = {
         {TGM_F32, 0, 1, 203, 150, GEMM_KC + 44, 1, 1, 0, 0, 1, TGM_ACT_GELU, 1, 1, 0, 0, 0, 0, 0},
         {TGM_F32, 1, 0, 130, 333, 70, 1, 0, 0, 0, 0, TGM_ACT_NONE, 0, 0, 1, 0, 0, 0, 0},
         {TGM_BF16, 0, 0, 96, 64, GEMM_KC + 34, 1, 2, 0, 0, 1, TGM_ACT_RELU, 0, 1, 0, 0, 0, 0, 0},
+        {TGM_F32, 1, 0, GEMM_MC + 109, 72, GEMM_KC + 20, 1, 0, 0, 0, 0, TGM_ACT_NONE, 0, 0, 1, 0, 0, 0, 0},
     };
     int saved = omp_get_max_threads(), via = gemm_via_blas();
 #ifdef TGM_HAVE_CBLAS
