@@ -812,9 +812,10 @@ static int same_memory(const BPass *p, const Node *a, const Node *b) {
 
 /* A bias's gradient next to its weight's: sum(dy) over every dim but the
  * last, where a matmul after it (no epilogue, one batch) reads dy as its
- * transposed A, [K, M] = [rows, the last dim]: the GEMM's store computes
- * the sum over k of op(A) (cuBLASLt's BGRADB epilogue; the CPU GEMM sums
- * its operand), so dy is read once. bg[sum] = the GEMM: the first one in
+ * transposed A, [K, M] = [rows, the last dim]: the GEMM call computes
+ * the sum over k of op(A) too (the CUDA runtime's k_bgrad_cols, or
+ * cuBLASLt's BGRADB epilogue; the CPU GEMM sums its operand), so the
+ * schedule needs no kernel for it. bg[sum] = the GEMM: the first one in
  * node order that no earlier sum took. Linear: the candidate GEMMs are
  * listed by the stored value their A lies in (a sum can only match one
  * over its own operand's bytes), so each sum looks at a few. */

@@ -1168,6 +1168,65 @@ __global__ void k_gemm_bgrad(const T *__restrict__ A, int64_t lda, int ta, int64
   }
 }
 
+/* out[m] = sum over k of A[k lda + m] (op(A) stored transposed, [K, M]: a
+ * weight gradient's dy; the bias gradient), V columns a thread in 16-byte
+ * vectors (M and lda multiples of V, A 16-byte aligned). A block takes 32
+ * vectors of columns, its 8 warps rows k = 8 y + w, 8 (y + gridDim.y), ...;
+ * the grid's y is kBgradSplit (a constant: the sums' order, so their bits,
+ * do not depend on the GPU). Each block adds its warps' sums in warp order
+ * into its row of partials; the column tile's last block adds the rows in
+ * order and stores. cuBLASLt's BGRADB, which this replaces where it applies,
+ * runs a kernel of its own too. */
+constexpr int kBgradSplit = 64;
+template <class T, int V>
+__global__ void __launch_bounds__(256) k_bgrad_cols(const T *__restrict__ A, int64_t lda, int64_t M, int64_t K,
+                                                    float *__restrict__ part, unsigned *count, T *__restrict__ out) {
+  __shared__ float s[8][32 * V];
+  const int x = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int64_t m = (blockIdx.x * (int64_t)32 + x) * V, step = (int64_t)gridDim.y * 8;
+  float acc[V] = {};
+  int64_t k = blockIdx.y * (int64_t)8 + w;
+  if (m < M) {
+    for (; k + 3 * step < K; k += 4 * step) { /* four rows' loads in flight, added in row order */
+      Vec<T, V> r[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        r[u] = *reinterpret_cast<const Vec<T, V> *>(A + (k + u * step) * lda + m);
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int q = 0; q < V; q++)
+          acc[q] += to_f(r[u].v[q]);
+    }
+    for (; k < K; k += step) {
+      Vec<T, V> r = *reinterpret_cast<const Vec<T, V> *>(A + k * lda + m);
+#pragma unroll
+      for (int q = 0; q < V; q++)
+        acc[q] += to_f(r.v[q]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < V; q++)
+    s[w][q * 32 + x] = acc[q];
+  __syncthreads();
+  const int c = threadIdx.x;                        /* column c of the tile: vector c / V, element c % V */
+  const int64_t col = blockIdx.x * (int64_t)(32 * V) + c;
+  if (c < 32 * V && col < M) {
+    float t = 0.0f;
+    for (int y = 0; y < 8; y++)
+      t += s[y][(c % V) * 32 + c / V];
+    part[blockIdx.y * M + col] = t;
+  }
+  if (!tgm_split_last(&count[blockIdx.x]))
+    return;
+  if (c < 32 * V && col < M) {
+    float t = 0.0f;
+    for (int y = 0; y < (int)gridDim.y; y++)
+      t += part[y * M + col];
+    out[col] = from_f<T>(t);
+  }
+}
+
 /* ---------------------------------------------------------------- host: geometry */
 
 /*@uses matmul attention@*/
@@ -3197,6 +3256,21 @@ static void x3_setup(tgm_cuda_ctx *cx) {
   cx->x3 = ok;
 }
 
+/* Whether k_bgrad_cols takes g's bias gradient: op(A) transposed, its rows
+ * whole vectors, the partials and tiles within the context's. */
+static bool bgrad_cols_ok(const tgm_gemm *g) {
+  const int64_t v = 16 / dt_size(g->dt);
+  return g->ta && g->M % v == 0 && g->lda % v == 0 && aligned(g->A, 16) && g->M <= TGM_CUDA_SPLIT_PARTS / kBgradSplit &&
+         (g->M + 32 * v - 1) / (32 * v) <= TGM_CUDA_SPLIT_TILES;
+}
+
+template <class T> static void bgrad_cols(tgm_cuda_ctx *cx, const tgm_gemm *g) {
+  constexpr int V = 16 / sizeof(T);
+  dim3 grid((unsigned)((g->M + 32 * V - 1) / (32 * V)), kBgradSplit);
+  k_bgrad_cols<T, V><<<grid, 256, 0, cx->stream>>>((const T *)g->A, g->lda, g->M, g->K, cx->d_split_part,
+                                                   cx->d_split_count, (T *)g->bgrad);
+}
+
 /* One (batched) GEMM with its epilogue (tgm_rt.h). cuBLASLt alone when one of
  * its epilogues (with beta) expresses the whole request; else the product
  * without epilogue and k_gemm_epilogue after it: without accumulation the
@@ -3234,7 +3308,18 @@ int tgm_cuda_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   const void *cin;
   bool none = true;
   int rc;
-  if (g->bgrad) { /* in the matmul where cuBLASLt takes it, else apart */
+  if (g->bgrad) { /* k_bgrad_cols, else in the matmul where cuBLASLt takes it, else apart */
+    if (bgrad_cols_ok(g)) {
+      switch (g->dt) {
+      case TGM_BF16: bgrad_cols<bf16>(cx, g); break;
+      case TGM_F16: bgrad_cols<f16>(cx, g); break;
+      default: bgrad_cols<float>(cx, g); break;
+      }
+      TGM_CUDA_LAUNCHED("k_bgrad_cols");
+      tgm_gemm p = *g;
+      p.bgrad = NULL;
+      return tgm_cuda_gemm(cx, &p);
+    }
     if (g->K > 0 && lt_epilogue_for(g, &epi, &beta, &cin)) {
       if ((rc = lt_matmul(cx, g, g->C, 0, g->ldc, g->sc, cin, beta, epi, &none)))
         return rc;

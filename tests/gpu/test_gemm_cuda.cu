@@ -363,8 +363,9 @@ static void test_gemm(void) {
   for (size_t k = 0; k < sizeof ss / sizeof *ss; k++) /* gelu's backward at aux */
     run_case(Case{TGM_F32, 0, 1, ss[k][0], ss[k][1], ss[k][2], 1, 0, 0, 0, 1, TGM_ACT_GELU, 0, 0, 0, 0, 0, 1, 0});
   /* an activation's backward at aux (dact: always the epilogue kernel, lt_epilogue_for says why),
-   * and the sum over k of op(A) (bgrad: BGRADB alone, else its own kernel), GPT-2's weight-gradient
-   * shape among them (M = N = 768, K = 2048, A transposed) */
+   * and the sum over k of op(A) (bgrad: k_bgrad_cols where A is transposed with rows of whole
+   * vectors, else BGRADB alone, else k_gemm_bgrad), GPT-2's weight-gradient shape among them
+   * (M = N = 768, K = 2048, A transposed) */
   static const int64_t ds[][3] = {{64, 96, 128}, {130, 33, 7}, {7, 130, 520}, {768, 768, 2048}};
   for (int di = 0; di < 3; di++)
     for (size_t k = 0; k < sizeof ds / sizeof *ds; k++)
@@ -374,6 +375,11 @@ static void test_gemm(void) {
                       t & 2 ? TGM_ACT_GELU_TANH : TGM_ACT_GELU, 0, 0, 0, 0, 0, 1, 0});
         run_case(Case{dts[di], 1, t & 1, ds[k][0], ds[k][1], ds[k][2], 1, pad, 0, 0, t == 3, 0, 0, 0, 0, 0, 0, 0, 1});
       }
+  /* k_bgrad_cols over several column tiles, the last partial, and K past its unrolled steps and not a
+   * multiple of them (pad 0); the same shape with rows that are not whole vectors (pad 3: the others) */
+  for (int di = 0; di < 3; di++)
+    for (int pad = 0; pad <= 3; pad += 3)
+      run_case(Case{dts[di], 1, 0, 1032, 24, 5000, 1, pad, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1});
 }
 
 /* k_gemm_x3 (f32 on Hopper's tensor cores, three TF32 products; x3_force takes it at any shape it
