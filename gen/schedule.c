@@ -1206,8 +1206,8 @@ void schedule(BPass *p, int fuse) {
           j = i - 1; /* the merged kernel may join an earlier one, and take more */
           break;
         }
-    /* a bias's gradient that a GEMM's store took (BGRADB: a kernel of its
-     * own in cuBLASLt, reading dy again) rides instead the row kernel that
+    /* a bias's gradient that a GEMM's store took (on CUDA k_bgrad_cols or
+     * cuBLASLt's BGRADB: a kernel of its own, reading dy again) rides instead the row kernel that
      * stores dy, where it can (a residual's gradient out of a layer norm's
      * backward: the attention and MLP projections' biases in GPT-2) */
     for (int c = 0; c < p->nk; c++) {
