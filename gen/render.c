@@ -210,6 +210,8 @@ struct R {
   int rvec;           /* M_WARP, M_BLOCK rows on CUDA: elements per vector of the rows' vector loops (0: none) */
   int cvec;           /* M_COLUMN on CUDA: output columns per thread, one vector of each row (column_vectors) */
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
+  const char *rc_start, *rc_step; /* their loop's first vector and step */
+  int rthreads;       /* M_BLOCK on CUDA, not split: the threads of a row (a block; ROW_BLOCK unless long rows) */
   int grp;            /* M_WARP: the lanes of a row (32; a power of two below it for short rows, 32 / grp rows a
                          warp, each group of lanes on its own: tgm_group_*) */
   const Node *on_max, *on_sum; /* CUDA rows: amax(u) and sum(exp(u - amax(u))) in one online pass (online_pair) */
@@ -549,13 +551,20 @@ static int own_bytes(R *r, const Node *n) { return is_own(r, n) || is_own(r, lay
  * the variance, the normalised values) keeps each thread's vectors of a
  * buffer's row in a register array (r->rcache vectors; at most RCACHE_REGS
  * registers for all its arrays, the later buffers load in every phase):
- * the array is filled where the first phase reads the buffer and read in
- * the later ones, so the row comes from memory once. */
+ * the array is filled before the loop of the first phase that reads the
+ * buffer, all its loads in one loop that nothing else is in (each one
+ * predicated, so they go out together: in the phase's loop each sat behind
+ * the exit test of the vector before it), and read in the phases, so the
+ * row comes from memory once. */
 enum { RCACHE_REGS = 64, RCACHE_MAX = 8 };
-/* M_BLOCK's threads a row (not split), and M_WARP's a block (4 rows): on the H100 at GPT-2's sizes the cross
- * entropy over 50304 logits took 1.94 ms with 256 threads a row against 2.14 with 512 and 2.62 with 1024, and
- * a layer-norm backward over rows of 768 73 us with 128 threads a block against 83 with 256. */
-enum { ROW_BLOCK = 256, WARP_BLOCK = 128 };
+/* M_BLOCK's threads a row (not split), and M_WARP's a block (4 rows): a layer-norm backward over rows of 768
+ * took 73 us with 128 threads a block against 83 with 256 (H100, GPT-2). A row of more than RCACHE_MAX vectors
+ * a thread at ROW_BLOCK gets ROW_BLOCK_LONG threads instead, and its rows stay in memory: GPT-2's cross entropy
+ * over 50304 bf16 logits (16384 rows) took 1.68 ms with 256 threads a row, 1.65 with 512 and 1.45 with 1024
+ * (the H100, session 22: with fewer rows in flight the second read of a row comes from L2; 3.30 GB read
+ * from DRAM at 256 for 1.65 GB of logits). Kept in registers at 1024 (7 vectors a thread) it took 1.82 ms:
+ * 64 registers a thread leave one block on an SM, so no other row's loads run while a row computes. */
+enum { ROW_BLOCK = 256, ROW_BLOCK_LONG = 1024, WARP_BLOCK = 128 };
 /* Riders on CUDA (a row kernel's column sums, loop_body): each thread adds
  * its row positions' elements into its own column of the block's shared
  * sums ([rider][a thread's position s][thread]: no bank conflicts, and no
@@ -576,7 +585,12 @@ static const char *row_cache(R *r, const Node *n, const char *p) {
   v = arena_printf(r->a, "v%d", r->nvars++);
   const char *vt = vec_type(r, n->dtype);
   emit(r, 1, "%s %s[%d];  /* this thread's vectors of %s's row o */", vt, v, r->rcache, p);
-  emit(r, r->vload_lv, "%s[rj] = ((const %s *)%s)[%s];", v, vt, vec_base(r, p), r->vidx);
+  emit(r, 1, "#pragma unroll");
+  emit(r, 1, "for (int rj = 0; rj < %d; rj++) {", r->rcache);
+  emit(r, 1, "  const %s rv = %s + rj * %s;", r->it, r->rc_start, r->rc_step);
+  emit(r, 1, "  if (rv < nrv)");
+  emit(r, 1, "    %s[rj] = ((const %s *)%s)[rv];", v, vt, vec_base(r, p));
+  emit(r, 1, "}");
   memo_put(r, key, v, 1);
   set_var_level(r, v, 1);
   r->rcache_regs += 4 * r->rcache;
@@ -1901,6 +1915,7 @@ static void loop_body(R *r) {
                                             : "threadIdx.x";
       const char *step = r->mode == M_WARP ? arena_printf(r->a, "%d", r->grp) : r->split ? "gridDim.y * blockDim.x" : "blockDim.x";
       if (r->rcache) { /* the same vectors in every phase: the first phase's loads stay in registers */
+        r->rc_start = start, r->rc_step = step;
         head(r, "#pragma unroll");
         head(r, "for (int rj = 0; rj < %d; rj++) {", r->rcache);
         set_var_level(r, "rj", 2);
@@ -2250,6 +2265,7 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
   r->csplit = !cuda && cpu_split_ok(probe);
   r->leaf = !cuda && !r->csplit;
   r->vflat = NULL;
+  r->rthreads = ROW_BLOCK;
   if (cuda) {
     r->it = fits_int(probe) ? "int" : "int64_t";
     if (r->mode == M_COLUMN && column_prefix(k) && probe->nph == 1 && !full_outputs(probe))
@@ -2272,7 +2288,9 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
         if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV))
           bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV));
       int64_t nr, per = r->mode == M_WARP ? r->grp : ROW_BLOCK; /* the threads of a row (the launch below) */
-      if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
+      if (r->mode == M_BLOCK && !r->split && !k->ncols && dim_is_const(&k->rnum, &nr) && nr / r->rvec > (int64_t)RCACHE_MAX * ROW_BLOCK)
+        r->rthreads = ROW_BLOCK_LONG; /* (and no registers for the row) */
+      else if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
     }
   }
@@ -2516,7 +2534,9 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       ffirst = 0;
     }
   }
-  const char *ret = r->has_bad && !cuda ? "int64_t" : "void";
+  const char *ret = r->has_bad && !cuda        ? "int64_t"
+                    : r->rthreads > ROW_BLOCK ? arena_printf(f->a, "void __launch_bounds__(%d)", r->rthreads) /* (its register cap) */
+                                              : "void";
   const char *text = arena_printf(f->a, "(%s%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
                                   sig.p ? sig.p : "", q && !cuda ? ", double *restrict cpart" : "",
                                   r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
@@ -2587,7 +2607,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   if (cuda) {
     const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / r->grp, WARP_BLOCK)
-                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, ROW_BLOCK)
+                       : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, r->rthreads)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, 32 * (r->cvec ? r->cvec : 1),
                                                            r->cvec ? COLUMN_VBLOCK : 1024)
                                             : arena_printf(f->a, "%s_blocks(%s, %d), 256", f->name, n, 256 * (r->vec ? r->vec : 1));

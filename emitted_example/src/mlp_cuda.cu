@@ -158,8 +158,13 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
     #pragma unroll
     for (int rj = 0; rj < 1; rj++) {
       const int rv = threadIdx.x % 4 + rj * 4;
+      if (rv < nrv)
+        v3[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
+    }
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x % 4 + rj * 4;
       if (rv >= nrv) break;
-      v3[rj] = ((const mlp_vec<float, 4> *)(logits + o * n_r))[rv];
       #pragma unroll
       for (int lane = 0; lane < 4; lane++) {
         const float v4 = v3[rj].v[lane];

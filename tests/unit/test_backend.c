@@ -934,6 +934,26 @@ static void cuda_mapping(void) {
                     NULL);
   expect_text(cu, "softmax over 65536 (two phases): one block a row", "split", 0);
   expect_text(cu, "softmax over 65536: rows too long to keep in registers", "rj <", 0);
+  /* a row of more than 8 vectors a thread at 256 threads: 1024 threads a row (its launch and the kernel's
+   * register cap agree), the row not kept in registers (GPT-2's vocabulary row of 50304 bf16 would be 7
+   * vectors a thread); a row of 4096 f32 keeps 256 threads and its 4 vectors a thread in registers. (256 rows:
+   * with few rows, the values over the rows are a pointwise kernel of their own, and the row kernel reads its
+   * row once) */
+  expect_text(cu, "softmax over 65536: 1024 threads a row", ", 1), 1024, 0, st>>>", 1);
+  expect_text(cu, "softmax over 65536: the kernel capped for 1024 threads", "void __launch_bounds__(1024) k", 1);
+  cu = forward_text(&a, "vocabulary rows",
+                    arena_printf(&a, "dtype: bf16\n%s", spec(&a, "  B: 256\n  V: 50304", "  x: [B, V]", NULL,
+                                                             "  - y: log_softmax(x, -1)")),
+                    1, &p);
+  expect_text(cu, "log_softmax over 50304 bf16: 1024 threads a row", ", 1), 1024, 0, st>>>", 1);
+  expect_text(cu, "log_softmax over 50304 bf16: two passes over the row in memory", "this thread's vectors of", 0);
+  check(count_text(cu, arena_printf(&a, "((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv]", buf_of(p, "x"))) == 2,
+        "log_softmax over 50304 bf16: x's row loaded in both phases", cu);
+  cu = forward_text(&a, "rows of 4096", spec(&a, "  B: 256\n  D: 4096", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
+                    NULL);
+  expect_text(cu, "softmax over 4096 f32: 256 threads a row", ", 1), 256, 0, st>>>", 1);
+  expect_text(cu, "softmax over 4096 f32: no register cap", "__launch_bounds__", 0);
+  expect_text(cu, "softmax over 4096 f32: 4 vectors a thread in registers", "[4];  /* this thread's vectors of ", 1);
   /* layer_norm over rows of 512 f16 (three phases: mean, variance, output):
    * each lane's 2 vectors of its row loaded once, kept in registers */
   cu = forward_text(&a, "layer_norm rows",
@@ -947,7 +967,12 @@ static void cuda_mapping(void) {
   const char *load = arena_printf(&a, "[rj] = ((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv];", x);
   check(count_text(cu, load) == 1, "layer_norm: x's vectors loaded once, into the registers", "");
   check(count_text(cu, "[rj].v[lane])") == 3, "layer_norm: the three phases read the registers", "");
-  check(count_text(cu, "for (int rj = 0; rj < 2; rj++) {") == 3, "layer_norm: three phases over the same 2 vectors", "");
+  check(count_text(cu, "for (int rj = 0; rj < 2; rj++) {") == 4, "layer_norm: three phases over the same 2 vectors (and the loads' loop)", "");
+  /* the loads in a loop of their own before the first phase's, each predicated (not behind the exit test of
+   * the vector before it), so that they go out together */
+  check(count_text(cu, "  if (rv < nrv)\n") == 1 && count_text(cu, "if (rv >= nrv) break;") == 3 &&
+            strstr(cu, load) && strstr(cu, load) < strstr(cu, "if (rv >= nrv) break;"),
+        "layer_norm: the row's vectors loaded before the phases' loops", cu);
   /* its weight and bias: the same elements for every row, one vector load
    * a vector of the row (not 8 scalar loads), aligned as the rows are */
   cu = forward_text(&a, "layer_norm rows, affine",
