@@ -1625,6 +1625,7 @@ static void column_vectors(R *r, const Shape *rsh) {
   tile_add(r, accs, "lane", &ixF);
   r->lanes = 0;
   r->vflat = NULL;
+  drop_unused_index(r, " o = oc * ", "o"); /* (the loads all vectors: nvcc warns of an unused o) */
   close_level(r);
   close_level(r);
   /* the row groups' partials of each column, in order, into warp 0 (then,

@@ -911,6 +911,8 @@ static void cuda_mapping(void) {
                                       "outputs: [s, q, m]")),
                     1, NULL);
   expect_text(cu, "column vectors: 8 columns a thread", "const int oc = o0 / 8 + threadIdx.x % 32;", 1);
+  /* the row loop's lanes read h as vectors, never at its column o: no o declared there (nvcc warns of it) */
+  check(count_text(cu, "const int o = oc * 8 + lane;") == 1, "column vectors: o declared only where the results use it", cu);
   check(count_text(cu, "t_column_sum_v(acc") == 2 && count_text(cu, "t_column_max_v(acc") == 1,
         "column vectors: one combine per accumulator (2 sums, 1 max)", "");
   check(count_text(cu, "t_split_column_sum_v(split_part + ") == 2 && count_text(cu, "t_split_column_max_v(split_part + ") == 1,
