@@ -400,6 +400,7 @@ class Worker:
             raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
         self.res["tgen_ms"] = float(m.group(1))
         self.res["tgen_line"] = out.strip().splitlines()[-1]
+        self.tgen_cmd = (cmd + ["--iters", str(n), "--warmup", str(warm)], env)
         mem = re.search(r"device memory peak ([\d.]+) MiB", out)  # tgm_device_memory: what the model allocated
         if mem:
             self.res["tgen_peak_gib"] = round(float(mem.group(1)) / 1024, 2)
@@ -417,6 +418,19 @@ class Worker:
         if ws:
             self.res["tgen_workspace_mib"] = float(ws.group(1))
         say(f"  [{self.name}] tgen {self.res['tgen_ms']:.4f} ms")
+
+    def tgen_again(self):
+        """CPU: the same timing once more after torch's, so that a machine whose speed drifts over the minutes
+        between them shows in the row (the headline stays the first run's)."""
+        if not getattr(self, "tgen_cmd", None):
+            return
+        cmd, env = self.tgen_cmd
+        rc, out, _ = run_cmd(cmd, self.a.cmd_timeout, self.log, env=env)
+        m = re.search(r"median ([\d.]+) ms", out)
+        if rc != 0 or not m:
+            raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
+        self.res["tgen_again_ms"] = float(m.group(1))
+        say(f"  [{self.name}] tgen again after torch {self.res['tgen_again_ms']:.4f} ms")
 
     def iters(self):
         return self.a.iters or self.w["iters"]
@@ -633,6 +647,8 @@ class Worker:
         if not self.a.no_compile:
             for m in w["modes"]:
                 self.step(f"compile-{m}", lambda m=m: self.torch_time(m))
+        if self.cpu:
+            self.step("tgen-again", self.tgen_again)
         return 0
 
 
@@ -759,6 +775,8 @@ def row_of(name, r, ceil, a):
     if r.get("skipped"):
         status = r["skipped"]
     notes = []
+    if r.get("tgen_again_ms") is not None:
+        notes.append(f"tgen again after torch {fmt_ms(r['tgen_again_ms'])} ms")
     if r.get("tgen_graphs_ms") is not None:
         notes.append(f"tgen with CUDA graphs {fmt_ms(r['tgen_graphs_ms'])} ms")
     if r.get("tgen_tuned_ms") is not None:
