@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(256) k_bgrad_cols(const T *__restrict__ A, int
   if (c < 32 * V && col < M) {
     float t = 0.0f;
     for (int y = 0; y < (int)gridDim.y; y++)
-      t += part[y * M + col];
+      t += __ldcg(part + y * M + col); /* the other blocks' rows, from L2 (as the generated splits read theirs) */
     out[col] = from_f<T>(t);
   }
 }
