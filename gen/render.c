@@ -1708,7 +1708,9 @@ static int phase_body(R *r, int ph, const Shape *rsh, const char **accs) {
       continue;
     Ix xi = ixF;
     const char *v = val(r, c->in[0], &xi);
-    if (!strcmp(r->d->name, "cuda")) /* (this thread's column of the block's sums: no bank conflicts) */
+    if (!strcmp(r->d->name, "cuda") && r->mode == M_BLOCK) /* riders_block: in registers */
+      emit(r, lv, "rsum[%d + %s] += %s;", i * r->nslot, r->lanes ? arena_printf(r->a, "rj * %d + lane", r->rvec) : "rk", v);
+    else if (!strcmp(r->d->name, "cuda")) /* (this thread's column of the block's sums: no bank conflicts) */
       emit(r, lv, "csum[(%d + %s) * %d + threadIdx.x] += %s;", i * r->nslot,
            r->lanes ? arena_printf(r->a, "rj * %d + lane", r->rvec) : "rk", WARP_BLOCK, v);
     else
@@ -1749,7 +1751,7 @@ static void out_space_stores(R *r, int ph) {
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
-  if (!k->nreds) {
+  if (!k->nreds && !k->ncols) {
     r->vflat = "i";
     emit(r, 0, "const %s n = %s;", r->it, c_dim(r->g, &k->numel));
     if (r->vec)
@@ -1833,7 +1835,15 @@ static void loop_body(R *r) {
     r->mode = M_SERIAL;
   int cuda = !strcmp(r->d->name, "cuda");
   int64_t nrc = 0;
-  if (k->ncols && cuda && dim_is_const(&k->rnum, &nrc)) { /* each thread's sums of its columns, one per rider */
+  if (k->ncols && cuda && dim_is_const(&k->rnum, &nrc) && r->mode == M_BLOCK) { /* riders_block */
+    if (!r->rvec || !r->rcache)
+      r->fail = 1;
+    r->nslot = r->rcache * r->rvec;
+    emit(r, 0, "float rsum[%d];  /* the riders' sums: [rider][a thread's sum s], in registers */", k->ncols * r->nslot);
+    emit(r, 0, "#pragma unroll");
+    emit(r, 0, "for (int s = 0; s < %d; s++)", k->ncols * r->nslot);
+    emit(r, 0, "  rsum[s] = 0;");
+  } else if (k->ncols && cuda && dim_is_const(&k->rnum, &nrc)) { /* each thread's sums of its columns, one per rider */
     r->nslot = r->rvec ? r->rcache * r->rvec : (int)((nrc + r->grp - 1) / r->grp);
     emit(r, 0, "__shared__ float csum[%d];  /* the riders' sums: [rider][a thread's sum s][thread] */",
          k->ncols * r->nslot * WARP_BLOCK);
@@ -1945,7 +1955,13 @@ static void loop_body(R *r) {
       close_level(r);
       open_level(r);
     }
-    if (k->ncols && cuda) { /* counted: sum rk of the thread's riders is element rk of its elements */
+    if (k->ncols && cuda && r->mode == M_BLOCK) { /* riders_block: sum rk is element rk of the thread's (registers: unrolled) */
+      head(r, "#pragma unroll");
+      head(r, "for (int rk = 0; rk < %d; rk++) {", r->nslot);
+      emit(r, r->level, "const %s r = nrv * %d + threadIdx.x + rk * %d;", r->it, r->rvec, r->rthreads);
+      emit(r, r->level, "if (r >= n_r) break;");
+      set_var_level(r, "rk", 2);
+    } else if (k->ncols && cuda) { /* counted: sum rk of the thread's riders is element rk of its elements */
       head(r, "#pragma unroll 4");
       head(r, "for (int rk = 0; rk < %d; rk++) {", r->nslot);
       emit(r, r->level, "const %s r = %sthreadIdx.x %% %d + rk * %d;", r->it,
@@ -2002,7 +2018,18 @@ static void loop_body(R *r) {
   if (!(ph_w && early))
     out_space_stores(r, 2 * (nph + 2));
   close_level(r);
-  if (k->ncols && cuda && !r->fail) { /* the riders' sums of the block's rows, lane group by lane group in order */
+  if (k->ncols && cuda && !r->fail && r->mode == M_BLOCK) { /* riders_block: each thread's sums are the block's */
+    const int nc = k->ncols * (int)nrc;
+    emit(r, 0, "#pragma unroll");
+    emit(r, 0, "for (int s = 0; s < %d; s++) {  /* sum s: the thread's vector s / %d's lane s %% %d, else its element s */", r->nslot,
+         r->rvec, r->rvec);
+    emit(r, 0, "  const int v = threadIdx.x + s / %d * %d, c = nrv ? v * %d + s %% %d : threadIdx.x + s * %d;", r->rvec, r->rthreads,
+         r->rvec, r->rvec, r->rthreads);
+    emit(r, 0, "  if (nrv ? v < nrv : c < %d)", (int)nrc);
+    emit(r, 0, "    for (int i = 0; i < %d; i++)", k->ncols);
+    emit(r, 0, "      split_part[blockIdx.x * %d + i * %d + c] = rsum[i * %d + s];", nc, (int)nrc, r->nslot);
+    emit(r, 0, "}");
+  } else if (k->ncols && cuda && !r->fail) { /* the riders' sums of the block's rows, lane group by lane group in order */
     const int nc = k->ncols * (int)nrc;
     emit(r, 0, "__syncthreads();  /* the block's partials: column c of rider i, from each lane group g in order */");
     emit(r, 0, "for (int j = threadIdx.x; j < %d; j += blockDim.x) {", nc);
@@ -2024,7 +2051,7 @@ static void loop_body(R *r) {
 
 static void choose_mode(R *r) {
   const Kernel *k = r->k;
-  if (!k || !k->nreds) {
+  if (!k || (!k->nreds && !k->ncols)) {
     r->mode = M_PW;
     return;
   }
@@ -2033,7 +2060,8 @@ static void choose_mode(R *r) {
     int64_t rn = 0;
     const char *err;
     dim_eval(r->g, &k->rnum, r->p->sym, &rn, &err);
-    r->mode = !kernel_rows(k) ? M_COLUMN : rn > 1024 ? M_BLOCK : M_WARP;
+    r->mode = !kernel_rows(k) ? M_COLUMN : rn > 1024 || !k->nreds ? M_BLOCK : M_WARP; /* (a pointwise kernel with riders:
+                                                                                     a block a row, riders_block) */
   }
 }
 
@@ -2160,7 +2188,7 @@ static int cpu_split_ok(R *r) {
 int render_check(BPass *p, const Kernel *k) {
   Arena a = {.fail_after = -1}; /* the check's own, freed after it: the scheduler asks thousands of times */
   int fail = 0;
-  if (!k->nreds) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
+  if (!k->nreds && !k->ncols) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
     LoadWalk *w = p->walk; /* its own marks: the kernel's own values */
     kernel_loads(p, k, w);
     for (int i = 0; i < k->nouts; i++)
@@ -2289,9 +2317,11 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
         if (bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV))
           bf_set(r, l[j], bf(probe, l[j]) & (BF_CONTIG | BF_BCAST | BF_ROWV));
       int64_t nr, per = r->mode == M_WARP ? r->grp : ROW_BLOCK; /* the threads of a row (the launch below) */
+      if (r->mode == M_BLOCK && !k->nreds && dim_is_const(&k->rnum, &nr)) /* riders alone: a thread a vector of the row */
+        per = r->rthreads = (int)(nr / r->rvec > 1024 ? 1024 : (nr / r->rvec + 31) / 32 * 32);
       if (r->mode == M_BLOCK && !r->split && !k->ncols && dim_is_const(&k->rnum, &nr) && nr / r->rvec > (int64_t)RCACHE_MAX * ROW_BLOCK)
         r->rthreads = ROW_BLOCK_LONG; /* (and no registers for the row) */
-      else if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= RCACHE_MAX)
+      else if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= (k->nreds ? RCACHE_MAX : RIDE_SLOTS / r->rvec))
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
     }
   }
@@ -2495,7 +2525,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   const char *body = arena_strdup(f->a, prune(&ka, r->lv[0].p));
   /* a leaf's caller: the loop's size and the condition for threads (as the parallel loops' above) */
   const char *size = "";
-  if (r->leaf && !k->nreds)
+  if (r->leaf && !k->nreds && !k->ncols)
     size = arena_printf(f->a, "  const int64_t n = %s;\n", c_dim(f->g, &k->numel));
   else if (r->leaf)
     size = arena_printf(f->a, "  const int64_t n_o = %s, n_r = %s;\n", c_dim(f->g, &k->outer), c_dim(f->g, &k->rnum));
@@ -2596,7 +2626,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                  f->NAME, nc);
       buf_printf(&f->kernels, "%s}\n", fbody);
     } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
-      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
+      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds || k->ncols ? "n_o * n_r > 16384" : "n > 16384";
       buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
       buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
                  f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
@@ -2606,7 +2636,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   }
   k->name = kn;
   if (cuda) {
-    const char *n = k->nreds ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
+    const char *n = k->nreds || k->ncols ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / r->grp, WARP_BLOCK)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, r->rthreads)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, 32 * (r->cvec ? r->cvec : 1),
@@ -2622,8 +2652,9 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     if (q) { /* at most a fixed number of blocks, each adding its rows' riders into a row of partials, then the finish */
       int64_t nr = 0;
       dim_is_const(&k->rnum, &nr);
-      const char *nb = arena_printf(f->a, "%s_blocks_most(%s, %d, %d)", f->name, n, WARP_BLOCK / r->grp, ride_blocks(k));
-      buf_printf(call, "  %s<<<%s, %d, 0, st>>>(%s);\n", kn, nb, WARP_BLOCK, args.p);
+      const char *nb = arena_printf(f->a, "%s_blocks_most(%s, %d, %d)", f->name, n, r->mode == M_BLOCK ? 1 : WARP_BLOCK / r->grp,
+                                    ride_blocks(k));
+      buf_printf(call, "  %s<<<%s, %d, 0, st>>>(%s);\n", kn, nb, r->mode == M_BLOCK ? r->rthreads : WARP_BLOCK, args.p);
       buf_printf(call, "  %s_cols<<<dim3(%s_blocks(%lld, 32), %d), 256, 0, st>>>((int)%s, %s_cuda_split_part(m->cx), "
                        "%s_cuda_split_count(m->cx)%s);\n",
                  kn, f->name, (long long)nr, RIDE_SPLIT, nb, f->name, f->name, fargs.p ? fargs.p : ""); /* (fargs: ", name, ...") */

@@ -293,9 +293,9 @@ static int domains_fit(const Kernel *a, const Kernel *b) {
 int rider_fit(const BPass *p, const Kernel *a, const Kernel *b) {
   int64_t nr;
   uint32_t all = (a->full.rank >= 32 ? 0 : 1u << a->full.rank) - 1;
-  if (a->kind != K_LOOP || b->kind != K_LOOP || !a->nreds || !b->nreds || b->ncols || !kernel_rows(a) ||
+  if (a->kind != K_LOOP || b->kind != K_LOOP || !b->nreds || b->ncols || !kernel_rows(a) ||
       !shape_eq(&a->full, &b->full) || (a->axes & b->axes) || (a->axes | b->axes) != all ||
-      !dim_is_const(&a->rnum, &nr) || nr % 8 || nr > RIDE_ROW)
+      !dim_is_const(&a->rnum, &nr) || nr % 8 || nr > (a->nreds ? RIDE_ROW : RIDE_COLS))
     return 0;
   /* a CUDA thread's sums of a rider (render.c: its positions in vectors of 8 or 4, or elements): at most */
   int64_t n = a->ncols + b->nreds, s8 = (nr + 255) / 256 * 8, s4 = (nr + 127) / 128 * 4, s1 = (nr + 31) / 32;
@@ -312,6 +312,25 @@ int rider_fit(const BPass *p, const Kernel *a, const Kernel *b) {
       return 0;
   }
   return 1;
+}
+
+/* Pointwise kernel a as a row kernel over column kernel b's space (its rows
+ * the dims b's sums keep, innermost), for b's sums to ride it (a bias's
+ * gradient out of the pointwise kernel that stores dy: GPT-2's c_fc's, out
+ * of gelu's gradient); 0 when a's elements are not b's. Its rows are not
+ * held anywhere (no reduction reads them again), so they may be as long as
+ * the riders' sums allow (RIDE_COLS). */
+static int host_rows(const BPass *p, const Kernel *a, const Kernel *b, Kernel *h) {
+  uint32_t all = (b->full.rank >= 32 ? 0 : 1u << b->full.rank) - 1;
+  Dim n = numel_dim(p, &b->full, 0, 0);
+  if (a->kind != K_LOOP || a->nreds || a->ncols || !dim_eq(&n, &a->numel) || !b->axes || b->axes == all)
+    return 0;
+  *h = *a;
+  h->full = b->full;
+  h->axes = all & ~b->axes;
+  h->outer = numel_dim(p, &h->full, h->axes, 0);
+  h->rnum = numel_dim(p, &h->full, h->axes, 1);
+  return kernel_rows(h);
 }
 
 static void absorb(Kernel *into, const Kernel *from) {
@@ -471,7 +490,7 @@ static const char *merge(S *s, int i, int j, int commit) {
   if (ki->nouts + ki->nreds + ki->ncols + kj->nouts + kj->nreds + kj->ncols > MAX_KERNEL_VALUES)
     return WHY("the kernel would compute more than %d stored values and reductions (a bound on its "
                         "size: registers, and the compiler's time)", MAX_KERNEL_VALUES);
-  int ride = !domains_fit(ki, kj) && rider_fit(p, ki, kj); /* kj's sums ride ki's rows */
+  int ride = !domains_fit(ki, kj) && ki->nreds && rider_fit(p, ki, kj); /* kj's sums ride ki's rows */
   /* pointwise work over the riders' result space (a cast of their sums): with their totals (the renderer
    * checks that it reads them) */
   int ride_out = !domains_fit(ki, kj) && !ride && ki->ncols && !kj->nreds && !kj->ncols && dim_eq(&kj->numel, &ki->rnum);
@@ -1218,7 +1237,7 @@ void schedule(BPass *p, int fuse) {
       int x = kidx(s, b->in[0]->id);
       if (x < 0 || x >= c || p->k[x]->kind != K_LOOP)
         continue;
-      Kernel *r = p->k[x], col = {0};
+      Kernel *r = p->k[x], *was = r, col = {0}, host;
       Node *one[1] = {b};
       col.kind = K_LOOP;
       col.reds = col.outs = one;
@@ -1226,6 +1245,8 @@ void schedule(BPass *p, int fuse) {
       col.full = b->in[0]->shape;
       col.axes = b->axes;
       col.outer = numel_dim(p, &col.full, col.axes, 0);
+      if (!r->nreds && !r->ncols && host_rows(p, r, &col, &host)) /* a pointwise kernel, as rows */
+        r = &host;
       if (!rider_fit(p, r, &col))
         continue;
       Node **cols = arena_alloc(s->a, sizeof(Node *) * (size_t)(r->ncols + 1));
@@ -1240,7 +1261,7 @@ void schedule(BPass *p, int fuse) {
       p->k[x] = m;
       p->kern[b->id] = s->kid_at[x];
       if (render_check(p, m)) { /* as it was */
-        p->k[x] = r;
+        p->k[x] = was;
         p->kern[b->id] = s->kid_at[c];
         continue;
       }

@@ -206,28 +206,45 @@ static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *r
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (a loop over the elements)
- * k5_relu_mul_part: the loop, over elements [lo, hi); compiled per ISA (see the top) */
-MLP_CLONES static void k5_relu_mul_part(int64_t lo, int64_t hi, int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
-  MLP_OMP(simd)
-  for (int64_t i = lo; i < hi; i++) {
-    const float v0 = h_linear[i];
-    const float v1 = v0 < 0 ? 0 : v0;
-    h[i] = (float)v1;
-    const float v2 = d_logits_matmul[i];
-    const int v3 = v0 > 0.0f;
-    const float v4 = (float)v3;
-    const float v5 = v2 * v4;
-    d_h[i] = (float)v5;
+/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (a loop over the elements);
+ * and 1 rider: sum over its rows' positions, into cpart (the caller adds the chunks' in order)
+ * k5_relu_mul_sum_part: the loop, over elements [lo, hi); compiled per ISA (see the top) */
+MLP_CLONES static void k5_relu_mul_sum_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict d_logits_matmul, const float *h_linear, float *h /* in place of h_linear */, float *restrict d_h, double *restrict cpart) {
+  const int64_t n_r = 128;
+  for (int64_t o = lo; o < hi; o++) {
+    MLP_OMP(simd)
+    for (int64_t r = 0; r < n_r; r++) {
+      const int64_t ix0 = o * n_r + r;
+      const float v1 = d_logits_matmul[ix0];
+      const float v2 = h_linear[ix0];
+      const int v3 = v2 > 0.0f;
+      const float v4 = (float)v3;
+      const float v5 = v1 * v4;
+      cpart[0 * n_r + r] += v5;
+      const float v6 = v2 < 0 ? 0 : v2;
+      h[ix0] = (float)v6;
+      d_h[ix0] = (float)v5;
+    }
   }
 }
-static void k5_relu_mul(int64_t dim_B, const float *h_linear, float *restrict h, const float *restrict d_logits_matmul, float *d_h /* in place of h_linear */) {
-  const int64_t n = 128 * dim_B;
-  MLP_OMP(parallel if (n > 16384))
-  {
-    int64_t lo, hi;
-    mlp_share(n, 16, &lo, &hi);
-    k5_relu_mul_part(lo, hi, dim_B, h_linear, h, d_logits_matmul, d_h);
+static void k5_relu_mul_sum(int64_t dim_B, const float *restrict d_logits_matmul, const float *h_linear, float *h /* in place of h_linear */, float *restrict d_h, float *restrict d_b1) {
+  const int64_t n_o = dim_B, n_r = 128;
+  double tot[128];  /* the riders' sums, then the chunks' added in order */
+  for (int64_t j = 0; j < 128; j++)
+    tot[j] = 0;
+  MLP_OMP(parallel for ordered schedule(static, 1) if (n_o * n_r > 16384))
+  for (int64_t c = 0; c < 64; c++) {
+    double part[128];
+    for (int64_t j = 0; j < 128; j++)
+      part[j] = 0;
+    k5_relu_mul_sum_part(c * n_o / 64, (c + 1) * n_o / 64, dim_B, d_logits_matmul, h_linear, h, d_h, part);
+    MLP_OMP(ordered)
+    for (int64_t j = 0; j < 128; j++)
+      tot[j] += part[j];
+  }
+  for (int64_t o = 0; o < 128; o++) {  /* the riders' results */
+    const float s0 = (float)tot[0 + o];
+    d_b1[o] = (float)s0;
   }
 }
 
@@ -323,11 +340,11 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -358,7 +375,7 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  k5_relu_mul(dim_B, h_linear, h, d_logits_matmul, d_h);
+  k5_relu_mul_sum(dim_B, d_logits_matmul, h_linear, h, d_h, d_b1);
   {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
@@ -366,10 +383,10 @@ int mlp_train_cpu(struct mlp_model *m, const int64_t *sym, const void *const *in
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }
-  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
+  {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b1};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     if (mlp_cpu_gemm(&gemm))
       return mlp_fail(m, MLP_EINVAL, "GEMM of matmul: bad arguments");
   }

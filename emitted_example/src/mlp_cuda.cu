@@ -248,38 +248,103 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
   }
 }
 
-/* k5_relu_mul: spec/examples/mlp.yaml:30 'h'  (4 elements per thread: vector loads and stores) */
-static __global__ void k5_relu_mul(int dim_B, const float *h_linear, float *__restrict__ h, const float *__restrict__ d_logits_matmul, float *d_h /* in place of h_linear */) {
-  const int n = 128 * dim_B;
-  const int nv = ((uintptr_t)h_linear % 16 | (uintptr_t)d_logits_matmul % 16 | (uintptr_t)h % 16 | (uintptr_t)d_h % 16) == 0 ? n / 4 : 0;  /* vectors of 4 elements: aligned buffers only */
-  for (int iv = blockIdx.x * (int)blockDim.x + threadIdx.x; iv < nv; iv += (int)gridDim.x * blockDim.x) {
-    const mlp_vec<float, 4> v0 = ((const mlp_vec<float, 4> *)h_linear)[iv];
-    mlp_vec<float, 4> v3;
-    const mlp_vec<float, 4> v4 = ((const mlp_vec<float, 4> *)d_logits_matmul)[iv];
-    mlp_vec<float, 4> v9;
+/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (one block per output element);
+ * and 1 rider: sum over its rows' positions, each thread's in the block's shared memory, then each block's in split_part (k5_relu_mul_sum_cols adds them) */
+static __global__ void k5_relu_mul_sum(int dim_B, const float *__restrict__ d_logits_matmul, const float *h_linear, float *h /* in place of h_linear */, float *__restrict__ d_h, float *split_part) {
+  const int n_o = dim_B, n_r = 128;
+  const int nrv = n_r % 4 == 0 && ((uintptr_t)h_linear | (uintptr_t)d_logits_matmul | (uintptr_t)h | (uintptr_t)d_h) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
+  float rsum[4];  /* the riders' sums: [rider][a thread's sum s], in registers */
+  #pragma unroll
+  for (int s = 0; s < 4; s++)
+    rsum[s] = 0;
+  for (int o = blockIdx.x; o < n_o; o += gridDim.x) {
+    mlp_vec<float, 4> v1[1];  /* this thread's vectors of d_logits_matmul's row o */
     #pragma unroll
-    for (int lane = 0; lane < 4; lane++) {
-      const float v1 = v0.v[lane];
-      const float v2 = v1 < 0 ? 0 : v1;
-      v3.v[lane] = (float)v2;
-      const float v5 = v4.v[lane];
-      const int v6 = v1 > 0.0f;
-      const float v7 = (float)v6;
-      const float v8 = v5 * v7;
-      v9.v[lane] = (float)v8;
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x + rj * blockDim.x;
+      if (rv < nrv)
+        v1[rj] = ((const mlp_vec<float, 4> *)(d_logits_matmul + o * n_r))[rv];
     }
-    ((mlp_vec<float, 4> *)h)[iv] = v3;
-    ((mlp_vec<float, 4> *)d_h)[iv] = v9;
+    mlp_vec<float, 4> v3[1];  /* this thread's vectors of h_linear's row o */
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x + rj * blockDim.x;
+      if (rv < nrv)
+        v3[rj] = ((const mlp_vec<float, 4> *)(h_linear + o * n_r))[rv];
+    }
+    #pragma unroll
+    for (int rj = 0; rj < 1; rj++) {
+      const int rv = threadIdx.x + rj * blockDim.x;
+      if (rv >= nrv) break;
+      mlp_vec<float, 4> v9;
+      mlp_vec<float, 4> v10;
+      #pragma unroll
+      for (int lane = 0; lane < 4; lane++) {
+        const float v2 = v1[rj].v[lane];
+        const float v4 = v3[rj].v[lane];
+        const int v5 = v4 > 0.0f;
+        const float v6 = (float)v5;
+        const float v7 = v2 * v6;
+        rsum[0 + rj * 4 + lane] += v7;
+        const float v8 = v4 < 0 ? 0 : v4;
+        v9.v[lane] = (float)v8;
+        v10.v[lane] = (float)v7;
+      }
+      ((mlp_vec<float, 4> *)(h + o * n_r))[rv] = v9;
+      ((mlp_vec<float, 4> *)(d_h + o * n_r))[rv] = v10;
+    }
+    #pragma unroll
+    for (int rk = 0; rk < 4; rk++) {
+      const int r = nrv * 4 + threadIdx.x + rk * 32;
+      if (r >= n_r) break;
+      const int ix11 = o * n_r + r;
+      const float v12 = d_logits_matmul[ix11];
+      const float v13 = h_linear[ix11];
+      const int v14 = v13 > 0.0f;
+      const float v15 = (float)v14;
+      const float v16 = v12 * v15;
+      rsum[0 + rk] += v16;
+      const float v17 = v13 < 0 ? 0 : v13;
+      h[ix11] = (float)v17;
+      d_h[ix11] = (float)v16;
+    }
   }
-  for (int i = nv * 4 + blockIdx.x * (int)blockDim.x + threadIdx.x; i < n; i += (int)gridDim.x * blockDim.x) {
-    const float v10 = h_linear[i];
-    const float v11 = v10 < 0 ? 0 : v10;
-    h[i] = (float)v11;
-    const float v12 = d_logits_matmul[i];
-    const int v13 = v10 > 0.0f;
-    const float v14 = (float)v13;
-    const float v15 = v12 * v14;
-    d_h[i] = (float)v15;
+  #pragma unroll
+  for (int s = 0; s < 4; s++) {  /* sum s: the thread's vector s / 4's lane s % 4, else its element s */
+    const int v = threadIdx.x + s / 4 * 32, c = nrv ? v * 4 + s % 4 : threadIdx.x + s * 32;
+    if (nrv ? v < nrv : c < 128)
+      for (int i = 0; i < 1; i++)
+        split_part[blockIdx.x * 128 + i * 128 + c] = rsum[i * 4 + s];
+  }
+}
+
+/* k5_relu_mul_sum_cols: k5_relu_mul_sum's riders' totals (the blocks' partials added in block order) and the values over their result space */
+static __global__ void k5_relu_mul_sum_cols(int nb, float *split_part, unsigned *split_count, float *__restrict__ d_b1) {
+  const int n_o = 128;
+  for (int o0 = blockIdx.x * (int)32; o0 < n_o; o0 += (int)gridDim.x * 32) {
+    const int live = o0 + threadIdx.x % 32 < n_o;  /* the tile's last columns may be past the end */
+    const int o = live ? o0 + threadIdx.x % 32 : n_o - 1;
+    float ca0;
+    const int b0 = blockIdx.y * nb / gridDim.y, b1 = (blockIdx.y + 1) * nb / gridDim.y;  /* this block's rows */
+    ca0 = 0;
+    #pragma unroll 4
+    for (int b = b0 + threadIdx.x / 32; b < b1; b += blockDim.x / 32) {  /* the rows of partials, in order */
+      ca0 += __ldcg(split_part + b * 128 + 0 + o);
+    }
+    ca0 = mlp_column_sum(ca0);
+    if (threadIdx.x / 32 == 0 && live) {  /* this block's sums, after the nb rows */
+      split_part[(nb + blockIdx.y) * 128 + 0 + o] = ca0;
+    }
+    if (!mlp_split_last(&split_count[o0 / 32]))  /* the tile's last block to finish goes on */
+      continue;
+    ca0 = 0;
+    #pragma unroll 4
+    for (int y = threadIdx.x / 32; y < (int)gridDim.y; y += blockDim.x / 32) {  /* the tile's blocks' sums, in order */
+      ca0 += __ldcg(split_part + (nb + y) * 128 + 0 + o);
+    }
+    ca0 = mlp_column_sum(ca0);
+    const float s0 = (float)ca0;
+    if (threadIdx.x / 32 == 0 && live) d_b1[o] = (float)s0;
   }
 }
 
@@ -371,11 +436,11 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
   MLP_UNUSED float *d_loss_sum = (float *)(ws + 1073152);  /* f32[]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_loss = (float *)(ws + 3145728);  /* f32[B, 10]  spec/examples/mlp.yaml:32 */
   MLP_UNUSED float *d_logits_matmul = (float *)(ws + 1048576);  /* f32[B, 128]  spec/examples/mlp.yaml:31 */
-  MLP_UNUSED float *h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w2 = (float *)(G + 33280);  /* f32[10, 128]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_b2 = (float *)(G + 38400);  /* f32[1, 10]  spec/examples/mlp.yaml:31 */
   MLP_UNUSED float *d_logits = (float *)(d_b2);  /* f32[10] */
-  MLP_UNUSED float *d_h = (float *)(ws + 0);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
+  MLP_UNUSED float *d_h = (float *)(ws + 2097152);  /* f32[B, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_w1 = (float *)(G + 0);  /* f32[128, 64]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_b1 = (float *)(G + 32768);  /* f32[1, 128]  spec/examples/mlp.yaml:30 */
   MLP_UNUSED float *d_h_2 = (float *)(d_b1);  /* f32[128] */
@@ -401,17 +466,18 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k5_relu_mul<<<mlp_blocks(128 * dim_B, 1024), 256, 0, st>>>(dim_B, h_linear, h, d_logits_matmul, d_h);
+  k5_relu_mul_sum<<<mlp_blocks_most(dim_B, 1, 512), 32, 0, st>>>(dim_B, d_logits_matmul, h_linear, h, d_h, mlp_cuda_split_part(m->cx));
+  k5_relu_mul_sum_cols<<<dim3(mlp_blocks(128, 32), 16), 256, 0, st>>>((int)mlp_blocks_most(dim_B, 1, 512), mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx), d_b1);
   {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,
                        d_w2, 128, (10) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b2};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
+  {  /* matmul */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 128, 64, dim_B, 1,
                        d_h, 128, 0, x, 64, 0,
-                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, d_b1};
+                       d_w1, 64, (128) * (64), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
   CK(cudaGetLastError() == cudaSuccess ? 0 : mlp_cuda_ctx_fail(m->cx, (int)cudaGetLastError(), "kernel launch"));
