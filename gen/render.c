@@ -212,6 +212,8 @@ struct R {
   int rcache;         /* rows on CUDA read in several phases: vectors per thread kept in registers (0: none) */
   const char *rc_start, *rc_step; /* their loop's first vector and step */
   int rthreads;       /* M_BLOCK on CUDA, not split: the threads of a row (a block; ROW_BLOCK unless long rows) */
+  int srow;           /* a long row in shared memory (SROW_MAX): the bytes it may take (0: none) */
+  int srow_used;      /* the bytes its buffers' rows take (the launch's dynamic shared memory) */
   int grp;            /* M_WARP: the lanes of a row (32; a power of two below it for short rows, 32 / grp rows a
                          warp, each group of lanes on its own: tgm_group_*) */
   const Node *on_max, *on_sum; /* CUDA rows: amax(u) and sum(exp(u - amax(u))) in one online pass (online_pair) */
@@ -565,6 +567,14 @@ enum { RCACHE_REGS = 64, RCACHE_MAX = 8 };
  * from DRAM at 256 for 1.65 GB of logits). Kept in registers at 1024 (7 vectors a thread) it took 1.82 ms:
  * 64 registers a thread leave one block on an SM, so no other row's loads run while a row computes. */
 enum { ROW_BLOCK = 256, ROW_BLOCK_LONG = 1024, WARP_BLOCK = 128 };
+/* A long row (as above) that the kernel reads in two passes or more, of at most SROW_MAX bytes, is copied into
+ * shared memory once (tgm_cp16: cp.async) and its passes read it there, SROW_BLOCK threads a row, so that two
+ * blocks share an SM and one's copy runs while the other computes; its max and its sum of exponentials are
+ * then two passes over shared memory rather than one online pass (fewer instructions an element). GPT-2's
+ * cross entropy over 16384 x 50304 bf16 logits (the H100, session 23, the kernel standalone): 1.445 ms at
+ * ROW_BLOCK_LONG from memory, 1.100 ms this way (3.0 TB/s for the logits read once and d_logits written);
+ * 1.106 at 256 threads, 1.187 with the grid capped at 528 blocks. */
+enum { SROW_MAX = 112 << 10, SROW_BLOCK = 512 };
 /* Riders on CUDA (a row kernel's column sums, loop_body): each thread adds
  * its row positions' elements into its own column of the block's shared
  * sums ([rider][a thread's position s][thread]: no bank conflicts, and no
@@ -594,6 +604,33 @@ static const char *row_cache(R *r, const Node *n, const char *p) {
   memo_put(r, key, v, 1);
   set_var_level(r, v, 1);
   r->rcache_regs += 4 * r->rcache;
+  return v;
+}
+
+/* Buffer n's row o in shared memory (srow): each thread copies the vectors
+ * it reads in the passes (the same start and step), before the first pass
+ * that reads it; NULL when it would not fit, or its vectors are not 16
+ * bytes (it is then read from memory in every pass). */
+static const char *srow_cache(R *r, const Node *n, const char *p) {
+  const char *key = arena_printf(r->a, "srow|%s", p), *v = memo_get(r, key);
+  int64_t nr = 0;
+  if (v || !dim_is_const(&r->k->rnum, &nr) || dtype_size(n->dtype) * r->rvec != 16)
+    return v;
+  int64_t bytes = (nr * dtype_size(n->dtype) + 15) / 16 * 16;
+  if (r->srow_used + bytes > r->srow)
+    return NULL;
+  if (!r->srow_used)
+    emit(r, 0, "extern __shared__ uint4 %s_srow[];  /* the rows kept in shared memory */", r->name);
+  v = arena_printf(r->a, "s%d", r->nvars++);
+  const char *vt = vec_type(r, n->dtype);
+  emit(r, 1, "%s *%s = (%s *)(%s_srow + %lld);  /* %s's row o in shared memory */", vt, v, vt, r->name,
+       (long long)(r->srow_used / 16), p);
+  emit(r, 1, "for (%s rv = threadIdx.x; rv < nrv; rv += blockDim.x)  /* (the vectors this thread reads) */", r->it);
+  emit(r, 1, "  %s_cp16(%s + rv, (const %s *)%s + rv);", r->name, v, vt, vec_base(r, p));
+  emit(r, 1, "%s_cp_wait();", r->name);
+  memo_put(r, key, v, 1);
+  set_var_level(r, v, 1);
+  r->srow_used += (int)bytes;
   return v;
 }
 
@@ -750,9 +787,11 @@ static const char *load(R *r, const Node *n, Ix *ix) {
   if (r->p->buf && r->vflat && !strcmp(i, r->vflat)) {
     int bi = r->p->buf[n->id];
     bf_set(r, bi, BF_CONTIG);
-    const char *rc = r->lanes && r->rcache ? row_cache(r, n, p) : NULL;
+    const char *rc = r->lanes && r->rcache ? row_cache(r, n, p) : NULL, *sr;
     if (rc)
       at = arena_printf(r->a, "%s[rj].v[lane]", rc);
+    else if (r->lanes && r->srow && (sr = srow_cache(r, n, p)))
+      at = vec_lane(r, n, arena_printf(r->a, "svec|%s", p), sr, r->vidx);
     else if (r->lanes) /* the lane of one vector load per buffer and vector */
       at = vec_lane(r, n, arena_printf(r->a, "vec|%s", p), vec_base(r, p), r->vidx);
   } else if (r->p->buf && r->p->buf[n->id] != r->ip_in && (rb = row_view_base(r, n, ix, pl))) {
@@ -1818,6 +1857,10 @@ static void loop_body(R *r) {
   }
   r->nph = nph, r->last_full = last_full;
   online_pair(r);
+  if (r->srow && nph + (last_full == nph) - (r->on_sum != NULL) < 2) /* one pass over the row: nothing to keep */
+    r->srow = 0, r->rthreads = ROW_BLOCK_LONG;
+  if (r->srow) /* the max and the sum as two passes over shared memory */
+    r->on_max = r->on_sum = NULL;
   if (nph + (last_full == nph) - (r->on_sum != NULL) < 2 && !k->ncols) /* one pass over the row: nothing to keep
                                                                          (riders keep the loop over rj) */
     r->rcache = 0;
@@ -2319,8 +2362,17 @@ static R *configured(Arena *ka, BPass *p, const Kernel *k, const Dialect *d) {
       int64_t nr, per = r->mode == M_WARP ? r->grp : ROW_BLOCK; /* the threads of a row (the launch below) */
       if (r->mode == M_BLOCK && !k->nreds && dim_is_const(&k->rnum, &nr)) /* riders alone: a thread a vector of the row */
         per = r->rthreads = (int)(nr / r->rvec > 1024 ? 1024 : (nr / r->rvec + 31) / 32 * 32);
-      if (r->mode == M_BLOCK && !r->split && !k->ncols && dim_is_const(&k->rnum, &nr) && nr / r->rvec > (int64_t)RCACHE_MAX * ROW_BLOCK)
+      if (r->mode == M_BLOCK && !r->split && !k->ncols && dim_is_const(&k->rnum, &nr) && nr / r->rvec > (int64_t)RCACHE_MAX * ROW_BLOCK) {
         r->rthreads = ROW_BLOCK_LONG; /* (and no registers for the row) */
+        int64_t need = 0; /* the rows it reads at the row's positions, each of 16-byte vectors (else none) */
+        for (int j = 0; j < nl && need >= 0; j++) {
+          int fl = bf(probe, l[j]), sz = dtype_size(p->b[l[j]].node->dtype);
+          if ((fl & BF_CONTIG) && !(fl & BF_WRITTEN))
+            need = sz * r->rvec == 16 ? need + (nr * sz + 15) / 16 * 16 : -1;
+        }
+        if (need > 0 && need <= SROW_MAX) /* (loop_body keeps them there if it reads them twice) */
+          r->srow = (int)need, r->rthreads = SROW_BLOCK;
+      }
       else if (!r->split && dim_is_const(&k->rnum, &nr) && (nr / r->rvec + per - 1) / per <= (k->nreds ? RCACHE_MAX : RIDE_SLOTS / r->rvec))
         r->rcache = (int)((nr / r->rvec + per - 1) / per);
     }
@@ -2566,6 +2618,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     }
   }
   const char *ret = r->has_bad && !cuda        ? "int64_t"
+                    : r->srow_used ? arena_printf(f->a, "void __launch_bounds__(%d, 2)", r->rthreads) /* (two blocks an SM) */
                     : r->rthreads > ROW_BLOCK ? arena_printf(f->a, "void __launch_bounds__(%d)", r->rthreads) /* (its register cap) */
                                               : "void";
   const char *text = arena_printf(f->a, "(%s%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
@@ -2658,6 +2711,9 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       buf_printf(call, "  %s_cols<<<dim3(%s_blocks(%lld, 32), %d), 256, 0, st>>>((int)%s, %s_cuda_split_part(m->cx), "
                        "%s_cuda_split_count(m->cx)%s);\n",
                  kn, f->name, (long long)nr, RIDE_SPLIT, nb, f->name, f->name, fargs.p ? fargs.p : ""); /* (fargs: ", name, ...") */
+    } else if (r->srow_used) { /* (dynamic shared memory past 48 KB is asked for; an error shows at the pass's end) */
+      buf_printf(call, "  cudaFuncSetAttribute(%s, cudaFuncAttributeMaxDynamicSharedMemorySize, %d);\n", kn, r->srow_used);
+      buf_printf(call, "  %s<<<%s, %d, st>>>(%s);\n", kn, grid, r->srow_used, args.p);
     } else
       buf_printf(call, "  %s<<<%s, 0, st>>>(%s);\n", kn, grid, args.p);
   } else if (r->has_bad) {

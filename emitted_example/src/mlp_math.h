@@ -479,6 +479,21 @@ MLP_FN void mlp_block_online(float *m, float *s) {
   *s = lane < nw ? ps[lane] : 0.0f;
   mlp_warp_online(m, s);
 }
+/* A long row kept in shared memory (render.c's srow): 16 bytes from global src into shared dst without a
+ * trip through registers (cp.async), and the wait for all of this thread's copies. A thread reads back only
+ * the vectors it copied, so no barrier follows. */
+MLP_FN void mlp_cp16(void *dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+#else
+  *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+MLP_FN void mlp_cp_wait(void) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
 /* Every thread of the block gets the block's sum (max); all threads call it. */
 MLP_FN float mlp_block_reduce(float v, int is_max) {
   __shared__ float part[32];

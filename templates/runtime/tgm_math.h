@@ -479,6 +479,21 @@ TGM_FN void tgm_block_online(float *m, float *s) {
   *s = lane < nw ? ps[lane] : 0.0f;
   tgm_warp_online(m, s);
 }
+/* A long row kept in shared memory (render.c's srow): 16 bytes from global src into shared dst without a
+ * trip through registers (cp.async), and the wait for all of this thread's copies. A thread reads back only
+ * the vectors it copied, so no barrier follows. */
+TGM_FN void tgm_cp16(void *dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+#else
+  *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+TGM_FN void tgm_cp_wait(void) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
 /* Every thread of the block gets the block's sum (max); all threads call it. */
 TGM_FN float tgm_block_reduce(float v, int is_max) {
   __shared__ float part[32];

@@ -950,10 +950,30 @@ static void cuda_mapping(void) {
                     arena_printf(&a, "dtype: bf16\n%s", spec(&a, "  B: 256\n  V: 50304", "  x: [B, V]", NULL,
                                                              "  - y: log_softmax(x, -1)")),
                     1, &p);
-  expect_text(cu, "log_softmax over 50304 bf16: 1024 threads a row", ", 1), 1024, 0, st>>>", 1);
-  expect_text(cu, "log_softmax over 50304 bf16: two passes over the row in memory", "this thread's vectors of", 0);
-  check(count_text(cu, arena_printf(&a, "((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv]", buf_of(p, "x"))) == 2,
-        "log_softmax over 50304 bf16: x's row loaded in both phases", cu);
+  /* a long row read in two passes or more that fits SROW_MAX (50304 bf16: 100608 bytes): copied into shared
+   * memory once, each thread its own vectors, 512 threads a row, two blocks an SM; its max and sum of
+   * exponentials two passes over it, not one online pass */
+  expect_text(cu, "log_softmax over 50304 bf16: 512 threads a row, its row in dynamic shared memory",
+              ", 1), 512, 100608, st>>>", 1);
+  expect_text(cu, "log_softmax over 50304 bf16: the launch asks for the shared memory",
+              "cudaFuncAttributeMaxDynamicSharedMemorySize, 100608);", 1);
+  expect_text(cu, "log_softmax over 50304 bf16: two blocks an SM", "void __launch_bounds__(512, 2) k", 1);
+  expect_text(cu, "log_softmax over 50304 bf16: not in registers", "this thread's vectors of", 0);
+  check(count_text(cu, arena_printf(&a, "t_cp16(s2 + rv, (const t_vec<uint16_t, 8> *)(%s + o * n_r) + rv);",
+                                    buf_of(p, "x"))) == 1,
+        "log_softmax over 50304 bf16: x's row copied into shared memory once", cu);
+  check(count_text(cu, arena_printf(&a, "((const t_vec<uint16_t, 8> *)(%s + o * n_r))[rv]", buf_of(p, "x"))) == 0,
+        "log_softmax over 50304 bf16: no pass reads x's row from memory", cu);
+  check(count_text(cu, "((const t_vec<uint16_t, 8> *)s2)[rv]") == 3,
+        "log_softmax over 50304 bf16: the max, the sum and the output passes read the row in shared memory", cu);
+  expect_text(cu, "log_softmax over 50304 bf16: no online max and sum", "the online max", 0);
+  cu = forward_text(&a, "vocabulary sums",
+                    arena_printf(&a, "dtype: bf16\n%s", spec(&a, "  B: 256\n  V: 50304", "  x: [B, V]", NULL,
+                                                             "  - y: sum(x * x, -1)")),
+                    1, NULL);
+  /* read in one pass (split over blocks): nothing to keep */
+  expect_text(cu, "sum over 50304 bf16: no shared memory row", "_srow", 0);
+  expect_text(cu, "sum over 50304 bf16: no dynamic shared memory asked for", "cudaFuncSetAttribute", 0);
   cu = forward_text(&a, "rows of 4096", spec(&a, "  B: 256\n  D: 4096", "  x: [B, D]", NULL, "  - y: softmax(x, -1)"), 1,
                     NULL);
   expect_text(cu, "softmax over 4096 f32: 256 threads a row", ", 1), 256, 0, st>>>", 1);
