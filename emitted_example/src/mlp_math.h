@@ -138,9 +138,24 @@ MLP_FN int64_t mlp_to_i32(float f) {
 /* ---------------------------------------------------------------- math */
 
 MLP_FN float mlp_abs(float x) { return mlp_fbits(mlp_bitsf(x) & 0x7fffffffu); }
-/* NaN-propagating max and min (torch.maximum, torch.amax), as selects. */
+/* NaN-propagating max and min (torch.maximum, torch.amax): as selects, or on CUDA from sm_80 on one
+ * instruction each (PTX max.NaN, min.NaN: a canonical NaN; the sign of a zero result may differ from the
+ * selects', which keep a where a and b compare equal). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+MLP_FN float mlp_max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+MLP_FN float mlp_min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
 MLP_FN float mlp_max(float a, float b) { return mlp_pick(mlp_m((b > a) | (b != b)), b, a); }
 MLP_FN float mlp_min(float a, float b) { return mlp_pick(mlp_m((b < a) | (b != b)), b, a); }
+#endif
 #if defined(_OPENMP) && !defined(__CUDACC__)
 /* mlp_max as an OpenMP reduction, so that a row's max is a vector loop
  * (exact whatever the order: NaN propagates and a max does not round; only

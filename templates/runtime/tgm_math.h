@@ -138,9 +138,24 @@ TGM_FN int64_t tgm_to_i32(float f) {
 /* ---------------------------------------------------------------- math */
 
 TGM_FN float tgm_abs(float x) { return tgm_fbits(tgm_bitsf(x) & 0x7fffffffu); }
-/* NaN-propagating max and min (torch.maximum, torch.amax), as selects. */
+/* NaN-propagating max and min (torch.maximum, torch.amax): as selects, or on CUDA from sm_80 on one
+ * instruction each (PTX max.NaN, min.NaN: a canonical NaN; the sign of a zero result may differ from the
+ * selects', which keep a where a and b compare equal). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+TGM_FN float tgm_max(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+TGM_FN float tgm_min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#else
 TGM_FN float tgm_max(float a, float b) { return tgm_pick(tgm_m((b > a) | (b != b)), b, a); }
 TGM_FN float tgm_min(float a, float b) { return tgm_pick(tgm_m((b < a) | (b != b)), b, a); }
+#endif
 #if defined(_OPENMP) && !defined(__CUDACC__)
 /* tgm_max as an OpenMP reduction, so that a row's max is a vector loop
  * (exact whatever the order: NaN propagates and a max does not round; only
