@@ -258,12 +258,31 @@ static Node *arange_rows(D *d, const Node *x, Node **in) {
   return y;
 }
 
+/* A const's value where tgen knows it: a literal, or the size of dims that
+ * are all static (1 with it, else 0). */
+static int const_value(const Node *n, double *v) {
+  int64_t c;
+  if (!n->is_dimval)
+    return *v = n->f[0], 1;
+  if (!dim_is_const(&n->lo, &c))
+    return 0;
+  *v = (double)c;
+  return 1;
+}
+
 /* Do a and b compute the same value: the same op, operands and the
  * attributes the op reads (a decomposition's nodes inherit the other fields
- * from the node they came from: a sum from var carries its correction)? */
+ * from the node they came from: a sum from var carries its correction)? A
+ * static dim's size and a literal of that value are the same const (a
+ * layer norm's backward divides by the literal 768 where its recomputed
+ * forward divides by the dim D = 768: their row sums are then one). */
 static int same_node(const Node *a, const Node *b) {
   if (a->op != b->op || a->dtype != b->dtype || a->nin != b->nin || !shape_eq(&a->shape, &b->shape))
     return 0;
+  double va, vb;
+  if (a->op == OP_CONST) /* (its other f are a decomposed node's, inherited) */
+    return (a->is_dimval && b->is_dimval && dim_eq(&a->lo, &b->lo)) ||
+           (const_value(a, &va) && const_value(b, &vb) && !memcmp(&va, &vb, sizeof va));
   for (int k = 0; k < a->nin; k++)
     if (a->in[k] != b->in[k])
       return 0;

@@ -1074,6 +1074,18 @@ static void riders(void) {
       else
         cols++;
     }
+    if (v == 0 && p) { /* dedupe: the backward's mean divides by the literal 768, the recomputed forward's by the
+                          dim D = 768: the same value, so one sum of the row and one of its squares each */
+      int rowsums = 0;
+      int64_t one = 0;
+      for (int i = 0; i < p->n; i++)
+        rowsums += p->nodes[i]->op == OP_SUM && p->nodes[i]->shape.rank == 2 && dim_is_const(&p->nodes[i]->shape.d[1], &one) &&
+                   one == 1;
+      char got[64];
+      snprintf(got, sizeof got, "%d row sums", rowsums);
+      check(rowsums == 4, "riders, rows of 768: the forward's two row sums, and the backward's two (its recomputed "
+                          "forward's, shared with its own)", got);
+    }
     snprintf(what, sizeof what, "riders, rows of %d: the weight and bias gradients %s", d,
              v == 0 ? "ride the backward's row kernel" : "stay a column kernel");
     char detail[96];
