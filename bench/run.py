@@ -735,6 +735,11 @@ def build(a, proj, logdir):
     log = os.path.join(logdir, f"{proj}.build.log")
     open(log, "w").close()
     t0 = time.time()
+    cache = os.path.join(bdir, "CMakeCache.txt")
+    if os.path.exists(cache):  # a build of another prepared folder's project: CMake refuses it, so start afresh
+        m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", open(cache, errors="replace").read(), re.M)
+        if m and os.path.realpath(m.group(1)) != os.path.realpath(src):
+            shutil.rmtree(bdir, ignore_errors=True)
     cfg = ["cmake", "-S", src, "-B", bdir, "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={a.arch}"]
     if a.cpu and a.cpu_only_build:
         m = re.search(r"option\((\w+_CUDA) ", open(os.path.join(src, "CMakeLists.txt")).read())
