@@ -1265,6 +1265,45 @@ static void test_fill(void) {
     }
 }
 
+/* tgm_max and tgm_min on the device (PTX max.NaN, min.NaN from sm_80 on) against their selects on the host:
+ * NaN in either operand gives NaN, infinities and ordinary values the larger (smaller); only the sign of a zero
+ * result may differ (compared as equal). */
+__global__ void k_maxmin(const float *a, const float *b, float *mx, float *mn, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n)
+    mx[i] = tgm_max(a[i], b[i]), mn[i] = tgm_min(a[i], b[i]);
+}
+static float host_max(float a, float b) { return (b > a) || (b != b) ? b : a; }
+static float host_min(float a, float b) { return (b < a) || (b != b) ? b : a; }
+static void test_maxmin(void) {
+  const float v[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 3.5e38f, 1e-45f, -2.5f};
+  const int k = sizeof v / sizeof *v, n = k * k;
+  std::vector<float> a(n), b(n), mx(n), mn(n);
+  for (int i = 0; i < n; i++)
+    a[i] = v[i / k], b[i] = v[i % k];
+  float *d;
+  if (cudaMalloc(&d, 4 * n * sizeof(float)) != cudaSuccess) {
+    expect("max/min: device memory", false, "cudaMalloc failed");
+    return;
+  }
+  cudaMemcpy(d, a.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(d + n, b.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  k_maxmin<<<1, 128>>>(d, d + n, d + 2 * n, d + 3 * n, n);
+  cudaError_t e = cudaMemcpy(mx.data(), d + 2 * n, n * sizeof(float), cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(mn.data(), d + 3 * n, n * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  if (e != cudaSuccess) {
+    expect("max/min: the kernel ran", false, cudaGetErrorString(e));
+    return;
+  }
+  Vals gx(n), rx(n), gn(n), rn(n);
+  for (int i = 0; i < n; i++)
+    gx[i] = mx[i], rx[i] = host_max(a[i], b[i]), gn[i] = mn[i], rn[i] = host_min(a[i], b[i]);
+  compare("tgm_max over 11 x 11 pairs (NaN, infinities, zeros, extremes)", gx, rx, 0);
+  compare("tgm_min over 11 x 11 pairs (NaN, infinities, zeros, extremes)", gn, rn, 0);
+}
+
 /* Bad arguments: a nonzero status and a message naming the function. */
 static void test_errors(void) {
   Tensor a, b, y;
@@ -1338,6 +1377,7 @@ int main(int argc, char **argv) {
                            {"attention_timing", test_attention_timing},
                            {"attention", test_attention},
                            {"attention_views", test_attention_views},
+                           {"maxmin", test_maxmin},
                            {"errors", test_errors}};
   for (const Group &g : groups_)
     if (!only || !strcmp(only, g.name))
