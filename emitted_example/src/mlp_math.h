@@ -499,7 +499,8 @@ MLP_FN void mlp_block_online(float *m, float *s) {
  * the vectors it copied, so no barrier follows. */
 MLP_FN void mlp_cp16(void *dst, const void *src) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory"); /* (the thread's reads of dst's old value stay before it) */
 #else
   *(uint4 *)dst = *(const uint4 *)src;
 #endif
