@@ -1790,10 +1790,14 @@ static void out_space_stores(R *r, int ph) {
   }
 }
 
+/* Does loop kernel k walk its space a row at a time (reductions, or riders
+ * on a pointwise kernel), not element by element? */
+static int walks_rows(const Kernel *k) { return k->nreds || k->ncols; }
+
 /* The body of loop kernel k (into r->lv[0]). */
 static void loop_body(R *r) {
   const Kernel *k = r->k;
-  if (!k->nreds && !k->ncols) {
+  if (!walks_rows(k)) {
     r->vflat = "i";
     emit(r, 0, "const %s n = %s;", r->it, c_dim(r->g, &k->numel));
     if (r->vec)
@@ -1860,12 +1864,12 @@ static void loop_body(R *r) {
   }
   r->nph = nph, r->last_full = last_full;
   online_pair(r);
-  if (r->srow && nph + (last_full == nph) - (r->on_sum != NULL) < 2) /* one pass over the row: nothing to keep */
+  const int passes = nph + (last_full == nph) - (r->on_sum != NULL); /* over the row */
+  if (r->srow && passes < 2) /* one pass over the row: nothing to keep */
     r->srow = 0, r->rthreads = ROW_BLOCK_LONG;
-  if (r->srow) /* the max and the sum as two passes over shared memory */
+  if (r->srow) /* the max and the sum as two passes over shared memory (long rows keep no registers) */
     r->on_max = r->on_sum = NULL;
-  if (nph + (last_full == nph) - (r->on_sum != NULL) < 2 && !k->ncols) /* one pass over the row: nothing to keep
-                                                                         (riders keep the loop over rj) */
+  if (passes < 2 && !k->ncols) /* one pass over the row: nothing to keep (riders keep the loop over rj) */
     r->rcache = 0;
   if (r->mode == M_CTILE && nph == 1 && !full_outputs(r)) {
     open_level(r);
@@ -2097,7 +2101,7 @@ static void loop_body(R *r) {
 
 static void choose_mode(R *r) {
   const Kernel *k = r->k;
-  if (!k || (!k->nreds && !k->ncols)) {
+  if (!k || !walks_rows(k)) {
     r->mode = M_PW;
     return;
   }
@@ -2234,7 +2238,7 @@ static int cpu_split_ok(R *r) {
 int render_check(BPass *p, const Kernel *k) {
   Arena a = {.fail_after = -1}; /* the check's own, freed after it: the scheduler asks thousands of times */
   int fail = 0;
-  if (!k->nreds && !k->ncols) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
+  if (!walks_rows(k)) { /* pointwise: only a load of a value it stores (or of a reshape of one) fails */
     LoadWalk *w = p->walk; /* its own marks: the kernel's own values */
     kernel_loads(p, k, w);
     for (int i = 0; i < k->nouts; i++)
@@ -2580,7 +2584,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   const char *body = arena_strdup(f->a, prune(&ka, r->lv[0].p));
   /* a leaf's caller: the loop's size and the condition for threads (as the parallel loops' above) */
   const char *size = "";
-  if (r->leaf && !k->nreds && !k->ncols)
+  if (r->leaf && !walks_rows(k))
     size = arena_printf(f->a, "  const int64_t n = %s;\n", c_dim(f->g, &k->numel));
   else if (r->leaf)
     size = arena_printf(f->a, "  const int64_t n_o = %s, n_r = %s;\n", c_dim(f->g, &k->outer), c_dim(f->g, &k->rnum));
@@ -2645,22 +2649,26 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                : r->cvec            ? arena_printf(f->a, "%d output elements per block, %d a thread, 32 threads each", 32 * r->cvec, r->cvec)
                : cuda && r->mode == M_WARP && r->grp < 32
                    ? arena_printf(f->a, "%d output elements per warp, %d threads each", 32 / r->grp, r->grp)
+               : cuda && !k->nreds && k->ncols ? "one block per row"
                : cuda               ? modes[r->mode]
                : r->mode == M_CTILE ? "tiles of " CTILE_TEXT " output elements, a vector loop over each tile per reduced element"
                : r->csplit          ? arena_printf(f->a, "the reduced elements in %d chunks in parallel", CHUNKS)
                : k->nreds           ? "a loop per output element"
+               : k->ncols           ? "a loop per row"
                                     : "a loop over the elements",
                !q ? ""
                : cuda
-                   ? arena_printf(f->a, ";\n * and %d rider%s: sum%s over its rows' positions, each thread's in the block's shared memory, then each "
+                   ? arena_printf(f->a, ";\n * and %d rider%s: sum%s over its rows' positions, each thread's in %s, then each "
                                         "block's in split_part (%s_cols adds them)",
-                                  k->ncols, k->ncols > 1 ? "s" : "", k->ncols > 1 ? "s" : "", kn)
+                                  k->ncols, k->ncols > 1 ? "s" : "", k->ncols > 1 ? "s" : "",
+                                  r->mode == M_BLOCK ? "its registers" : "the block's shared memory", kn)
                    : arena_printf(f->a, ";\n * and %d rider%s: sum%s over its rows' positions, into cpart (the caller adds the "
                                         "chunks' in order)",
                                   k->ncols, k->ncols > 1 ? "s" : "", k->ncols > 1 ? "s" : ""),
                !r->leaf ? ""
                         : arena_printf(f->a, "\n * %s_part: the loop, over %s [lo, hi); compiled per ISA (see the top)",
-                                       kn, !k->nreds ? "elements" : r->mode == M_CTILE ? "the tiles of output elements" : "output elements"),
+                                       kn, k->ncols && !k->nreds ? "rows" : !k->nreds ? "elements"
+                                           : r->mode == M_CTILE ? "the tiles of output elements" : "output elements"),
                r->leaf ? arena_printf(f->a, "%s_CLONES ", f->NAME) : "", f->d->qual, ret, kn, r->leaf ? "_part" : "", text);
     if (q && cuda)
       buf_printf(&f->kernels, "\n/* %s_cols: %s's riders' totals (the blocks' partials added in block order) and the values "
@@ -2682,7 +2690,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                  f->NAME, nc);
       buf_printf(&f->kernels, "%s}\n", fbody);
     } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
-      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds || k->ncols ? "n_o * n_r > 16384" : "n > 16384";
+      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
       buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
       buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
                  f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
@@ -2692,7 +2700,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   }
   k->name = kn;
   if (cuda) {
-    const char *n = k->nreds || k->ncols ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
+    const char *n = walks_rows(k) ? c_dim(f->g, &k->outer) : c_dim(f->g, &k->numel);
     const char *grid = r->mode == M_WARP    ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, WARP_BLOCK / r->grp, WARP_BLOCK)
                        : r->mode == M_BLOCK ? arena_printf(f->a, "%s_blocks(%s, 1), %d", f->name, n, r->rthreads)
                        : r->mode == M_COLUMN ? arena_printf(f->a, "%s_blocks(%s, %d), %d", f->name, n, 32 * (r->cvec ? r->cvec : 1),

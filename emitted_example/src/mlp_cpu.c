@@ -206,9 +206,9 @@ static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *r
   return bad == INT64_MAX ? -1 : bad;
 }
 
-/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (a loop over the elements);
+/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (a loop per row);
  * and 1 rider: sum over its rows' positions, into cpart (the caller adds the chunks' in order)
- * k5_relu_mul_sum_part: the loop, over elements [lo, hi); compiled per ISA (see the top) */
+ * k5_relu_mul_sum_part: the loop, over rows [lo, hi); compiled per ISA (see the top) */
 MLP_CLONES static void k5_relu_mul_sum_part(int64_t lo, int64_t hi, int64_t dim_B, const float *restrict d_logits_matmul, const float *h_linear, float *h /* in place of h_linear */, float *restrict d_h, double *restrict cpart) {
   const int64_t n_r = 128;
   for (int64_t o = lo; o < hi; o++) {

@@ -248,8 +248,8 @@ static __global__ void k4_cross_entropy_mul(int dim_B, const float *logits, floa
   }
 }
 
-/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (one block per output element);
- * and 1 rider: sum over its rows' positions, each thread's in the block's shared memory, then each block's in split_part (k5_relu_mul_sum_cols adds them) */
+/* k5_relu_mul_sum: spec/examples/mlp.yaml:30 'h'  (one block per row);
+ * and 1 rider: sum over its rows' positions, each thread's in its registers, then each block's in split_part (k5_relu_mul_sum_cols adds them) */
 static __global__ void k5_relu_mul_sum(int dim_B, const float *__restrict__ d_logits_matmul, const float *h_linear, float *h /* in place of h_linear */, float *__restrict__ d_h, float *split_part) {
   const int n_o = dim_B, n_r = 128;
   const int nrv = n_r % 4 == 0 && ((uintptr_t)h_linear | (uintptr_t)d_logits_matmul | (uintptr_t)h | (uintptr_t)d_h) % 16 == 0 ? n_r / 4 : 0;  /* vectors of 4 elements a row */
