@@ -388,19 +388,12 @@ class Worker:
             cmd += ["--int-range", str(min(self.w["ints"].values()))]
         env = dict(os.environ, OMP_NUM_THREADS=str(self.a.threads)) if self.cpu else None
         # a probe (2 calls) first: a slow call gets fewer iterations (at least 5), not a timeout
-        rc, out, _ = run_cmd(cmd + ["--iters", "1", "--warmup", "1"], self.a.cmd_timeout, self.log, env=env)
-        m = re.search(r"median ([\d.]+) ms", out)
-        if rc != 0 or not m:
-            raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
-        n, warm = self.fit_iters(float(m.group(1)))
-        rc, out, _ = run_cmd(cmd + ["--iters", str(n), "--warmup", str(warm)], self.a.cmd_timeout, self.log, env=env)
-        self.res["tgen_iters"] = n
-        m = re.search(r"median ([\d.]+) ms", out)
-        if rc != 0 or not m:
-            raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
-        self.res["tgen_ms"] = float(m.group(1))
-        self.res["tgen_line"] = out.strip().splitlines()[-1]
+        probe, _ = self.bench_median(cmd + ["--iters", "1", "--warmup", "1"], env)
+        n, warm = self.fit_iters(probe)
         self.tgen_cmd = (cmd + ["--iters", str(n), "--warmup", str(warm)], env)
+        self.res["tgen_iters"] = n
+        self.res["tgen_ms"], out = self.bench_median(*self.tgen_cmd)
+        self.res["tgen_line"] = out.strip().splitlines()[-1]
         mem = re.search(r"device memory peak ([\d.]+) MiB", out)  # tgm_device_memory: what the model allocated
         if mem:
             self.res["tgen_peak_gib"] = round(float(mem.group(1)) / 1024, 2)
@@ -419,17 +412,20 @@ class Worker:
             self.res["tgen_workspace_mib"] = float(ws.group(1))
         say(f"  [{self.name}] tgen {self.res['tgen_ms']:.4f} ms")
 
+    def bench_median(self, cmd, env):
+        """Runs NAME_bench; (its median ms, its output), or raises with the tail of its output."""
+        rc, out, _ = run_cmd(cmd, self.a.cmd_timeout, self.log, env=env)
+        m = re.search(r"median ([\d.]+) ms", out)
+        if rc != 0 or not m:
+            raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
+        return float(m.group(1)), out
+
     def tgen_again(self):
         """CPU: the same timing once more after torch's, so that a machine whose speed drifts over the minutes
         between them shows in the row (the headline stays the first run's)."""
         if not getattr(self, "tgen_cmd", None):
             return
-        cmd, env = self.tgen_cmd
-        rc, out, _ = run_cmd(cmd, self.a.cmd_timeout, self.log, env=env)
-        m = re.search(r"median ([\d.]+) ms", out)
-        if rc != 0 or not m:
-            raise RuntimeError(f"{os.path.basename(cmd[0])} rc={rc}: {out.strip()[-300:]}")
-        self.res["tgen_again_ms"] = float(m.group(1))
+        self.res["tgen_again_ms"], _ = self.bench_median(*self.tgen_cmd)
         say(f"  [{self.name}] tgen again after torch {self.res['tgen_again_ms']:.4f} ms")
 
     def iters(self):
