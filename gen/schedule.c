@@ -1245,7 +1245,7 @@ void schedule(BPass *p, int fuse) {
       col.full = b->in[0]->shape;
       col.axes = b->axes;
       col.outer = numel_dim(p, &col.full, col.axes, 0);
-      if (!r->nreds && !r->ncols && host_rows(p, r, &col, &host)) /* a pointwise kernel, as rows */
+      if (host_rows(p, r, &col, &host)) /* a pointwise kernel, as rows */
         r = &host;
       if (!rider_fit(p, r, &col))
         continue;
