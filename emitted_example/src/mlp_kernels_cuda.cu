@@ -109,7 +109,8 @@ struct mlp_cuda_ctx {
   cublasLtHandle_t lt;       /* cuBLASLt (mlp_cuda_gemm); calls pass `stream` */
   struct mlp_cuda_gemm_plan plans[MLP_CUDA_GEMM_PLANS]; /* mlp_cuda_gemm's plan cache, round robin */
   int next_plan;
-  int x3;                    /* k_gemm_x3 runs here (sm_90a code loaded on a compute capability 9.0 GPU) */
+  int hopper;                /* sm_90a code loaded on a compute capability 9.0 GPU: the wgmma kernels run */
+  int x3;                    /* k_gemm_x3 runs here (hopper, MLP_GEMM_X3 not 0) */
   int tune;                  /* max-autotune: a GEMM's first call times the heuristic's candidates */
   char tune_file[512];       /* the choices' file ("": kept in memory only) */
   int tune_read;             /* tune_file was read */
@@ -781,7 +782,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 #endif
 }
 
-/* Whether this build's k_gemm_x3 has its body (the sm_90a image is the one loaded). */
+/* Whether this build's wgmma kernels (k_gemm_x3, k_flash_fwd_h, k_flash_bwd_h) have their bodies (the sm_90a image
+ * is the one loaded). */
 __global__ void k_gemm_x3_probe(int *out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   *out = 1;
@@ -1789,22 +1791,24 @@ static int x3_gemm(mlp_cuda_ctx *cx, const mlp_gemm *g) {
   return 0;
 }
 
-/* At context creation: whether k_gemm_x3 can run (a compute capability 9.0
- * GPU, the sm_90a image loaded, MLP_GEMM_X3 not 0), and its shared memory
- * allowed. */
+/* At context creation: whether the wgmma kernels can run (hopper: a
+ * compute capability 9.0 GPU, the sm_90a image loaded), and k_gemm_x3 (also
+ * MLP_GEMM_X3 not 0, and its shared memory allowed). */
 static void x3_setup(mlp_cuda_ctx *cx) {
   cudaDeviceProp prop;
   int *d = NULL, h = 0;
   const char *env = getenv("MLP_GEMM_X3");
-  cx->x3 = 0;
-  if ((env && env[0] == '0') || cudaGetDeviceProperties(&prop, cx->device) != cudaSuccess || prop.major != 9 ||
-      prop.minor != 0 || cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
+  cx->x3 = cx->hopper = 0;
+  if (cudaGetDeviceProperties(&prop, cx->device) != cudaSuccess || prop.major != 9 || prop.minor != 0 ||
+      cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
   k_gemm_x3_probe<<<1, 1>>>(d);
   bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1;
   cudaFree(d);
+  cx->hopper = ok;
+  ok = ok && !(env && env[0] == '0');
 #define X3_SMEM(TA, TB)                                                                                                \
   ok = ok &&                                                                                                           \
        cudaFuncSetAttribute(k_gemm_x3<TA, TB, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, x3_smem<TA, TB>()) ==   \

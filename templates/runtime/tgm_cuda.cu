@@ -112,7 +112,8 @@ struct tgm_cuda_ctx {
   cublasLtHandle_t lt;       /* cuBLASLt (tgm_cuda_gemm); calls pass `stream` */
   struct tgm_cuda_gemm_plan plans[TGM_CUDA_GEMM_PLANS]; /* tgm_cuda_gemm's plan cache, round robin */
   int next_plan;
-  int x3;                    /* k_gemm_x3 runs here (sm_90a code loaded on a compute capability 9.0 GPU) */
+  int hopper;                /* sm_90a code loaded on a compute capability 9.0 GPU: the wgmma kernels run */
+  int x3;                    /* k_gemm_x3 runs here (hopper, TGM_GEMM_X3 not 0) */
   int tune;                  /* max-autotune: a GEMM's first call times the heuristic's candidates */
   char tune_file[512];       /* the choices' file ("": kept in memory only) */
   int tune_read;             /* tune_file was read */
@@ -1138,7 +1139,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 #endif
 }
 
-/* Whether this build's k_gemm_x3 has its body (the sm_90a image is the one loaded). */
+/* Whether this build's wgmma kernels (k_gemm_x3, k_flash_fwd_h, k_flash_bwd_h) have their bodies (the sm_90a image
+ * is the one loaded). */
 __global__ void k_gemm_x3_probe(int *out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   *out = 1;
@@ -2328,6 +2330,247 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+/* Flash attention on Hopper's warpgroup MMA (sm_90a, bf16/f16, D = 64),
+ * where mma.sync held k_flash_fwd at ~180 TFLOP/s and the backward at ~165:
+ * k_flash_fwd_h and k_flash_bwd_h. A block is one warpgroup (128 threads;
+ * wgmma's M = 64 rows, 16 a warp). The operand that stays for the block's
+ * life (the forward's q, the backward's k and v or q and dy) is loaded once
+ * into registers as wgmma's A fragments (mma.sync's m16n8k16 layout, through
+ * ldmatrix from a padded tile); the walked tiles of 64 rows come by cp.async
+ * into a ring of stages, two tiles ahead, each in the 128-byte swizzle wgmma
+ * reads from shared memory (row r at 128 r bytes, its 16-byte piece c at
+ * c ^ r % 8, stages 1024-byte aligned), and a proxy fence makes the copies
+ * visible to wgmma (the async proxy). A walked tile is B two ways: K-major
+ * (its rows are the product's columns: q k^T) or N-major (its rows are the
+ * sum's index: P v), the same bytes transposed by the instruction. A score
+ * tile becomes the next product's A operand in registers, rounded to T.
+ *
+ * ptxas serializes every wgmma of a kernel (each waited for before the next:
+ * ~1.3x the time) when it cannot prove an in-flight accumulator untouched: a
+ * branch that differs between warpgroups, a tile whose path differs from the
+ * others (a first tile with no product to wait for), a copy of an
+ * accumulator between issue and wait. The loops below have one path for
+ * every tile, and `hold` pins the accumulators where they are issued and
+ * waited for. */
+namespace fh {
+constexpr int kStages = 4, kAhead = 2, kTile = 64 * 64, kLd = 64 + 8; /* kLd: a padded tile's row (ldmatrix) */
+constexpr size_t kFwdSmem = (size_t)2 * kStages * kTile * 2 + (size_t)64 * kLd * 2 + 1024; /* + alignment */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Starts copying rows r0.. of a [64, 64] tile into dst in the 128-byte swizzle; rows past n become zeros. Thread
+ * i copies piece i % 8 of rows i / 8 + 16 j: the same swizzled place in each of its four 8-row groups. */
+template <class T> __device__ __forceinline__ void load_sw(T *dst, const T *src, int ld, int r0, int n) {
+  const int c = threadIdx.x % 8, r = threadIdx.x / 8;
+  dst += r * 64 + ((c ^ (r % 8)) << 3);
+  src += c * 8;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int rr = r0 + r + j * 16, ok = rr < n;
+    fa::cp16(dst + j * 16 * 64, src + (int64_t)(ok ? rr : 0) * ld, ok ? 16 : 0);
+  }
+}
+/* Starts copying rows r0.. of a [64, 64] tile into dst padded to rows of kLd (for ldmatrix); zeros past n. */
+template <class T> __device__ __forceinline__ void load_pad(T *dst, const T *src, int ld, int r0, int n) {
+#pragma unroll
+  for (int e = threadIdx.x; e < 64 * 8; e += 128) {
+    const int r = e / 8, c = e % 8 * 8, ok = r0 + r < n;
+    fa::cp16(dst + r * kLd + c, src + (int64_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
+  }
+}
+/* The A fragments of a padded tile's 64 rows (each warp its 16) for the four k steps of 16 columns. */
+template <class T> __device__ __forceinline__ void frags(uint32_t (&a)[4][4], const T *tile) {
+#pragma unroll
+  for (int d = 0; d < 4; d++)
+    fa::frag_a<kLd>(a[d], tile, threadIdx.x / 32 * 16, d * 16);
+}
+/* The descriptor of a swizzled tile at p: 8-row groups 1024 bytes apart (K-major's SBO, and N-major's along K;
+ * the leading offset is unused at 64 columns). */
+__device__ __forceinline__ uint64_t desc(const void *p) {
+  uint64_t a = (uint32_t)__cvta_generic_to_shared(p);
+  return ((a & 0x3ffff) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+#define FH_D32                                                                                                         \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),          \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),           \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),          \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define FH_MMA(TY)                                                                                                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "   \
+  "%24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+/* d [64 x 64] (= when acc is 0, else +=) A [64 x 16] (registers) B [16 x 64] (shared memory; NM: N-major, else
+ * K-major). Asynchronous: commit, then wait before d or a are touched. */
+template <int NM>
+__device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc, bf16) {
+  asm volatile(FH_MMA("bf16") : FH_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(NM));
+}
+template <int NM>
+__device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc, f16) {
+  asm volatile(FH_MMA("f16") : FH_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(NM));
+}
+#undef FH_MMA
+#undef FH_D32
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* pins the registers of an accumulator at this point (no copy of one in flight) */
+__device__ __forceinline__ void hold(float (&x)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    asm volatile("" : "+f"(x[i])::"memory");
+}
+/* Tile i is in shared memory for every thread (cp.async groups: one a tile, AHEAD - 1 newer) and visible to wgmma;
+ * every thread is past its reads of the tile before. */
+template <int AHEAD> __device__ __forceinline__ void arrived() {
+  fa::wait<AHEAD - 1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+}
+/* d (= when zero, else +=) A [64 x 64] times tile^T: the tile's rows are d's columns (K-major; k step c: 32 bytes
+ * into each row) */
+template <class T>
+__device__ __forceinline__ void times_t(float (&d)[32], const uint32_t (&a)[4][4], const T *tile, bool zero) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    mma<0>(d, a[c], desc(tile + c * 16), !zero || c > 0, T());
+}
+/* d += A [64 x 64] times tile: the tile's rows are the sum's index (N-major; k step c: rows 16 c.., 2048 bytes on) */
+template <class T> __device__ __forceinline__ void times(float (&d)[32], const uint32_t (&a)[4][4], const T *tile) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    mma<1>(d, a[c], desc(tile + c * 16 * 64), 1, T());
+}
+/* A [64 x 64] (each thread's k steps c) from a [64 x 64] accumulator, rounded to T */
+template <class T> __device__ __forceinline__ void to_a(uint32_t (&a)[4][4], const float (&s)[32]) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    fa::acc_to_a<T>(a[c], (const float (*)[4])s, c);
+}
+/* the swizzled 1024-aligned start of the dynamic shared memory */
+template <class T> __device__ __forceinline__ T *smem_base(unsigned char *raw) {
+  return (T *)(raw + ((1024 - (__cvta_generic_to_shared(raw) & 1023)) & 1023));
+}
+#endif
+} // namespace fh
+
+/* Per key tile i, S_i = q k_i^T and o += P_{i-1} v_{i-1} are issued together, and the softmax of S_i runs while
+ * the second product is still on the tensor cores (waited for at the top of tile i + 1: a wait in the same basic
+ * block as the softmax, ptxas hoists above it); o is rescaled there. Three blocks an SM (at most 170 registers a
+ * thread, 74 KB of shared memory each). GPT-2's layer (B 16, H 12, T 1024, causal) on the H100: 108 us against
+ * k_flash_fwd's 152 (and 114 with two warpgroups a block sharing tiles, 142 with tiles of 128 keys). */
+template <class T>
+__global__ void __launch_bounds__(128, 3)
+    k_flash_fwd_h(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ y,
+                  fa::Layout<4> L, int Tq, int Tk, int causal, float scale, float *__restrict__ lse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace fh;
+  extern __shared__ __align__(1024) unsigned char fh_raw[];
+  T *sK = smem_base<T>(fh_raw), *sV = sK + kStages * kTile, *sQ = sV + kStages * kTile; /* sQ: padded */
+  const int lane = threadIdx.x % 32, t = lane % 4;
+  const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 64, r0 = q0 + threadIdx.x / 32 * 16;
+  const int row[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo);
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
+  load_pad(sQ, q, L.ld[0], q0, Tq);
+  for (int s = 0; s < kAhead; s++) { /* tiles 0 .. kAhead - 1, one group each (the first with q) */
+    if (s < nk) {
+      load_sw(sK + s * kTile, k, L.ld[1], s * 64, Tk);
+      load_sw(sV + s * kTile, v, L.ld[2], s * 64, Tk);
+    }
+    fa::commit();
+  }
+  uint32_t qa[4][4] = {}, pa[4][4]; /* qa: zeros until tile 0 loads it (see k_flash_bwd_h's blocks) */
+  float o[32], s[32], alpha[2] = {1.0f, 1.0f}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    o[i] = s[i] = 0.0f; /* s: P_{-1}, o += 0 v_0 at tile 0 */
+  float (*sc)[4] = (float (*)[4])s;
+  const float sl2 = scale * fa::kLog2e;
+  for (int i = 0; i < nk; i++) {
+    const int k0 = i * 64;
+    wait<0>(); /* P_{i-2} v_{i-2}: o and pa are free, and tile i - 2's stage */
+    hold(o);
+    arrived<kAhead>();
+    if (i + kAhead < nk) {
+      const int nt = i + kAhead, ns = nt % kStages;
+      load_sw(sK + ns * kTile, k, L.ld[1], nt * 64, Tk);
+      load_sw(sV + ns * kTile, v, L.ld[2], nt * 64, Tk);
+    }
+    fa::commit();
+    if (i == 0)
+      frags(qa, sQ);
+    for (int n = 0; n < 8; n++)
+      o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0], o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
+    to_a<T>(pa, s);
+    hold(o);
+    fence();
+    times_t(s, qa, sK + i % kStages * kTile, true); /* S_i = q k_i^T */
+    commit();
+    hold(s);
+    fence();
+    times(o, pa, sV + (i > 0 ? i - 1 : 0) % kStages * kTile); /* o += P_{i-1} v_{i-1} (tile 0: 0 v_0) */
+    commit();
+    hold(o);
+    wait<1>(); /* S_i (groups complete in order) */
+    hold(s);
+    if (k0 + 64 > Tk || (causal && k0 + 63 > q0))
+      fa::mask_scores(sc, k0, Tk, causal, row);
+    /* the row maxima and sums as four chains each, not one of 16 dependent steps */
+    float mx[2][4], ts[2][4], mb[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        mx[h][u] = fmaxf(fmaxf(sc[u][2 * h], sc[u][2 * h + 1]), fmaxf(sc[u + 4][2 * h], sc[u + 4][2 * h + 1]));
+    for (int h = 0; h < 2; h++) { /* m, mb: log2 units (the scale applied after the max: it is positive) */
+      float x = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      const float mn = fmaxf(m[h], x * sl2);
+      alpha[h] = mn == -INFINITY ? 1.0f : fa::ex2(m[h] - mn);
+      mb[h] = mn == -INFINITY ? 0.0f : mn; /* a row masked so far: its -inf scores give 0 */
+      m[h] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++) {
+        const float p = fa::ex2(fmaf(sc[j][e], sl2, -mb[e >> 1]));
+        sc[j][e] = p; /* rounded to T as the A operand of P v; the row sum takes the f32 value */
+        if (j < 4)
+          ts[e >> 1][j] = e & 1 ? ts[e >> 1][j] + p : p;
+        else
+          ts[e >> 1][j % 4] += p;
+      }
+    for (int h = 0; h < 2; h++)
+      l[h] = fmaf(l[h], alpha[h], (ts[h][0] + ts[h][1]) + (ts[h][2] + ts[h][3]));
+  }
+  wait<0>();
+  hold(o);
+  if (nk > 0) { /* the last tile's product (its stage is not refilled: no tile past nk - 1 is loaded) */
+    for (int n = 0; n < 8; n++)
+      o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0], o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
+    to_a<T>(pa, s);
+    hold(o);
+    fence();
+    times(o, pa, sV + (nk - 1) % kStages * kTile);
+    commit();
+    wait<0>();
+    hold(o);
+  }
+  fa::wait<0>(); /* the copies issued */
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lse && t == 0 && row[h] < Tq) /* natural units: (m + log2 l) ln 2 */
+      lse[b * Tq + row[h]] = m[h] == -INFINITY ? m[h] : (m[h] + log2f(l[h])) * 0.6931471805599453f;
+  }
+  if (y) {
+    const float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+    fa::store_acc<T, 64>(y + L.off(3, hi, lo), L.ld[3], (const float (*)[4])o, r0, Tq, inv);
+  }
+#endif
+}
+
 /* The flash kernels' Layout of a walk's NOP tensors with row strides ld. */
 template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const int64_t *ld) {
   fa::Layout<NOP> L;
@@ -2341,23 +2584,30 @@ template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const 
   return L;
 }
 
-/* k_flash_fwd over every batch element: per host iteration of bw's outer2,
- * a grid of 64 MT-row query tiles by the last two batch dims (inner along y,
- * mid along z, 65535 of each at a time). The caller checked flash_fits. */
+/* k_flash_fwd_h (Hopper, D = 64) or k_flash_fwd over every batch element:
+ * per host iteration of bw's outer2, a grid of query tiles (64 rows, or 64
+ * MT) by the last two batch dims (inner along y, mid along z, 65535 of each at
+ * a time). The caller checked flash_fits. Tests set flash_mma_sync to time
+ * and check k_flash_fwd and k_flash_bwd where the wgmma kernels would run. */
 constexpr int flash_rows(int D) { return D == 64 ? 2 : 1; } /* k_flash_fwd's MT */
+static bool flash_mma_sync = false;
 template <class T, int D>
 int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, const BatchWalk<4> &bw,
                  const int64_t *ld, int64_t Tq, int64_t Tk, int causal, float scale, float *lse) {
   constexpr int MT = flash_rows(D);
-  constexpr size_t bytes = fa::smem_bytes<D>(4 + MT, 0);
-  static bool attr[64]; /* per device: more than 48 KiB of shared memory is opted into per function and device */
-  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
+  const bool h = D == 64 && cx->hopper && !flash_mma_sync;
+  void (*kern)(const T *, const T *, const T *, T *, fa::Layout<4>, int, int, int, float, float *) =
+      h ? k_flash_fwd_h<T> : k_flash_fwd<T, D, MT>;
+  const size_t bytes = h ? fh::kFwdSmem : fa::smem_bytes<D>(4 + MT, 0);
+  const int rows = h ? 64 : 64 * MT;
+  static bool attr[2][64]; /* per kernel and device: more than 48 KiB of shared memory is opted into per function and device */
+  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[h][cx->device] : NULL;
   if (!set || !*set) {
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_fwd<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (set)
       *set = true;
   }
-  unsigned tiles = (unsigned)((Tq + 64 * MT - 1) / (64 * MT));
+  unsigned tiles = (unsigned)((Tq + rows - 1) / rows);
   fa::Layout<4> L = flash_layout(bw, ld);
   const int64_t nb = bw.mid * bw.inner; /* batch elements per host iteration */
   for (int64_t t = 0; t < bw.outer2; t++) {
@@ -2367,10 +2617,13 @@ int flash_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, T *y, con
       for (L.lo0 = 0; L.lo0 < bw.inner; L.lo0 += 65535) {
         int64_t ny = bw.inner - L.lo0 < 65535 ? bw.inner - L.lo0 : 65535;
         int64_t nz = bw.mid - L.hi0 < 65535 ? bw.mid - L.hi0 : 65535;
-        k_flash_fwd<T, D, MT><<<dim3(tiles, (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
+        kern<<<dim3(tiles, (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
             q + off[0], k + off[1], v + off[2], y ? y + off[3] : NULL, L, (int)Tq, (int)Tk, causal, scale,
             lse ? lse + t * nb * Tq : NULL);
-        TGM_CUDA_LAUNCHED("k_flash_fwd");
+        if (h)
+          TGM_CUDA_LAUNCHED("k_flash_fwd_h");
+        else
+          TGM_CUDA_LAUNCHED("k_flash_fwd");
       }
   }
   return 0;
@@ -2655,6 +2908,222 @@ __global__ void __launch_bounds__(128, flash_bwd_blocks(D))
     flash_bwd_q<T, D>(causal ? nq - 1 - i : i, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
 }
 
+/* The backward on wgmma (k_flash_bwd_h: sm_90a, bf16/f16, D = 64): the
+ * blocks of k_flash_bwd, each one warpgroup (fh, above), with the same
+ * products and the same order of every sum (deterministic, no atomics):
+ *   a key block keeps its k and v rows in registers and walks the query
+ *   tiles (q, dy, lse and delta in a ring of three stages): S^T = k q^T and
+ *   dP^T = v dy^T (q and dy K-major), then P^T and dS^T in registers, dv +=
+ *   P^T dy and dk += dS^T q (dy and q N-major);
+ *   a query block keeps its q and dy rows and walks the key tiles (k, v):
+ *   S = q k^T, dP = dy v^T, dS, dq += dS k (k N-major).
+ * Each tile's products are waited for within the tile. GPT-2's layer (B 16,
+ * H 12, T 1024, causal) on the H100: 283 us against k_flash_bwd's 390. */
+namespace fh {
+constexpr int kBwdStages = 3;
+/* the key block's ring (q, dy tiles and the lse, delta rows) and padded k, v; the query block's fits in it */
+constexpr size_t kBwdSmem = (size_t)kBwdStages * (2 * kTile * 2 + 2 * 64 * 4) + (size_t)2 * 64 * kLd * 2 + 1024;
+} // namespace fh
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <class T>
+__device__ __forceinline__ void flash_bwd_kv_h(int kt, const T *__restrict__ q, const T *__restrict__ k,
+                                               const T *__restrict__ v, const T *__restrict__ dy,
+                                               const float *__restrict__ lse, const float *__restrict__ delta,
+                                               T *__restrict__ dk, T *__restrict__ dv, const fa::Layout<7> &L, int Tq,
+                                               int Tk, int causal, float scale) {
+  using namespace fh;
+  constexpr int S = kBwdStages;
+  extern __shared__ __align__(1024) unsigned char fh_raw[];
+  T *sQ = smem_base<T>(fh_raw), *sO = sQ + S * kTile, *sK = sO + S * kTile, *sV = sK + 64 * kLd; /* sK, sV padded */
+  float *sL = (float *)(sV + 64 * kLd), *sD = sL + S * 64;
+  const int lane = threadIdx.x % 32, t = lane % 4, k0 = kt * 64, r0 = k0 + threadIdx.x / 32 * 16;
+  const int key[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
+  lse += b * Tq, delta += b * Tq;
+  const int qbeg = causal ? k0 : 0; /* causal: queries before k0 see none of these keys */
+  const int nq = qbeg < Tq ? (Tq - qbeg + 63) / 64 : 0;
+  load_pad(sK, k, L.ld[1], k0, Tk);
+  load_pad(sV, v, L.ld[2], k0, Tk);
+  for (int s = 0; s < kAhead; s++) { /* query tiles 0 .. kAhead - 1, one group each (the first with k, v) */
+    if (s < nq) {
+      load_sw(sQ + s * kTile, q, L.ld[0], qbeg + s * 64, Tq);
+      load_sw(sO + s * kTile, dy, L.ld[3], qbeg + s * 64, Tq);
+      fa::load_row(sL + s * 64, lse, qbeg + s * 64, Tq);
+      fa::load_row(sD + s * 64, delta, qbeg + s * 64, Tq);
+    }
+    fa::commit();
+  }
+  /* ka, va: zeros until tile 0 loads them. Left undefined before the loop, nvcc gave their registers to pa and da
+   * (the loop's later tiles then read P^T and dS^T for k and v) */
+  uint32_t ka[4][4] = {}, va[4][4] = {}, pa[4][4], da[4][4];
+  float gk[32], gv[32], s[32], dp[32];
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    gk[i] = gv[i] = s[i] = dp[i] = 0.0f;
+  const float sl2 = scale * fa::kLog2e;
+  for (int i = 0; i < nq; i++) {
+    const int q0 = qbeg + i * 64, st = i % S;
+    const T *cQ = sQ + st * kTile, *cO = sO + st * kTile;
+    const float *cL = sL + st * 64, *cD = sD + st * 64;
+    arrived<kAhead>(); /* (and tile i - 1's stage is free: its products were waited for) */
+    if (i + kAhead < nq) {
+      const int n0 = q0 + kAhead * 64, ns = (i + kAhead) % S;
+      load_sw(sQ + ns * kTile, q, L.ld[0], n0, Tq);
+      load_sw(sO + ns * kTile, dy, L.ld[3], n0, Tq);
+      fa::load_row(sL + ns * 64, lse, n0, Tq);
+      fa::load_row(sD + ns * 64, delta, n0, Tq);
+    }
+    fa::commit();
+    if (i == 0) {
+      frags(ka, sK);
+      frags(va, sV);
+    }
+    fence();
+    times_t(s, ka, cQ, true);  /* S^T = k q^T */
+    times_t(dp, va, cO, true); /* dP^T = v dy^T */
+    commit();
+    wait<0>();
+    hold(s);
+    hold(dp);
+    /* s becomes P^T, dp dS^T. Queries past Tq need no mask: their q and dy rows, lse and delta are zeros, so
+     * P^T = 1 there meets dy = 0 and dS^T = 0 meets q = 0. Causal masks the diagonal tile. */
+    const bool diag = causal && q0 < k0 + 63;
+    float (*sc)[4] = (float (*)[4])s, (*dc)[4] = (float (*)[4])dp;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      for (int e = 0; e < 4; e++) {
+        const int c = j * 8 + 2 * t + (e & 1);
+        float p = fa::ex2(fmaf(sc[j][e], sl2, -cL[c] * fa::kLog2e));
+        if (diag && key[e >> 1] > q0 + c)
+          p = 0.0f;
+        sc[j][e] = p;
+        dc[j][e] = p * (dc[j][e] - cD[c]);
+      }
+    to_a<T>(pa, s);
+    to_a<T>(da, dp);
+    hold(gv);
+    hold(gk);
+    fence();
+    times(gv, pa, cO); /* dv += P^T dy */
+    times(gk, da, cQ); /* dk += dS^T q */
+    commit();
+    wait<0>();
+    hold(gv);
+    hold(gk);
+  }
+  fa::wait<0>(); /* no query tile: the copies issued */
+  const float one[2] = {1.0f, 1.0f}, sc2[2] = {scale, scale};
+  if (dv)
+    fa::store_acc<T, 64>(dv + L.off(6, hi, lo), L.ld[6], (const float (*)[4])gv, r0, Tk, one);
+  if (dk)
+    fa::store_acc<T, 64>(dk + L.off(5, hi, lo), L.ld[5], (const float (*)[4])gk, r0, Tk, sc2);
+}
+
+template <class T>
+__device__ __forceinline__ void flash_bwd_q_h(int qt, const T *__restrict__ q, const T *__restrict__ k,
+                                              const T *__restrict__ v, const T *__restrict__ dy,
+                                              const float *__restrict__ lse, const float *__restrict__ delta,
+                                              T *__restrict__ dq, const fa::Layout<7> &L, int Tq, int Tk, int causal,
+                                              float scale) {
+  using namespace fh;
+  constexpr int S = kBwdStages;
+  extern __shared__ __align__(1024) unsigned char fh_raw[];
+  T *sK = smem_base<T>(fh_raw), *sV = sK + S * kTile, *sQ = sV + S * kTile, *sO = sQ + 64 * kLd; /* sQ, sO padded */
+  const int lane = threadIdx.x % 32, q0 = qt * 64, r0 = q0 + threadIdx.x / 32 * 16;
+  const int row[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
+  q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
+  lse += b * Tq, delta += b * Tq;
+  const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
+  load_pad(sQ, q, L.ld[0], q0, Tq);
+  load_pad(sO, dy, L.ld[3], q0, Tq);
+  for (int s = 0; s < kAhead; s++) { /* key tiles 0 .. kAhead - 1, one group each (the first with q, dy) */
+    if (s < nk) {
+      load_sw(sK + s * kTile, k, L.ld[1], s * 64, Tk);
+      load_sw(sV + s * kTile, v, L.ld[2], s * 64, Tk);
+    }
+    fa::commit();
+  }
+  float rl[2], rd[2];
+  for (int h = 0; h < 2; h++)
+    rl[h] = row[h] < Tq ? lse[row[h]] * fa::kLog2e : 0.0f, rd[h] = row[h] < Tq ? delta[row[h]] : 0.0f;
+  uint32_t qa[4][4] = {}, oa[4][4] = {}, da[4][4]; /* qa, oa: zeros until tile 0 (see flash_bwd_kv_h) */
+  float gq[32], s[32], dp[32];
+#pragma unroll
+  for (int i = 0; i < 32; i++)
+    gq[i] = s[i] = dp[i] = 0.0f;
+  const float sl2 = scale * fa::kLog2e;
+  for (int i = 0; i < nk; i++) {
+    const int k0 = i * 64, st = i % S;
+    const T *cK = sK + st * kTile, *cV = sV + st * kTile;
+    arrived<kAhead>();
+    if (i + kAhead < nk) {
+      const int ns = (i + kAhead) % S;
+      load_sw(sK + ns * kTile, k, L.ld[1], (i + kAhead) * 64, Tk);
+      load_sw(sV + ns * kTile, v, L.ld[2], (i + kAhead) * 64, Tk);
+    }
+    fa::commit();
+    if (i == 0) {
+      frags(qa, sQ);
+      frags(oa, sO);
+    }
+    fence();
+    times_t(s, qa, cK, true);  /* S = q k^T */
+    times_t(dp, oa, cV, true); /* dP = dy v^T */
+    commit();
+    wait<0>();
+    hold(s);
+    hold(dp);
+    const bool edge = k0 + 64 > Tk || (causal && k0 + 63 > q0); /* keys past Tk or (causal) past a row */
+    float (*sc)[4] = (float (*)[4])s, (*dc)[4] = (float (*)[4])dp;
+#pragma unroll
+    for (int j = 0; j < 8; j++) /* dp becomes dS */
+      for (int e = 0; e < 4; e++) {
+        const int c = k0 + j * 8 + 2 * (lane % 4) + (e & 1);
+        float p = fa::ex2(fmaf(sc[j][e], sl2, -rl[e >> 1]));
+        if (edge && (c >= Tk || (causal && c > row[e >> 1])))
+          p = 0.0f;
+        dc[j][e] = p * (dc[j][e] - rd[e >> 1]);
+      }
+    to_a<T>(da, dp);
+    hold(gq);
+    fence();
+    times(gq, da, cK); /* dq += dS k */
+    commit();
+    wait<0>();
+    hold(gq);
+  }
+  fa::wait<0>();
+  const float sc2[2] = {scale, scale};
+  fa::store_acc<T, 64>(dq + L.off(4, hi, lo), L.ld[4], (const float (*)[4])gq, r0, Tq, sc2);
+}
+#endif
+
+/* Both kinds in one launch, as k_flash_bwd. Two blocks an SM (at most 255 registers a thread). */
+template <class T>
+__global__ void __launch_bounds__(128, 2)
+    k_flash_bwd_h(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dy,
+                  const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dq,
+                  T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
+                  int nkv, int nq) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int b = blockIdx.x, both = nkv < nq ? nkv : nq;
+  int kt = -1, i = -1; /* a key tile, or the i-th query tile in k_flash_bwd's order */
+  if (b < 2 * both)
+    (b & 1 ? i : kt) = b / 2;
+  else if (nkv > both)
+    kt = b - both;
+  else
+    i = b - both;
+  if (kt >= 0)
+    flash_bwd_kv_h<T>(kt, q, k, v, dy, lse, delta, dk, dv, L, Tq, Tk, causal, scale);
+  else
+    flash_bwd_q_h<T>(causal ? nq - 1 - i : i, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
+#endif
+}
+
 /* The materialised backward's elementwise steps over rows of Tk (row r is
  * query r % Tq): P = exp(S - lse) (S already scaled; causal: 0 where
  * j > i), and dS = P (dP - delta). */
@@ -2675,17 +3144,21 @@ __global__ void k_att_ds(const float *dP, const T *P, const float *__restrict__ 
     dS[e] = from_f<T>(to_f(P[e]) * (dP[e] - delta[e / Tk]));
 }
 
-/* k_flash_bwd (its key tiles when dk or dv is wanted, its query tiles when
- * dq is) over every batch element, as flash_launch. The caller checked flash_fits. */
+/* k_flash_bwd_h (Hopper, D = 64) or k_flash_bwd (its key tiles when dk or
+ * dv is wanted, its query tiles when dq is) over every batch element, as
+ * flash_launch. The caller checked flash_fits. */
 template <class T, int D>
 int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const T *dy, const float *lse,
                      const float *delta, T *dq, T *dk, T *dv, const BatchWalk<7> &bw, const int64_t *ld, int64_t Tq,
                      int64_t Tk, int causal, float scale) {
-  constexpr size_t bytes = fa::smem_bytes<D>(6, 4); /* flash_bwd_q takes 6 tiles too */
-  static bool attr[64]; /* per device, as flash_launch */
-  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[cx->device] : NULL;
+  const bool h = D == 64 && cx->hopper && !flash_mma_sync;
+  void (*kern)(const T *, const T *, const T *, const T *, const float *, const float *, T *, T *, T *, fa::Layout<7>,
+               int, int, int, float, int, int) = h ? k_flash_bwd_h<T> : k_flash_bwd<T, D>;
+  const size_t bytes = h ? fh::kBwdSmem : fa::smem_bytes<D>(6, 4); /* flash_bwd_q takes 6 tiles too */
+  static bool attr[2][64]; /* per kernel and device, as flash_launch */
+  bool *set = cx->device >= 0 && cx->device < 64 ? &attr[h][cx->device] : NULL;
   if (!set || !*set) {
-    TGM_CUDA_TRY(cudaFuncSetAttribute(k_flash_bwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    TGM_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     if (set)
       *set = true;
   }
@@ -2703,10 +3176,13 @@ int flash_bwd_launch(tgm_cuda_ctx *cx, const T *q, const T *k, const T *v, const
         const int nkv = dk || dv ? (int)((Tk + 63) / 64) : 0, nq = dq ? (int)((Tq + 63) / 64) : 0;
         if (nkv + nq == 0)
           continue;
-        k_flash_bwd<T, D><<<dim3((unsigned)(nkv + nq), (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
+        kern<<<dim3((unsigned)(nkv + nq), (unsigned)ny, (unsigned)nz), 128, bytes, cx->stream>>>(
             qt, kt, vt, dyt, lt, delt, dq ? dq + off[4] : NULL, dk ? dk + off[5] : NULL, dv ? dv + off[6] : NULL, L,
             (int)Tq, (int)Tk, causal, scale, nkv, nq);
-        TGM_CUDA_LAUNCHED("k_flash_bwd");
+        if (h)
+          TGM_CUDA_LAUNCHED("k_flash_bwd_h");
+        else
+          TGM_CUDA_LAUNCHED("k_flash_bwd");
       }
   }
   return 0;
@@ -3223,22 +3699,24 @@ static int x3_gemm(tgm_cuda_ctx *cx, const tgm_gemm *g) {
   return 0;
 }
 
-/* At context creation: whether k_gemm_x3 can run (a compute capability 9.0
- * GPU, the sm_90a image loaded, TGM_GEMM_X3 not 0), and its shared memory
- * allowed. */
+/* At context creation: whether the wgmma kernels can run (hopper: a
+ * compute capability 9.0 GPU, the sm_90a image loaded), and k_gemm_x3 (also
+ * TGM_GEMM_X3 not 0, and its shared memory allowed). */
 static void x3_setup(tgm_cuda_ctx *cx) {
   cudaDeviceProp prop;
   int *d = NULL, h = 0;
   const char *env = getenv("TGM_GEMM_X3");
-  cx->x3 = 0;
-  if ((env && env[0] == '0') || cudaGetDeviceProperties(&prop, cx->device) != cudaSuccess || prop.major != 9 ||
-      prop.minor != 0 || cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
+  cx->x3 = cx->hopper = 0;
+  if (cudaGetDeviceProperties(&prop, cx->device) != cudaSuccess || prop.major != 9 || prop.minor != 0 ||
+      cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
   k_gemm_x3_probe<<<1, 1>>>(d);
   bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1;
   cudaFree(d);
+  cx->hopper = ok;
+  ok = ok && !(env && env[0] == '0');
 #define X3_SMEM(TA, TB)                                                                                                \
   ok = ok &&                                                                                                           \
        cudaFuncSetAttribute(k_gemm_x3<TA, TB, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, x3_smem<TA, TB>()) ==   \

@@ -671,6 +671,18 @@ static void test_attention_timing(void) {
   double worst = bf16_worst(y1.d, (const char *)y2.d + 2, n);
   expect("attention timing: flash and the materialised path agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
          "max error " + std::to_string(worst));
+  if (CX->hopper) { /* k_flash_fwd_h took it: k_flash_fwd, timed beside it, into y2 */
+    const char *l3 = "TIME attention bf16 [16, 12, 1024, 64] causal, flash on mma.sync (k_flash_fwd)";
+    tgm_view vq = view_at(q.d, sh), vk = view_at(k.d, sh), vv = view_at(v.d, sh), vy = view_at(y2.d, sh);
+    flash_mma_sync = true;
+    double t = time_ms([&] { rc |= tgm_cuda_attention(CX, TGM_BF16, &vq, &vk, &vv, &vy, 1, 0.125, NULL); }, 10);
+    flash_mma_sync = false;
+    if (ran(l3, rc))
+      printf("%-64s %.3f ms (%.0f TFLOP/s causal)\n", l3, t, 2.0 * B * H * T * T * D / t * 1e-9);
+    worst = bf16_worst(y1.d, y2.d, n);
+    expect("attention timing: k_flash_fwd_h and k_flash_fwd agree (bf16 2e-2)", rc == 0 && worst <= 2e-2,
+           "max error " + std::to_string(worst));
+  }
   /* the backward, both ways, from the flash forward's lse and delta = rowsum(dy * y) */
   Tensor lse, delta, dy, dy2, g1, g2;
   rand_tensor(dy, TGM_BF16, {n + 8}, -1, 1);
@@ -916,7 +928,9 @@ static void test_dropout(void) {
   }
 }
 
-static void test_attention(void) {
+/* The cases below; mma_sync: on Hopper, the flash cases (bf16/f16, D = 64) again with k_flash_fwd and
+ * k_flash_bwd, where k_flash_fwd_h and k_flash_bwd_h run (the kernels of other GPUs). */
+static void attention_cases(bool mma_sync) {
   struct Case {
     Shape q, k, v;
   };
@@ -944,6 +958,8 @@ static void test_attention(void) {
       for (const Case &c : cases) {
         int rq = (int)c.q.size(), rk = (int)c.k.size(), rv = (int)c.v.size();
         int64_t Tq = c.q[rq - 2], D = c.q[rq - 1], Tk = c.k[rk - 2], Dv = c.v[rv - 1];
+        if (mma_sync && (dt == TGM_F32 || D != 64))
+          continue;
         Shape bq(c.q.begin(), c.q.end() - 2), bk(c.k.begin(), c.k.end() - 2), bv(c.v.begin(), c.v.end() - 2);
         Shape batch = bshape(bshape(bq, bk), bv), ys = batch;
         ys.push_back(Tq);
@@ -959,7 +975,7 @@ static void test_attention(void) {
         out_tensor(lse, TGM_F32, rows);
         double scale = 1.0 / sqrt((double)D);
         std::string label = std::string("attention ") + DTN[dt] + (causal ? " causal " : " ") + shape_str(c.q) +
-                            shape_str(c.k) + shape_str(c.v);
+                            shape_str(c.k) + shape_str(c.v) + (mma_sync ? " (k_flash_fwd)" : "");
         tgm_view vq = view_at(q.d, c.q), vk = view_at(k.d, c.k), vv = view_at(v.d, c.v), vy = view_at(y.d, ys);
         if (!ran(label, tgm_cuda_attention(CX, dt, &vq, &vk, &vv, &vy, causal, scale, (float *)lse.d)))
           continue;
@@ -1041,6 +1057,15 @@ static void test_attention(void) {
             compare(bl + " dv", dv.download(), rdv, gt);
         }
       }
+}
+
+static void test_attention(void) {
+  attention_cases(false);
+  if (CX->hopper) {
+    flash_mma_sync = true;
+    attention_cases(true);
+    flash_mma_sync = false;
+  }
 }
 
 /* ---------------------------------------------------------------- attention on strided views */
