@@ -2334,9 +2334,9 @@ __global__ void __launch_bounds__(128)
  * where mma.sync held k_flash_fwd at ~180 TFLOP/s and the backward at ~165:
  * k_flash_fwd_h and k_flash_bwd_h. A block is one warpgroup (128 threads;
  * wgmma's M = 64 rows, 16 a warp). The operand that stays for the block's
- * life (the forward's q, the backward's k and v or q and dy) is loaded once
- * into registers as wgmma's A fragments (mma.sync's m16n8k16 layout, through
- * ldmatrix from a padded tile); the walked tiles of 64 rows come by cp.async
+ * life is wgmma's A: the forward's q in registers (mma.sync's m16n8k16
+ * fragments, through ldmatrix from a padded tile), the backward's k and v (q
+ * and dy) in shared memory (below); the walked tiles of 64 rows come by cp.async
  * into a ring of stages, two tiles ahead, each in the 128-byte swizzle wgmma
  * reads from shared memory (row r at 128 r bytes, its 16-byte piece c at
  * c ^ r % 8, stages 1024-byte aligned), and a proxy fence makes the copies
@@ -2407,7 +2407,19 @@ template <int NM>
 __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc, f16) {
   asm volatile(FH_MMA("f16") : FH_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(NM));
 }
+#define FH_MMA_SS(TY)                                                                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "   \
+  "%24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+/* d [64 x 64] (= when acc is 0, else +=) A [64 x 16] times B [16 x 64], both K-major in shared memory */
+__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, int acc, bf16) {
+  asm volatile(FH_MMA_SS("bf16") : FH_D32 : "l"(a), "l"(b), "r"(acc));
+}
+__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, int acc, f16) {
+  asm volatile(FH_MMA_SS("f16") : FH_D32 : "l"(a), "l"(b), "r"(acc));
+}
 #undef FH_MMA
+#undef FH_MMA_SS
 #undef FH_D32
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -2432,6 +2444,12 @@ __device__ __forceinline__ void times_t(float (&d)[32], const uint32_t (&a)[4][4
 #pragma unroll
   for (int c = 0; c < 4; c++)
     mma<0>(d, a[c], desc(tile + c * 16), !zero || c > 0, T());
+}
+/* d = A [64 x 64] times tile^T, A a swizzled tile too (its rows are d's rows) */
+template <class T> __device__ __forceinline__ void times_t(float (&d)[32], const T *a, const T *tile) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    mma_ss(d, desc(a + c * 16), desc(tile + c * 16), c > 0, T());
 }
 /* d += A [64 x 64] times tile: the tile's rows are the sum's index (N-major; k step c: rows 16 c.., 2048 bytes on) */
 template <class T> __device__ __forceinline__ void times(float (&d)[32], const uint32_t (&a)[4][4], const T *tile) {
@@ -2479,7 +2497,9 @@ __global__ void __launch_bounds__(128, 3)
     }
     fa::commit();
   }
-  uint32_t qa[4][4] = {}, pa[4][4]; /* qa: zeros until tile 0 loads it (see k_flash_bwd_h's blocks) */
+  /* qa: zeros until tile 0 loads it. Fragments loaded only at tile 0 and left undefined before the loop, nvcc gave
+   * their registers to another operand (the backward's, when its k and v were fragments: P^T and dS^T took them) */
+  uint32_t qa[4][4] = {}, pa[4][4];
   float o[32], s[32], alpha[2] = {1.0f, 1.0f}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 32; i++)
@@ -2917,12 +2937,16 @@ __global__ void __launch_bounds__(128, flash_bwd_blocks(D))
  *   P^T dy and dk += dS^T q (dy and q N-major);
  *   a query block keeps its q and dy rows and walks the key tiles (k, v):
  *   S = q k^T, dP = dy v^T, dS, dq += dS k (k N-major).
- * Each tile's products are waited for within the tile. GPT-2's layer (B 16,
- * H 12, T 1024, causal) on the H100: 283 us against k_flash_bwd's 390. */
+ * The operands a block keeps (k and v, or q and dy) stay in shared memory as
+ * swizzled tiles, read by wgmma's descriptor for A, not in registers (158
+ * registers a thread, three blocks an SM: 0.283 -> 0.240 ms against two with
+ * them in registers). Each tile's products are waited for within the tile.
+ * GPT-2's layer (B 16, H 12, T 1024, causal) on the H100: 0.240 ms against
+ * k_flash_bwd's 0.390. */
 namespace fh {
 constexpr int kBwdStages = 3;
-/* the key block's ring (q, dy tiles and the lse, delta rows) and padded k, v; the query block's fits in it */
-constexpr size_t kBwdSmem = (size_t)kBwdStages * (2 * kTile * 2 + 2 * 64 * 4) + (size_t)2 * 64 * kLd * 2 + 1024;
+/* the key block's ring (q, dy tiles and the lse, delta rows) and its k, v tiles; the query block's fits in it */
+constexpr size_t kBwdSmem = (size_t)kBwdStages * (2 * kTile * 2 + 2 * 64 * 4) + (size_t)2 * kTile * 2 + 1024;
 } // namespace fh
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2935,8 +2959,8 @@ __device__ __forceinline__ void flash_bwd_kv_h(int kt, const T *__restrict__ q, 
   using namespace fh;
   constexpr int S = kBwdStages;
   extern __shared__ __align__(1024) unsigned char fh_raw[];
-  T *sQ = smem_base<T>(fh_raw), *sO = sQ + S * kTile, *sK = sO + S * kTile, *sV = sK + 64 * kLd; /* sK, sV padded */
-  float *sL = (float *)(sV + 64 * kLd), *sD = sL + S * 64;
+  T *sQ = smem_base<T>(fh_raw), *sO = sQ + S * kTile, *sK = sO + S * kTile, *sV = sK + kTile;
+  float *sL = (float *)(sV + kTile), *sD = sL + S * 64;
   const int lane = threadIdx.x % 32, t = lane % 4, k0 = kt * 64, r0 = k0 + threadIdx.x / 32 * 16;
   const int key[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
@@ -2944,8 +2968,8 @@ __device__ __forceinline__ void flash_bwd_kv_h(int kt, const T *__restrict__ q, 
   lse += b * Tq, delta += b * Tq;
   const int qbeg = causal ? k0 : 0; /* causal: queries before k0 see none of these keys */
   const int nq = qbeg < Tq ? (Tq - qbeg + 63) / 64 : 0;
-  load_pad(sK, k, L.ld[1], k0, Tk);
-  load_pad(sV, v, L.ld[2], k0, Tk);
+  load_sw(sK, k, L.ld[1], k0, Tk);
+  load_sw(sV, v, L.ld[2], k0, Tk);
   for (int s = 0; s < kAhead; s++) { /* query tiles 0 .. kAhead - 1, one group each (the first with k, v) */
     if (s < nq) {
       load_sw(sQ + s * kTile, q, L.ld[0], qbeg + s * 64, Tq);
@@ -2955,9 +2979,7 @@ __device__ __forceinline__ void flash_bwd_kv_h(int kt, const T *__restrict__ q, 
     }
     fa::commit();
   }
-  /* ka, va: zeros until tile 0 loads them. Left undefined before the loop, nvcc gave their registers to pa and da
-   * (the loop's later tiles then read P^T and dS^T for k and v) */
-  uint32_t ka[4][4] = {}, va[4][4] = {}, pa[4][4], da[4][4];
+  uint32_t pa[4][4], da[4][4];
   float gk[32], gv[32], s[32], dp[32];
 #pragma unroll
   for (int i = 0; i < 32; i++)
@@ -2976,13 +2998,9 @@ __device__ __forceinline__ void flash_bwd_kv_h(int kt, const T *__restrict__ q, 
       fa::load_row(sD + ns * 64, delta, n0, Tq);
     }
     fa::commit();
-    if (i == 0) {
-      frags(ka, sK);
-      frags(va, sV);
-    }
     fence();
-    times_t(s, ka, cQ, true);  /* S^T = k q^T */
-    times_t(dp, va, cO, true); /* dP^T = v dy^T */
+    times_t(s, sK, cQ);  /* S^T = k q^T */
+    times_t(dp, sV, cO); /* dP^T = v dy^T */
     commit();
     wait<0>();
     hold(s);
@@ -3030,15 +3048,15 @@ __device__ __forceinline__ void flash_bwd_q_h(int qt, const T *__restrict__ q, c
   using namespace fh;
   constexpr int S = kBwdStages;
   extern __shared__ __align__(1024) unsigned char fh_raw[];
-  T *sK = smem_base<T>(fh_raw), *sV = sK + S * kTile, *sQ = sV + S * kTile, *sO = sQ + 64 * kLd; /* sQ, sO padded */
+  T *sK = smem_base<T>(fh_raw), *sV = sK + S * kTile, *sQ = sV + S * kTile, *sO = sQ + kTile;
   const int lane = threadIdx.x % 32, q0 = qt * 64, r0 = q0 + threadIdx.x / 32 * 16;
   const int row[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo), dy += L.off(3, hi, lo);
   lse += b * Tq, delta += b * Tq;
   const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
-  load_pad(sQ, q, L.ld[0], q0, Tq);
-  load_pad(sO, dy, L.ld[3], q0, Tq);
+  load_sw(sQ, q, L.ld[0], q0, Tq);
+  load_sw(sO, dy, L.ld[3], q0, Tq);
   for (int s = 0; s < kAhead; s++) { /* key tiles 0 .. kAhead - 1, one group each (the first with q, dy) */
     if (s < nk) {
       load_sw(sK + s * kTile, k, L.ld[1], s * 64, Tk);
@@ -3049,7 +3067,7 @@ __device__ __forceinline__ void flash_bwd_q_h(int qt, const T *__restrict__ q, c
   float rl[2], rd[2];
   for (int h = 0; h < 2; h++)
     rl[h] = row[h] < Tq ? lse[row[h]] * fa::kLog2e : 0.0f, rd[h] = row[h] < Tq ? delta[row[h]] : 0.0f;
-  uint32_t qa[4][4] = {}, oa[4][4] = {}, da[4][4]; /* qa, oa: zeros until tile 0 (see flash_bwd_kv_h) */
+  uint32_t da[4][4];
   float gq[32], s[32], dp[32];
 #pragma unroll
   for (int i = 0; i < 32; i++)
@@ -3065,13 +3083,9 @@ __device__ __forceinline__ void flash_bwd_q_h(int qt, const T *__restrict__ q, c
       load_sw(sV + ns * kTile, v, L.ld[2], (i + kAhead) * 64, Tk);
     }
     fa::commit();
-    if (i == 0) {
-      frags(qa, sQ);
-      frags(oa, sO);
-    }
     fence();
-    times_t(s, qa, cK, true);  /* S = q k^T */
-    times_t(dp, oa, cV, true); /* dP = dy v^T */
+    times_t(s, sQ, cK);  /* S = q k^T */
+    times_t(dp, sO, cV); /* dP = dy v^T */
     commit();
     wait<0>();
     hold(s);
@@ -3101,9 +3115,9 @@ __device__ __forceinline__ void flash_bwd_q_h(int qt, const T *__restrict__ q, c
 }
 #endif
 
-/* Both kinds in one launch, as k_flash_bwd. Two blocks an SM (at most 255 registers a thread). */
+/* Both kinds in one launch, as k_flash_bwd. Three blocks an SM (at most 170 registers a thread). */
 template <class T>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, 3)
     k_flash_bwd_h(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dy,
                   const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dq,
                   T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
