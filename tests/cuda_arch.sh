@@ -2,8 +2,9 @@
 # cuda_arch.sh TGEN SPEC WORKDIR: the CUDA architectures the emitted
 # CMakeLists.txt compiles for (configure only; skipped, exit 77, without
 # nvcc or with CMake older than 3.25): Hopper named as 90 (or 90-real) is
-# compiled as sm_90a, whose wgmma instructions k_gemm_x3 uses; other
-# architectures, and 90-virtual (a PTX for later GPUs), are left as named.
+# compiled as sm_90a, whose wgmma instructions k_gemm_x3 and the flash
+# attention kernels use; other architectures, and 90-virtual (a PTX for later
+# GPUs), are left as named.
 set -e
 tgen=$1
 spec=$2

@@ -2907,32 +2907,40 @@ __device__ __forceinline__ void flash_bwd_q(int qt, const T *__restrict__ q, con
  * other's last wave: nkv key tiles (flash_bwd_kv; 0 when dk and dv are not
  * wanted) and nq query tiles (flash_bwd_q; 0 when dq is not), taken
  * alternately while both last, each kind heaviest first under a causal
- * mask (key tiles from the first, query tiles from the last). */
-template <class T, int D>
-__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
-    k_flash_bwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dy,
-                const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dq,
-                T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
-                int nkv, int nq) {
+ * mask (key tiles from the first, query tiles from the last). This block's
+ * key tile kt, or (kt < 0) its query tile qt. */
+__device__ __forceinline__ void bwd_block(int nkv, int nq, int causal, int &kt, int &qt) {
   const int b = blockIdx.x, both = nkv < nq ? nkv : nq;
-  int kt = -1, i = -1; /* a key tile, or the i-th query tile in the order above */
+  int i = -1; /* the i-th query tile in the order above */
+  kt = -1;
   if (b < 2 * both)
     (b & 1 ? i : kt) = b / 2;
   else if (nkv > both)
     kt = b - both;
   else
     i = b - both;
+  qt = causal ? nq - 1 - i : i;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(128, flash_bwd_blocks(D))
+    k_flash_bwd(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dy,
+                const float *__restrict__ lse, const float *__restrict__ delta, T *__restrict__ dq,
+                T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
+                int nkv, int nq) {
+  int kt, qt;
+  bwd_block(nkv, nq, causal, kt, qt);
   if (kt >= 0)
     flash_bwd_kv<T, D>(kt, q, k, v, dy, lse, delta, dk, dv, L, Tq, Tk, causal, scale);
   else
-    flash_bwd_q<T, D>(causal ? nq - 1 - i : i, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
+    flash_bwd_q<T, D>(qt, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
 }
 
 /* The backward on wgmma (k_flash_bwd_h: sm_90a, bf16/f16, D = 64): the
  * blocks of k_flash_bwd, each one warpgroup (fh, above), with the same
  * products and the same order of every sum (deterministic, no atomics):
- *   a key block keeps its k and v rows in registers and walks the query
- *   tiles (q, dy, lse and delta in a ring of three stages): S^T = k q^T and
+ *   a key block keeps its k and v rows and walks the query tiles (q, dy,
+ *   lse and delta in a ring of three stages): S^T = k q^T and
  *   dP^T = v dy^T (q and dy K-major), then P^T and dS^T in registers, dv +=
  *   P^T dy and dk += dS^T q (dy and q N-major);
  *   a query block keeps its q and dy rows and walks the key tiles (k, v):
@@ -3123,18 +3131,12 @@ __global__ void __launch_bounds__(128, 3)
                   T *__restrict__ dk, T *__restrict__ dv, fa::Layout<7> L, int Tq, int Tk, int causal, float scale,
                   int nkv, int nq) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int b = blockIdx.x, both = nkv < nq ? nkv : nq;
-  int kt = -1, i = -1; /* a key tile, or the i-th query tile in k_flash_bwd's order */
-  if (b < 2 * both)
-    (b & 1 ? i : kt) = b / 2;
-  else if (nkv > both)
-    kt = b - both;
-  else
-    i = b - both;
+  int kt, qt;
+  bwd_block(nkv, nq, causal, kt, qt);
   if (kt >= 0)
     flash_bwd_kv_h<T>(kt, q, k, v, dy, lse, delta, dk, dv, L, Tq, Tk, causal, scale);
   else
-    flash_bwd_q_h<T>(causal ? nq - 1 - i : i, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
+    flash_bwd_q_h<T>(qt, q, k, v, dy, lse, delta, dq, L, Tq, Tk, causal, scale);
 #endif
 }
 
