@@ -975,7 +975,7 @@ static void attention_cases(bool mma_sync) {
         out_tensor(lse, TGM_F32, rows);
         double scale = 1.0 / sqrt((double)D);
         std::string label = std::string("attention ") + DTN[dt] + (causal ? " causal " : " ") + shape_str(c.q) +
-                            shape_str(c.k) + shape_str(c.v) + (mma_sync ? " (k_flash_fwd)" : "");
+                            shape_str(c.k) + shape_str(c.v) + (mma_sync ? " (mma.sync)" : "");
         tgm_view vq = view_at(q.d, c.q), vk = view_at(k.d, c.k), vv = view_at(v.d, c.v), vy = view_at(y.d, ys);
         if (!ran(label, tgm_cuda_attention(CX, dt, &vq, &vk, &vv, &vy, causal, scale, (float *)lse.d)))
           continue;
