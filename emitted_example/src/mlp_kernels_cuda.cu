@@ -782,8 +782,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 #endif
 }
 
-/* Whether this build's wgmma kernels (k_gemm_x3, k_flash_fwd_h, k_flash_bwd_h) have their bodies (the sm_90a image
- * is the one loaded). */
+/* Whether this build's wgmma kernels (k_gemm_x3, and flash attention's where the model has it) have their bodies
+ * (the sm_90a image is the one loaded). */
 __global__ void k_gemm_x3_probe(int *out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   *out = 1;

@@ -1139,8 +1139,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 #endif
 }
 
-/* Whether this build's wgmma kernels (k_gemm_x3, k_flash_fwd_h, k_flash_bwd_h) have their bodies (the sm_90a image
- * is the one loaded). */
+/* Whether this build's wgmma kernels (k_gemm_x3, and flash attention's where the model has it) have their bodies
+ * (the sm_90a image is the one loaded). */
 __global__ void k_gemm_x3_probe(int *out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   *out = 1;
@@ -2332,7 +2332,8 @@ __global__ void __launch_bounds__(128)
 
 /* Flash attention on Hopper's warpgroup MMA (sm_90a, bf16/f16, D = 64),
  * where mma.sync held k_flash_fwd at ~180 TFLOP/s and the backward at ~165:
- * k_flash_fwd_h and k_flash_bwd_h. A block is one warpgroup (128 threads;
+ * k_flash_fwd_h, and the backward's wgmma kernel (attention_backward's
+ * section, where the model trains). A block is one warpgroup (128 threads;
  * wgmma's M = 64 rows, 16 a warp). The operand that stays for the block's
  * life is wgmma's A: the forward's q in registers (mma.sync's m16n8k16
  * fragments, through ldmatrix from a padded tile), the backward's k and v (q
@@ -2608,7 +2609,8 @@ template <int NOP> fa::Layout<NOP> flash_layout(const BatchWalk<NOP> &bw, const 
  * per host iteration of bw's outer2, a grid of query tiles (64 rows, or 64
  * MT) by the last two batch dims (inner along y, mid along z, 65535 of each at
  * a time). The caller checked flash_fits. Tests set flash_mma_sync to time
- * and check k_flash_fwd and k_flash_bwd where the wgmma kernels would run. */
+ * and check the mma.sync kernels (forward and backward) where the wgmma
+ * kernels would run. */
 constexpr int flash_rows(int D) { return D == 64 ? 2 : 1; } /* k_flash_fwd's MT */
 static bool flash_mma_sync = false;
 template <class T, int D>
