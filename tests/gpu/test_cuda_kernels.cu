@@ -1,6 +1,7 @@
 /* test_cuda_kernels.cu: every tgm_cuda_* library call (cast, fill, matmul,
  * linear, embedding and its backward, dropout, attention (bf16/f16 with head
- * dim 64 or 128: flash attention); tgm_cuda_gemm has
+ * dim 64 or 128: flash attention, on Hopper at 64 the wgmma kernels and the
+ * mma.sync ones); tgm_cuda_gemm has
  * test_gemm_cuda.cu) against a naive double-precision host reference (the
  * semantics of gen/interp.c), on random data with odd sizes and broadcasting
  * batch shapes, for f32 / bf16 / f16 (and i32, bool where the call takes
@@ -941,8 +942,9 @@ static void attention_cases(bool mma_sync) {
                         {{1, 2, 4, 16}, {1, 2, 1500, 16}, {1, 2, 1500, 16}},
                         {{3, 1, 7, 64}, {3, 4, 7, 64}, {3, 4, 7, 64}},
                         {{2, 33, 32}, {2, 40, 32}, {2, 40, 32}},
-                        /* bf16/f16 with head dim 64 or 128: flash attention (k_flash_fwd; blocks of 128 query
-                         * rows at D = 64, 64 at D = 128; key tiles of 64) */
+                        /* bf16/f16 with head dim 64 or 128: flash attention (k_flash_fwd: blocks of 128 query
+                         * rows at D = 64, 64 at D = 128; on Hopper at D = 64 k_flash_fwd_h: blocks of 64; key
+                         * tiles of 64 in both) */
                         {{2, 2, 100, 64}, {2, 2, 100, 64}, {2, 2, 100, 64}},
                         {{2, 1, 257, 64}, {2, 1, 257, 64}, {2, 1, 257, 64}},
                         {{1, 2, 200, 64}, {1, 2, 130, 64}, {1, 2, 130, 64}},
