@@ -2354,7 +2354,7 @@ __global__ void __launch_bounds__(128)
  * every tile, and `hold` pins the accumulators where they are issued and
  * waited for. */
 namespace fh {
-constexpr int kStages = 4, kAhead = 2, kTile = 64 * 64, kLd = 64 + 8; /* kLd: a padded tile's row (ldmatrix) */
+constexpr int kStages = 4, kAhead = 2, kTile = 64 * 64, kLd = 64 + 8; /* kLd: fa::load_tile's padded row */
 constexpr size_t kFwdSmem = (size_t)2 * kStages * kTile * 2 + (size_t)64 * kLd * 2 + 1024; /* + alignment */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Starts copying rows r0.. of a [64, 64] tile into dst in the 128-byte swizzle; rows past n become zeros. Thread
@@ -2369,19 +2369,11 @@ template <class T> __device__ __forceinline__ void load_sw(T *dst, const T *src,
     fa::cp16(dst + j * 16 * 64, src + (int64_t)(ok ? rr : 0) * ld, ok ? 16 : 0);
   }
 }
-/* Starts copying rows r0.. of a [64, 64] tile into dst padded to rows of kLd (for ldmatrix); zeros past n. */
-template <class T> __device__ __forceinline__ void load_pad(T *dst, const T *src, int ld, int r0, int n) {
+/* o's rows times alpha (its two rows a thread) */
+__device__ __forceinline__ void scale_rows(float (&o)[32], const float (&alpha)[2]) {
 #pragma unroll
-  for (int e = threadIdx.x; e < 64 * 8; e += 128) {
-    const int r = e / 8, c = e % 8 * 8, ok = r0 + r < n;
-    fa::cp16(dst + r * kLd + c, src + (int64_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
-  }
-}
-/* The A fragments of a padded tile's 64 rows (each warp its 16) for the four k steps of 16 columns. */
-template <class T> __device__ __forceinline__ void frags(uint32_t (&a)[4][4], const T *tile) {
-#pragma unroll
-  for (int d = 0; d < 4; d++)
-    fa::frag_a<kLd>(a[d], tile, threadIdx.x / 32 * 16, d * 16);
+  for (int n = 0; n < 8; n++)
+    o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0], o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
 }
 /* The descriptor of a swizzled tile at p: 8-row groups 1024 bytes apart (K-major's SBO, and N-major's along K;
  * the leading offset is unused at 64 columns). */
@@ -2490,7 +2482,7 @@ __global__ void __launch_bounds__(128, 3)
   const int64_t hi = L.hi0 + blockIdx.z, lo = L.lo0 + blockIdx.y, b = hi * L.n0 + lo;
   q += L.off(0, hi, lo), k += L.off(1, hi, lo), v += L.off(2, hi, lo);
   const int kend = causal && q0 + 64 < Tk ? q0 + 64 : Tk, nk = (kend + 63) / 64;
-  load_pad(sQ, q, L.ld[0], q0, Tq);
+  fa::load_tile<T, 64>(sQ, q, L.ld[0], q0, Tq);
   for (int s = 0; s < kAhead; s++) { /* tiles 0 .. kAhead - 1, one group each (the first with q) */
     if (s < nk) {
       load_sw(sK + s * kTile, k, L.ld[1], s * 64, Tk);
@@ -2519,9 +2511,10 @@ __global__ void __launch_bounds__(128, 3)
     }
     fa::commit();
     if (i == 0)
-      frags(qa, sQ);
-    for (int n = 0; n < 8; n++)
-      o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0], o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
+#pragma unroll
+      for (int d = 0; d < 4; d++)
+        fa::frag_a<kLd>(qa[d], sQ, threadIdx.x / 32 * 16, d * 16);
+    scale_rows(o, alpha);
     to_a<T>(pa, s);
     hold(o);
     fence();
@@ -2568,8 +2561,7 @@ __global__ void __launch_bounds__(128, 3)
   wait<0>();
   hold(o);
   if (nk > 0) { /* the last tile's product (its stage is not refilled: no tile past nk - 1 is loaded) */
-    for (int n = 0; n < 8; n++)
-      o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0], o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
+    scale_rows(o, alpha);
     to_a<T>(pa, s);
     hold(o);
     fence();
