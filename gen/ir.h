@@ -243,6 +243,8 @@ typedef enum { HOME_ARENA, HOME_INPUT, HOME_PARAM, HOME_GRAD, HOME_OUTPUT, HOME_
 typedef struct Buffer {
   Node *node;        /* the value it holds */
   const char *name;  /* its C name: "h", "d_h", "logits" */
+  const char *pname; /* its name as a kernel's parameter: without a block instance's path ("h_3_ln_1_w" is
+                        "ln_1_w"), so that the instances' kernels print once (render.c); not unique */
   Home home;
   int index;         /* input, param, gradient (param), output or wrt index; HOME_ALIAS: the buffer it views */
   int64_t bytes;     /* at each dynamic dim's max */

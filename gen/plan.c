@@ -122,6 +122,19 @@ static const char *c_name(Arena *a, Names *taken, const char *base, const char *
   return name;
 }
 
+/* A C identifier from the part of a name after its block instance's path
+ * ("h.0.ln_1_w" -> "ln_1_w"), with `pre` before it; not made unique. */
+static const char *local_name(Arena *a, const char *pre, const char *base, const char *model) {
+  const char *dot = base ? strrchr(base, '.') : NULL;
+  char *s = arena_printf(a, "%s%s", pre, dot ? dot + 1 : base && *base ? base : "t");
+  if (isdigit((unsigned char)*s))
+    s = arena_printf(a, "v%s", s);
+  for (char *c = s; *c; c++)
+    if (!isalnum((unsigned char)*c) && *c != '_')
+      *c = '_';
+  return is_keyword(s, model) ? arena_printf(a, "%s_", s) : s;
+}
+
 static const Buffer *sort_b;
 static int by_size(const void *x, const void *y) {
   const Buffer *b = sort_b;
@@ -346,9 +359,11 @@ void plan(BPass *p) {
     if (n->op == OP_INPUT) {
       b->home = HOME_INPUT, b->index = n->index;
       b->name = c_name(a, &taken, g->inputs[n->index].name, g->spec->name);
+      b->pname = local_name(a, "", g->inputs[n->index].name, g->spec->name);
     } else if (n->op == OP_PARAM) {
       b->home = HOME_PARAM, b->index = n->index;
       b->name = c_name(a, &taken, g->params[n->index].name, g->spec->name);
+      b->pname = local_name(a, "", g->params[n->index].name, g->spec->name);
     } else if (p->kern[i] < 0 && !p->host[i]) { /* a view of stored bytes */
       Layout l;
       if (!layout_alias(p, n, &l))
@@ -356,6 +371,7 @@ void plan(BPass *p) {
       b->home = HOME_ALIAS, target[p->nb] = l.host->id;
       b->off = l.off;
       b->name = c_name(a, &taken, n->name, g->spec->name);
+      b->pname = local_name(a, "", n->name, g->spec->name);
     } else {
       b->home = home[i] >= 0 ? (Home)home[i] : HOME_ARENA;
       b->index = home[i] >= 0 ? hidx[i] : -1;
@@ -363,21 +379,22 @@ void plan(BPass *p) {
         b->home = HOME_ALIAS, target[p->nb] = p->place[i]->host->id;
         b->off = p->place[i]->off;
       }
-      const char *base = n->name ? n->name : "t";
+      const char *base = n->name ? n->name : "t", *local = base;
       if (n->scope && n->scope[0])
         base = arena_printf(a, "%s_%s", n->scope, base);
-      if (home[i] == HOME_GRAD)
+      if (home[i] == HOME_GRAD) {
         base = arena_printf(a, "d_%s", g->params[hidx[i]].name);
-      else if (home[i] == HOME_IGRAD)
-        base = arena_printf(a, "d_%s", g->inputs[g->wrt[hidx[i]]].name);
+        local = local_name(a, "d_", g->params[hidx[i]].name, g->spec->name);
+      } else if (home[i] == HOME_IGRAD)
+        local = base = arena_printf(a, "d_%s", g->inputs[g->wrt[hidx[i]]].name);
       else if (home[i] == HOME_OUTPUT && p->kind == PASS_FORWARD)
-        base = g->output_names[hidx[i]];
-      else {
-        /* the binding's own value keeps its name; others add the op */
-        if (later[i] || !n->name)
-          base = arena_printf(a, "%s_%s", base, op_info[n->op].name);
+        local = base = g->output_names[hidx[i]];
+      else if (later[i] || !n->name) { /* the binding's own value keeps its name; others add the op */
+        base = arena_printf(a, "%s_%s", base, op_info[n->op].name);
+        local = arena_printf(a, "%s_%s", local, op_info[n->op].name);
       }
       b->name = c_name(a, &taken, base, g->spec->name);
+      b->pname = local_name(a, "", local, g->spec->name);
     }
     p->buf[i] = p->nb++;
   }

@@ -2328,8 +2328,6 @@ static const char *kernel_ops(File *f, BPass *p, const Kernel *k) {
   return b.p;
 }
 
-/* Print loop kernel k (once per file: an identical kernel of another pass is
- * reused) and its call into `call`. */
 /* Loop kernel k ready to print for dialect d: a probe printing finds which
  * buffers it reads where, then the mapping (mode, index type, vectors,
  * split) is chosen from it. */
@@ -2440,6 +2438,104 @@ int render_inplace_ok(BPass *p, const Kernel *k) {
  * caller's sizes) uses, then the buffers r read or wrote, into sig (with
  * types) and args (the caller's names); returns whether none was added
  * (first stays 1). */
+/* A kernel's parameters take their buffers' names as inside their block
+ * (Buffer.pname: "ln_1_w", not "h_3_ln_1_w"), so that the instances of a
+ * repeated block print one kernel, called with each instance's buffers.
+ * The renaming: each buffer of params (Vecs of buffer indices + 1) whose
+ * pname differs, from its name to its pname; none at all (n = 0) where two
+ * of the final names meet or a new name is already an identifier of one of
+ * the texts (a local, a dim, another parameter). */
+typedef struct Rename {
+  int n;
+  const char **from, **to;
+} Rename;
+
+/* c starts a name in scope: not a member's (".y", "->y") */
+static int scoped(const char *text, const char *c) {
+  return c == text || (!idc(c[-1]) && c[-1] != '.' && !(c - text >= 2 && c[-1] == '>' && c[-2] == '-'));
+}
+
+/* The index in names[0..n) of the identifier c[0..len), or -1. */
+static int find_id(const char *const *names, int n, const char *c, size_t len) {
+  for (int i = 0; i < n; i++)
+    if (strlen(names[i]) == len && !strncmp(c, names[i], len))
+      return i;
+  return -1;
+}
+
+static Rename param_names(Arena *a, const BPass *p, const Vec *const *params, int nparams, const char *const *texts,
+                          int ntexts) {
+  const Rename none = {0, NULL, NULL};
+  int cap = 0, nb = 0;
+  for (int v = 0; v < nparams; v++)
+    cap += params[v] ? params[v]->n : 0;
+  const Buffer **bs = arena_alloc(a, sizeof(Buffer *) * (size_t)(cap + 1)); /* the kernel's buffers, each once */
+  for (int v = 0; v < nparams; v++)
+    for (int i = 0; params[v] && i < params[v]->n; i++) {
+      const Buffer *b = &p->b[(int)(intptr_t)params[v]->p[i] - 1];
+      int seen = 0;
+      for (int j = 0; j < nb && !seen; j++)
+        seen = bs[j] == b;
+      if (!seen)
+        bs[nb++] = b;
+    }
+  Rename rn = {0, arena_alloc(a, sizeof(char *) * (size_t)(nb + 1)), arena_alloc(a, sizeof(char *) * (size_t)(nb + 1))};
+  for (int j = 0; j < nb; j++)
+    if (bs[j]->pname && strcmp(bs[j]->pname, bs[j]->name))
+      rn.from[rn.n] = bs[j]->name, rn.to[rn.n++] = bs[j]->pname;
+  if (!rn.n)
+    return none;
+  for (int j = 0; j < nb; j++) /* the final names distinct */
+    for (int l = j + 1; l < nb; l++) {
+      const char *x = bs[j]->pname ? bs[j]->pname : bs[j]->name, *y = bs[l]->pname ? bs[l]->pname : bs[l]->name;
+      if (!strcmp(x, y))
+        return none;
+    }
+  for (int t = 0; t < ntexts; t++) /* and no new name already an identifier there (one pass over each text) */
+    for (const char *c = texts[t]; c && *c;) {
+      if (!idc(*c)) {
+        c++;
+        continue;
+      }
+      const char *e = c;
+      while (idc(*e))
+        e++;
+      if (scoped(texts[t], c) && find_id(rn.to, rn.n, c, (size_t)(e - c)) >= 0)
+        return none;
+      c = e;
+    }
+  return rn;
+}
+
+/* text with each whole identifier rn.from[i] (comments too) written rn.to[i] */
+static const char *rename_ids(Arena *a, const Rename *rn, const char *text) {
+  if (!rn->n || !text)
+    return text;
+  Buf o;
+  buf_init(&o, a);
+  buf_printf(&o, "%s", "");
+  for (const char *c = text; *c;) {
+    if (!idc(*c)) {
+      const char *e = c;
+      while (*e && !idc(*e))
+        e++;
+      buf_putn(&o, c, (size_t)(e - c));
+      c = e;
+      continue;
+    }
+    const char *e = c;
+    while (idc(*e))
+      e++;
+    const int i = scoped(text, c) ? find_id(rn->from, rn->n, c, (size_t)(e - c)) : -1;
+    if (i >= 0)
+      buf_putn(&o, rn->to[i], strlen(rn->to[i]));
+    else
+      buf_putn(&o, c, (size_t)(e - c));
+    c = e;
+  }
+  return o.p;
+}
+
 static int kernel_params(File *f, R *r, const char *body, const char *size, Buf *sig, Buf *args, int first) {
   for (int s = 0; s < f->g->nsyms; s++) {
     const char *dn = arena_printf(f->a, "dim_%s", f->g->syms[s].derived ? arena_printf(f->a, "q%d", s) : f->g->syms[s].name);
@@ -2560,6 +2656,9 @@ static int ride_blocks(const Kernel *k) {
   return (int)(b < RIDE_BLOCKS ? b : RIDE_BLOCKS);
 }
 
+/* Print loop kernel k (once per file: an identical kernel, of another pass
+ * or of another instance of a repeated block with its parameters named as
+ * inside the block (param_names), is reused) and its call into `call`. */
 static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
   Arena ka = {.fail_after = -1}; /* the walkers' per-node tables, freed after each kernel: memory stays linear */
   R *r = configured(&ka, p, k, f->d);
@@ -2624,14 +2723,24 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       ffirst = 0;
     }
   }
+  /* inside the kernel, its riders' finish and its CPU caller, the buffers go by their block's names (each
+   * function's own renaming; iargs: the caller's arguments to the kernel's loop, in the caller's names) */
+  const Vec *kv[1] = {&r->params}, *fv[2] = {q ? &q->params : NULL, q && !cuda ? &r->params : NULL};
+  const char *kt[] = {body, size, sig.p}, *ft[] = {fbody, fsig.p, size};
+  const Rename rk = param_names(f->a, p, kv, 1, kt, 3), rf = param_names(f->a, p, fv, 2, ft, 3);
+  body = rename_ids(f->a, &rk, body);
+  fbody = rename_ids(f->a, &rf, fbody);
+  const char *isig = rename_ids(f->a, &rk, sig.p), *ifsig = rename_ids(f->a, &rf, fsig.p);
+  const char *iargs = rename_ids(f->a, q && !cuda ? &rf : &rk, args.p);
   const char *ret = r->has_bad && !cuda        ? "int64_t"
                     : r->srow_used ? arena_printf(f->a, "void __launch_bounds__(%d, 2)", r->rthreads) /* (two blocks an SM) */
                     : r->rthreads > ROW_BLOCK ? arena_printf(f->a, "void __launch_bounds__(%d)", r->rthreads) /* (its register cap) */
                                               : "void";
   const char *text = arena_printf(f->a, "(%s%s%s) {\n%s%s}\n", !r->leaf ? "" : first ? "int64_t lo, int64_t hi" : "int64_t lo, int64_t hi, ",
-                                  sig.p ? sig.p : "", q && !cuda ? ", double *restrict cpart" : "",
+                                  isig ? isig : "", q && !cuda ? ", double *restrict cpart" : "",
                                   r->has_bad && !cuda ? "  int64_t bad = INT64_MAX;\n" : "", body);
-  const char *key = q ? arena_printf(f->a, "%s/* riders */%s%s", text, fsig.p ? fsig.p : "", fbody) : text;
+  /* (the CPU caller's sizes are outside the loop's text: two fills of the same loop and different sizes differ) */
+  const char *key = arena_printf(f->a, "%s/* size */%s/* riders */%s%s", text, size, q && ifsig ? ifsig : "", q ? fbody : "");
   const char *kn = NULL;
   for (int i = 0; i < f->bodies.n; i++)
     if (!strcmp(f->bodies.p[i], key))
@@ -2673,28 +2782,28 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
     if (q && cuda)
       buf_printf(&f->kernels, "\n/* %s_cols: %s's riders' totals (the blocks' partials added in block order) and the values "
                               "over their result space */\n%s void %s_cols(%s) {\n%s}\n",
-                 kn, kn, f->d->qual, kn, fsig.p, fbody);
+                 kn, kn, f->d->qual, kn, ifsig, fbody);
     if (r->leaf && q) { /* the rows in CHUNKS fixed chunks, each chunk's riders' sums added in chunk order */
       int64_t nr = 0;
       dim_is_const(&k->rnum, &nr);
       long long nc = (long long)(k->ncols * nr);
-      buf_printf(&f->kernels, "%s void %s(%s) {\n%s", f->d->qual, kn, fsig.p ? fsig.p : "", size);
+      buf_printf(&f->kernels, "%s void %s(%s) {\n%s", f->d->qual, kn, ifsig ? ifsig : "", size);
       buf_printf(&f->kernels, "  double tot[%lld];  /* the riders' sums, then the chunks' added in order */\n", nc);
       buf_printf(&f->kernels, "  for (int64_t j = 0; j < %lld; j++)\n    tot[j] = 0;\n", nc);
       buf_printf(&f->kernels, "  %s_OMP(parallel for ordered schedule(static, 1) if (n_o * n_r > 16384))\n", f->NAME);
       buf_printf(&f->kernels, "  for (int64_t c = 0; c < %d; c++) {\n    double part[%lld];\n", CHUNKS, nc);
       buf_printf(&f->kernels, "    for (int64_t j = 0; j < %lld; j++)\n      part[j] = 0;\n", nc);
       buf_printf(&f->kernels, "    %s_part(c * n_o / %d, (c + 1) * n_o / %d%s%s, part);\n", kn, CHUNKS, CHUNKS,
-                 first ? "" : ", ", args.p ? args.p : "");
+                 first ? "" : ", ", iargs ? iargs : "");
       buf_printf(&f->kernels, "    %s_OMP(ordered)\n    for (int64_t j = 0; j < %lld; j++)\n      tot[j] += part[j];\n  }\n",
                  f->NAME, nc);
       buf_printf(&f->kernels, "%s}\n", fbody);
     } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
       const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
-      buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, sig.p, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
+      buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, isig, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
       buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
                  f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
-                 !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1, bad, kn, first ? "" : ", ", args.p);
+                 !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1, bad, kn, first ? "" : ", ", iargs);
       buf_printf(&f->kernels, "%s}\n", r->has_bad ? "  return bad == INT64_MAX ? -1 : bad;\n" : "");
     }
   }

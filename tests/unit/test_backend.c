@@ -1111,6 +1111,68 @@ static void riders(void) {
   arena_free(&a);
 }
 
+/* A repeated block's kernels print once, their parameters named as inside
+ * the block (Buffer.pname; render.c's param_names): gpt2_tiny with 3 and
+ * with 5 layers prints the same number of kernels in every file (the
+ * middle layers' kernels are the same text; only the first and last read
+ * or write the model's own buffers), while its launches grow with the
+ * layers; no kernel's signature names a layer ("h_1_"), and the calls do. */
+static int count_defs(const char *text, int cuda) {
+  return count_text(text, cuda ? "static __global__ void" : "\n/* k");
+}
+
+static void repeated_blocks(void) {
+  Arena a = {.fail_after = -1};
+  const char *src = slurp(&a, "tests/data/gpt2_tiny.yaml");
+  const char *at = src ? strstr(src, "repeat(block, 2, x)") : NULL;
+  if (!at) {
+    check(0, "repeated blocks", "tests/data/gpt2_tiny.yaml has no 'repeat(block, 2, x)'");
+    arena_free(&a);
+    return;
+  }
+  int defs[2][2] = {{0}}, calls[2] = {0};
+  for (int v = 0; v < 2; v++) {
+    const int layers = v ? 5 : 3;
+    const char *s = arena_printf(&a, "%.*srepeat(block, %d, x)%s", (int)(at - src), src, layers, at + strlen("repeat(block, 2, x)"));
+    Plan pl;
+    BPass *ps[NPASS] = {0};
+    Graph *g = train_passes(&a, "gpt2_tiny (repeated blocks)", s, 1, &pl, ps);
+    if (!g)
+      continue;
+    for (int cuda = 0; cuda < 2; cuda++) {
+      const char *text = render_file(g, ps, cuda, "gpt2_tiny");
+      defs[v][cuda] = count_defs(text, cuda);
+      if (cuda)
+        calls[v] = count_text(text, "_layer_norm<<<") + count_text(text, "_layer_norm_mean_sum<<<");
+      int named = 0; /* kernels' signatures (a line from "static" or "..._CLONES static" to its body's brace) */
+      for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *c = strstr(l, "_CLONES static "), *nl = strchr(l, '\n');
+        if (strncmp(l, "static ", 7) && !(c && (!nl || c < nl) && !strchr(" \t", *l)))
+          continue;
+        const char *e = strchr(l, '{'), *h = strstr(l, "h_1_");
+        named += h && e && h < e;
+      }
+      char w[160];
+      snprintf(w, sizeof w, "repeated blocks, %d layers (%s): no kernel's parameters name a layer", layers, cuda ? "CUDA" : "CPU");
+      check(!named, w, "");
+      snprintf(w, sizeof w, "repeated blocks, %d layers (%s): the calls pass a layer's buffers", layers, cuda ? "CUDA" : "CPU");
+      check(strstr(text, "h_1_ln_1_w") != NULL, w, "");
+      snprintf(w, sizeof w, "repeated blocks, %d layers (%s): a kernel's parameter is named as in the block", layers,
+               cuda ? "CUDA" : "CPU");
+      check(strstr(text, "*__restrict__ ln_1_w") || strstr(text, "*restrict ln_1_w"), w, "");
+    }
+  }
+  char got[96];
+  for (int cuda = 0; cuda < 2; cuda++) {
+    snprintf(got, sizeof got, "%d kernels with 3 layers, %d with 5", defs[0][cuda], defs[1][cuda]);
+    check(defs[0][cuda] > 0 && defs[0][cuda] == defs[1][cuda],
+          cuda ? "repeated blocks (CUDA): the kernels do not grow with the layers" : "repeated blocks (CPU): the kernels do not grow with the layers", got);
+  }
+  snprintf(got, sizeof got, "%d layer-norm launches with 3 layers, %d with 5", calls[0], calls[1]);
+  check(calls[0] > 0 && calls[1] > calls[0], "repeated blocks (CUDA): the launches grow with the layers", got);
+  arena_free(&a);
+}
+
 /* The CPU kernels' loops are leaf functions compiled per ISA (NAME_CLONES):
  * no parallel region inside one (its body would not be cloned), and every
  * parallel region of a kernel is one that calls a leaf on a thread's share,
@@ -1155,6 +1217,7 @@ int main(int argc, char **argv) {
     in_place_cases();
     cuda_mapping();
     riders();
+    repeated_blocks();
     cpu_leaves("spec/examples/mlp_blocks.yaml");
     cpu_leaves("tests/e2e/all_ops_bf16.yaml");
     cpu_leaves("tests/data/gpt2_tiny.yaml");
