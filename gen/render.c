@@ -1176,10 +1176,15 @@ static const Dialect dl_cuda = {"cuda", "static __global__", "__restrict__", "fl
 /* ---------------------------------------------------------------- loop kernels */
 
 /* Drop the locals nothing reads ("const T name = ...;" lines whose name no
- * other line mentions), until none is left: the walker binds some index
- * forms it then does not use. Linear in the text: every identifier's
- * mentions are counted once, and dropping a line lowers the counts of the
- * names it mentions and revisits only the lines that define them. */
+ * other line mentions, or, for a name defined on several lines, that
+ * nothing reads in the definition's own scope), until none is left: the
+ * walker binds some index forms it then does not use (an unused local is a
+ * warning under -Wall, which the emitted projects compile with; e2e tests
+ * fail on one). Linear in the text but for the scope scans of names
+ * defined more than once (each stops at its first read): every
+ * identifier's mentions are counted once, and dropping a line lowers the
+ * counts of the names it mentions and revisits only the lines that define
+ * them. */
 static const char *prune(Arena *a, const char *text) {
   int n = 0, ntok = 0;
   for (const char *c = text; *c; c++) {
@@ -1195,7 +1200,7 @@ static const char *prune(Arena *a, const char *text) {
   int *first_def = arena_alloc(a, sizeof(int) * (size_t)(ntok + 1));
   int *def = arena_alloc(a, sizeof(int) * (size_t)(n + 1)), *self = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
   int *next_def = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
-  int *work = arena_alloc(a, sizeof(int) * (size_t)(2 * n + 2)); /* a line goes in at most twice */
+  int *work = arena_alloc(a, sizeof(int) * (size_t)(3 * n + 3)); /* a line goes in at most three times */
   char *dead = arena_alloc(a, (size_t)n + 1);
   Hash h = {NULL, 512}; /* room for every token (arena memory is zeroed) */
   while (h.cap < 2 * ntok + 2)
@@ -1254,9 +1259,32 @@ static const char *prune(Arena *a, const char *text) {
     first_def[id] = i;
     work[nwork++] = i;
   }
+  /* a name defined on several lines (the same local in two loops): a
+   * definition that nothing reads in its own scope (the lines after it down
+   * to the first closing brace indented less) is dead too, whatever the
+   * other scopes read; the scan stops at the first read */
+  char *unread = arena_alloc(a, (size_t)n + 1);
+  for (int i = 0; i < k; i++) {
+    if (def[i] < 0 || (first_def[def[i]] == i && next_def[i] < 0))
+      continue;
+    int ind = 0, read = 0;
+    while (line[i][ind] == ' ')
+      ind++;
+    for (int j = i + 1; j < k && !read; j++) {
+      int jind = 0;
+      while (line[j][jind] == ' ')
+        jind++;
+      if (jind < ind && line[j][jind] == '}') /* the block's end (other lines less indented, pragmas, scan on) */
+        break;
+      for (int t = t0[j]; t < t0[j + 1] && !read; t++)
+        read = tok[t] == def[i];
+    }
+    if (!read && !unread[i])
+      unread[i] = 1, work[nwork++] = i;
+  }
   while (nwork) {
     int i = work[--nwork];
-    if (dead[i] || uses[def[i]] > self[i])
+    if (dead[i] || (uses[def[i]] > self[i] && !unread[i]))
       continue;
     dead[i] = 1;
     for (int t = t0[i]; t < t0[i + 1]; t++)

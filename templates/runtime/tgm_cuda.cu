@@ -2054,10 +2054,14 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
 }
+/*@end attention@*/
+/*@uses attention_backward@*/
 __device__ __forceinline__ void cp4(void *dst, const void *src, int n) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
 }
+/*@end attention_backward@*/
+/*@uses attention@*/
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 /* Starts copying rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row
@@ -2087,11 +2091,15 @@ __device__ __forceinline__ void next_kv(T *sK, T *sV, const T *k, const T *v, in
   }
   __syncthreads();
 }
+/*@end attention@*/
+/*@uses attention_backward@*/
 /* Starts copying src[r0..r0 + 63] (f32; zeros past n) into dst[64]. */
 __device__ __forceinline__ void load_row(float *dst, const float *src, int r0, int n) {
   for (int e = threadIdx.x; e < 64; e += 128)
     cp4(dst + e, src + (r0 + e < n ? r0 + e : 0), r0 + e < n ? 4 : 0);
 }
+/*@end attention_backward@*/
+/*@uses attention@*/
 /* 2^x on the MUFU unit, subnormal results flushed to zero (they vanish beside a row sum of at least 1). */
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -2229,10 +2237,14 @@ __device__ __forceinline__ void mask_scores(float (*s)[4], int k0, int Tk, int c
 }
 } // namespace fa
 
+/*@end attention@*/
+/*@uses attention_backward@*/
 /* The backward kernels at D = 64 keep 3 blocks of 128 threads resident per SM (at most 170 registers a
  * thread): on the H100 at GPT-2's sizes 0.41 ms against 0.45 with the 178 registers nvcc takes unbounded (2
  * blocks). The forward measured the same either way; D = 128 takes what it needs. */
 constexpr int flash_bwd_blocks(int D) { return D == 64 ? 3 : 1; }
+/*@end attention_backward@*/
+/*@uses attention@*/
 
 /* The grid's x walks the query tiles; causal, from the last (the longest rows: every key tile up to them) to the
  * first, so that the short blocks fill the tail of the grid. Keys and values come in 64-row tiles, double
@@ -2400,6 +2412,8 @@ template <int NM>
 __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc, f16) {
   asm volatile(FH_MMA("f16") : FH_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(NM));
 }
+/*@end attention@*/
+/*@uses attention_backward@*/
 #define FH_MMA_SS(TY)                                                                                                  \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "   \
@@ -2411,6 +2425,8 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, i
 __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, int acc, f16) {
   asm volatile(FH_MMA_SS("f16") : FH_D32 : "l"(a), "l"(b), "r"(acc));
 }
+/*@end attention_backward@*/
+/*@uses attention@*/
 #undef FH_MMA
 #undef FH_MMA_SS
 #undef FH_D32
@@ -2438,12 +2454,16 @@ __device__ __forceinline__ void times_t(float (&d)[32], const uint32_t (&a)[4][4
   for (int c = 0; c < 4; c++)
     mma<0>(d, a[c], desc(tile + c * 16), !zero || c > 0, T());
 }
+/*@end attention@*/
+/*@uses attention_backward@*/
 /* d = A [64 x 64] times tile^T, A a swizzled tile too (its rows are d's rows) */
 template <class T> __device__ __forceinline__ void times_t(float (&d)[32], const T *a, const T *tile) {
 #pragma unroll
   for (int c = 0; c < 4; c++)
     mma_ss(d, desc(a + c * 16), desc(tile + c * 16), c > 0, T());
 }
+/*@end attention_backward@*/
+/*@uses attention@*/
 /* d += A [64 x 64] times tile: the tile's rows are the sum's index (N-major; k step c: rows 16 c.., 2048 bytes on) */
 template <class T> __device__ __forceinline__ void times(float (&d)[32], const uint32_t (&a)[4][4], const T *tile) {
 #pragma unroll
