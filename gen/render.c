@@ -2509,16 +2509,14 @@ static Rename param_names(Arena *a, const BPass *p, const Vec *const *params, in
     }
   Rename rn = {0, arena_alloc(a, sizeof(char *) * (size_t)(nb + 1)), arena_alloc(a, sizeof(char *) * (size_t)(nb + 1))};
   for (int j = 0; j < nb; j++)
-    if (bs[j]->pname && strcmp(bs[j]->pname, bs[j]->name))
+    if (strcmp(bs[j]->pname, bs[j]->name))
       rn.from[rn.n] = bs[j]->name, rn.to[rn.n++] = bs[j]->pname;
   if (!rn.n)
     return none;
-  for (int j = 0; j < nb; j++) /* the final names distinct */
-    for (int l = j + 1; l < nb; l++) {
-      const char *x = bs[j]->pname ? bs[j]->pname : bs[j]->name, *y = bs[l]->pname ? bs[l]->pname : bs[l]->name;
-      if (!strcmp(x, y))
+  for (int j = 0; j < nb; j++) /* the final names (the pnames) distinct */
+    for (int l = j + 1; l < nb; l++)
+      if (!strcmp(bs[j]->pname, bs[l]->pname))
         return none;
-    }
   for (int t = 0; t < ntexts; t++) /* and no new name already an identifier there (one pass over each text) */
     for (const char *c = texts[t]; c && *c;) {
       if (!idc(*c)) {

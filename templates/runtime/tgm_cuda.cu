@@ -2046,7 +2046,7 @@ int launch_softmax_rows(tgm_cuda_ctx *cx, const float *x, TO *y, int64_t rows, i
  * written in 16-byte pieces wherever they lie. */
 namespace fa {
 constexpr float kLog2e = 1.4426950408889634f;
-/* cp.async (sm_80 on): 16 bytes (n: 16, or 0 for zeros, nothing read) or 4 bytes (n: 4 or 0) from global src
+/* cp.async (sm_80 on): 16 bytes (n: 16, or 0 for zeros, nothing read; cp4 below: 4 bytes, n 4 or 0) from global src
  * into shared dst without a trip through registers, so that the next tile loads while this one is computed. A
  * thread's copies since its last commit form a group; wait<N> waits until at most N of its groups are pending
  * (the block then syncs before reading what other threads copied). */
@@ -2054,14 +2054,6 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, int n) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
 }
-/*@end attention@*/
-/*@uses attention_backward@*/
-__device__ __forceinline__ void cp4(void *dst, const void *src, int n) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-               :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
-}
-/*@end attention_backward@*/
-/*@uses attention@*/
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 /* Starts copying rows r0.. of a [64, D] tile (row stride ld elements of global memory) into shared memory (row
@@ -2093,6 +2085,11 @@ __device__ __forceinline__ void next_kv(T *sK, T *sV, const T *k, const T *v, in
 }
 /*@end attention@*/
 /*@uses attention_backward@*/
+/* cp16's 4-byte form (the backward's rows of f32) */
+__device__ __forceinline__ void cp4(void *dst, const void *src, int n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+               :: "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(n));
+}
 /* Starts copying src[r0..r0 + 63] (f32; zeros past n) into dst[64]. */
 __device__ __forceinline__ void load_row(float *dst, const float *src, int r0, int n) {
   for (int e = threadIdx.x; e < 64; e += 128)
