@@ -509,6 +509,17 @@ static Ukernel pick_ukernel(void) {
 #ifndef GEMM_KC
 #define GEMM_KC 512
 #endif
+/* kc where A is packed from its transpose (a weight gradient's x^T dy):
+ * each row of A^T gives a packed panel only mr floats, so a panel's pack
+ * reads kc rows of A^T, one line each. On the GPU machine's 16 Xeon cores
+ * the weight gradients of mlp_blocks_cpu (2048 x 512 x 1024 and 512 x 2048
+ * x 1024, pieces of 256 x 256) ran 3-7% faster at 256 than at 512 in four
+ * rounds alternating with torch.mm, the same within the noise in two more;
+ * the other shapes (A not transposed) were 0-10% slower at 256, so only
+ * this one changes (bench/results/h100_gpu_session27.txt). */
+#ifndef GEMM_KC_TA
+#define GEMM_KC_TA 256
+#endif
 /* GEMMs of fewer multiply-adds than this run on one thread. */
 #define GEMM_PAR_MIN 65536.0
 #ifndef GEMM_MC
@@ -522,6 +533,12 @@ static Ukernel pick_ukernel(void) {
  * (gemm_pieces). */
 #ifndef GEMM_BLOCK_MAX
 #define GEMM_BLOCK_MAX (1 << 20)
+#endif
+/* With several K slices, the row blocks whose f32 sums take at most this
+ * many bytes together run slice by slice (gemm_tiled's runs): B's slice is
+ * packed once for them all. */
+#ifndef GEMM_RUN_MAX
+#define GEMM_RUN_MAX (8 << 20)
 #endif
 
 /* d[0, n) = s[0, n) for a packed panel's row: the micro-kernels' widths as
@@ -1166,10 +1183,12 @@ static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
  * Rows and columns past mv and nv read row 0 (their sums are dropped). */
 #define DOT_VL 16
 _Static_assert(DOT_VL == 16, "DOT_BODY's sum tree is written out for 16 lanes");
+#ifndef DOT_MAX_M
 #define DOT_MAX_M 64
+#endif
 #define DOT_COLS 64 /* columns a task: each row's epilogue runs on 64 at a time */
 #define DOT_MAX_MR 4 /* the most rows of a tile below */
-#define DOT_BODY(MR, NR, MADD)                                                                                         \
+#define DOT_BODY(MR, NR, MADD, TREE)                                                                                   \
   const float *ar[MR], *br[NR];                                                                                        \
   UNROLL for (int i = 0; i < MR; i++) ar[i] = a + (i < mv ? i : 0) * lda;                                              \
   UNROLL for (int j = 0; j < NR; j++) br[j] = b + (j < nv ? j : 0) * ldb;                                              \
@@ -1180,18 +1199,58 @@ _Static_assert(DOT_VL == 16, "DOT_BODY's sum tree is written out for 16 lanes");
   for (; k + DOT_VL <= K; k += DOT_VL)                                                                                 \
     UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) SIMD for (int v = 0; v < DOT_VL; v++)      \
         acc[i][j][v] = MADD(ar[i][k + v], br[j][k + v], acc[i][j][v]);                                                 \
+  float sums[MR][NR];                                                                                                  \
+  TREE(MR, NR)                                                                                                         \
   UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) {                                            \
-      float *x = acc[i][j]; /* the tree, one fixed-width step at a time (so each is one vector add) */                \
+      float sum = sums[i][j];                                                                                          \
+      for (int64_t kk = k; kk < K; kk++)                                                                               \
+        sum = MADD(ar[i][kk], br[j][kk], sum);                                                                         \
+      c[i * ldc + j] = sum;                                                                                            \
+    }
+
+/* The tree that adds a sum's 16 lanes: lane v and v + 8, then v and v + 4,
+ * v and v + 2, v and v + 1; one sum at a time, each step one vector add. */
+#define DOT_TREE_EACH(MR, NR)                                                                                          \
+  UNROLL for (int i = 0; i < MR; i++) UNROLL for (int j = 0; j < NR; j++) {                                            \
+      float *x = acc[i][j];                                                                                            \
       SIMD for (int v = 0; v < 8; v++) x[v] += x[v + 8];                                                               \
       SIMD for (int v = 0; v < 4; v++) x[v] += x[v + 4];                                                               \
       x[0] += x[2];                                                                                                    \
       x[1] += x[3];                                                                                                    \
       x[0] += x[1];                                                                                                    \
-      float sum = x[0];                                                                                                \
-      for (int64_t kk = k; kk < K; kk++)                                                                               \
-        sum = MADD(ar[i][kk], br[j][kk], sum);                                                                         \
-      c[i * ldc + j] = sum;                                                                                            \
+      sums[i][j] = x[0];                                                                                               \
     }
+
+#ifdef TGM_SHUFFLE
+/* The same tree for 16 sums at once (MR NR = 16), in whole vectors: at each
+ * step two sums' halves side by side in one vector (16 sums -> 8 vectors
+ * of two sums' 8 partial lanes -> 4 of four sums' 4 -> 2 -> 1 vector of
+ * the 16 sums). The same additions as DOT_TREE_EACH, so the same bits, in
+ * 15 adds and 30 shuffles where each sum had gone through the stack: mlp3
+ * at batch 32 on the GPU machine's 16 Xeon cores 0.0728, 0.0582, 0.0706 ms
+ * -> 0.0704, 0.0552, 0.0563 interleaved (bench/results/h100_gpu_session27.txt). */
+typedef float v16f __attribute__((vector_size(64)));
+#define SH16 __builtin_shufflevector
+#define DOT_TREE16(MR, NR)                                                                                             \
+  {                                                                                                                    \
+    v16f t_[16], u_[8], w_[4], y_[2], s_;                                                                              \
+    UNROLL for (int q = 0; q < 16; q++) memcpy(&t_[q], acc[q / NR][q % NR], sizeof t_[q]);                             \
+    UNROLL for (int q = 0; q < 8; q++) u_[q] =                                                                         \
+        SH16(t_[2 * q], t_[2 * q + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +                       \
+        SH16(t_[2 * q], t_[2 * q + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);                  \
+    UNROLL for (int q = 0; q < 4; q++) w_[q] =                                                                         \
+        SH16(u_[2 * q], u_[2 * q + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +                     \
+        SH16(u_[2 * q], u_[2 * q + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);                    \
+    UNROLL for (int q = 0; q < 2; q++) y_[q] =                                                                         \
+        SH16(w_[2 * q], w_[2 * q + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +                     \
+        SH16(w_[2 * q], w_[2 * q + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);                    \
+    s_ = SH16(y_[0], y_[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +                               \
+         SH16(y_[0], y_[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);                                \
+    memcpy(sums, &s_, sizeof s_);                                                                                      \
+  }
+#else
+#define DOT_TREE16 DOT_TREE_EACH
+#endif
 
 typedef void (*dot_fn)(int64_t K, const float *restrict a, int64_t lda, int mv, const float *restrict b, int64_t ldb,
                        int nv, float *restrict c, int64_t ldc);
@@ -1201,18 +1260,18 @@ typedef struct DotKernel {
 } DotKernel;
 static void dot_generic(int64_t K, const float *restrict a, int64_t lda, int mv, const float *restrict b, int64_t ldb,
                         int nv, float *restrict c, int64_t ldc) {
-  DOT_BODY(1, 2, GENERIC_MADD)
+  DOT_BODY(1, 2, GENERIC_MADD, DOT_TREE_EACH)
 }
 #ifdef ISA_DISPATCH
 __attribute__((target("avx2,fma"))) static void dot_avx2(int64_t K, const float *restrict a, int64_t lda, int mv,
                                                          const float *restrict b, int64_t ldb, int nv,
                                                          float *restrict c, int64_t ldc) {
-  DOT_BODY(2, 2, fmaf)
+  DOT_BODY(2, 2, fmaf, DOT_TREE_EACH)
 }
 __attribute__((target("avx512f,avx2,fma"))) static void dot_avx512(int64_t K, const float *restrict a, int64_t lda,
                                                                    int mv, const float *restrict b, int64_t ldb, int nv,
                                                                    float *restrict c, int64_t ldc) {
-  DOT_BODY(DOT_MAX_MR, 4, fmaf)
+  DOT_BODY(DOT_MAX_MR, 4, fmaf, DOT_TREE16)
 }
 #endif
 /* The tile for micro-kernel uk (the plan's: so the tests' choice reaches
@@ -1254,10 +1313,20 @@ static void gemm_dot(const tgm_gemm *g, const char *uk, const GemmOne *o, int pa
 typedef struct GemmPlan {
   Ukernel uk;
   int64_t kcb, ncb, mcb, nk; /* nk: K slices */
+  int64_t run;               /* rows of a run of row blocks (a multiple of mcb; gemm_tiled) */
   int direct;                /* too small to pack, or K = 0 */
   int dot;                   /* few rows of f32, B transposed: gemm_dot, nothing packed */
   int a_rows;                /* f32 A not transposed: its rows read in place, not packed */
 } GemmPlan;
+
+/* The rows of a plan's runs of row blocks for a piece of `rows` rows: all
+ * of them with one K slice (nothing to sum between slices), else as many
+ * whole blocks as GEMM_RUN_MAX holds the sums of (at least one). */
+static int64_t gemm_run_max = GEMM_RUN_MAX; /* (tests shorten it) */
+static void plan_run(GemmPlan *p, int64_t rows) {
+  const int64_t most = gemm_run_max / (int64_t)sizeof(float) / p->ncb / p->mcb * p->mcb;
+  p->run = p->nk == 1 ? rows : most < p->mcb ? p->mcb : most < rows ? most : rows;
+}
 
 static GemmPlan gemm_plan(const tgm_gemm *g) {
   GemmPlan p;
@@ -1267,10 +1336,11 @@ static GemmPlan gemm_plan(const tgm_gemm *g) {
   p.dot = !p.direct && g->dt == TGM_F32 && !g->ta && g->tb && g->M <= DOT_MAX_M && g->K >= DOT_VL;
   if (!p.direct && !p.dot) {
     int mr = p.uk.mr, nr = p.uk.nr;
-    p.kcb = min64(g->K, GEMM_KC);
+    p.kcb = min64(g->K, g->ta ? GEMM_KC_TA : GEMM_KC);
     p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
     p.mcb = min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
     p.nk = (g->K + p.kcb - 1) / p.kcb;
+    plan_run(&p, g->M);
     p.a_rows = g->dt == TGM_F32 && !g->ta;
   }
   return p;
@@ -1307,8 +1377,9 @@ static GemmWs gemm_ws_alloc(const GemmPlan *p) {
   GemmWs w = {NULL, NULL, NULL, 0};
   if (p->direct || p->dot)
     return w;
+  const int64_t mr = p->uk.mr, run = (p->run + mr - 1) / mr * mr;
   const size_t na = p->a_rows ? 0 : (size_t)(p->mcb * p->kcb), nb = (size_t)(p->kcb * p->ncb),
-               nc = p->nk > 1 ? (size_t)(p->mcb * p->ncb) : 0, n = na + nb + nc;
+               nc = p->nk > 1 ? (size_t)(run * p->ncb) : 0, n = na + nb + nc;
   float *old = NULL;
   gemm_ws_locked(1);
   for (int i = 0; i < GEMM_WS_POOL && !w.ap; i++)
@@ -1371,17 +1442,21 @@ typedef struct GemmPiece {
   int64_t m0, m1, n0, n1;
 } GemmPiece;
 
-/* One GEMM (or the piece pc_ of it), packed and blocked: for each nc-column panel and mc-row block, the
- * K slices in order (pack B's kc x nc slice, A's mc x kc slice, run the
- * micro-tiles, summing slices in the block's f32 sums); the last slice's
- * micro-tiles go through the epilogue into C. B's slice is packed again for
- * each row block only when K has several slices. A row-major f32 A is not
- * packed: the micro-kernel reads its rows in place (a block's last panel of
- * fewer than mr rows excepted, which each thread that needs it packs into
- * its own buffer). Threads (when `par` and the work is large enough) share
- * the packing and split the micro-tiles, a thread's tiles running down the
- * row panels under one panel of B; every output's sum is formed in the same
- * order whatever the thread count. */
+/* One GEMM (or the piece pc_ of it), packed and blocked: for each nc-column
+ * panel, runs of mc-row blocks (p->run rows); for each run, the K slices in
+ * order: pack B's kc x nc slice once, then for each of the run's row blocks
+ * pack A's mc x kc slice and run the micro-tiles, summing slices in the
+ * run's f32 sums; the last slice's micro-tiles go through the epilogue into
+ * C. (Row blocks outside K slices had packed B's slice again for each
+ * block: on one of the GPU machine's Xeon cores, 17-18% of a 1024 x 512 x
+ * 2048 product's cycles went to packing B, 2.7-3.3% in runs;
+ * bench/results/h100_gpu_session27.txt.) A row-major f32 A
+ * is not packed: the micro-kernel reads its rows in place (a block's last
+ * panel of fewer than mr rows excepted, which each thread that needs it
+ * packs into its own buffer). Threads (when `par` and the work is large
+ * enough) share the packing and split the micro-tiles, a thread's tiles
+ * running down the row panels under one panel of B; every output's sum is
+ * formed in the same order whatever the thread count or blocking. */
 static void gemm_tiled(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, const GemmOne *o, int par,
                        const GemmPiece *pc_) {
   const Ukernel uk = p->uk;
@@ -1395,50 +1470,53 @@ static void gemm_tiled(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, co
     float edge[MAX_MR * GEMM_KC]; /* a_rows: the block's last panel when it has fewer than mr rows */
     for (int64_t jc = pc_->n0; jc < N; jc += ncb) {
       int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
-      for (int64_t ic = pc_->m0; ic < M; ic += mcb) {
-        int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
+      for (int64_t ir = pc_->m0; ir < M; ir += p->run) {
+        const int64_t re = min64(M, ir + p->run);
         for (int64_t q = 0; q < nk; q++) {
           int64_t pc = q * kcb, kc = min64(kcb, K - pc);
-          int edge_packed = 0;
-          if (nk > 1 || ic == pc_->m0) {
+          if (nk > 1 || ir == pc_->m0) {
             OMP(for schedule(static))
             for (int64_t jp = 0; jp < npan; jp++)
               pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr,
                         w->bp + jp * kc * nr);
           }
-          if (!a_rows) {
-            OMP(for schedule(static))
-            for (int64_t ip = 0; ip < mpan; ip++)
-              pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
-                        w->ap + ip * kc * mr);
-          }
-          OMP(for schedule(static))
-          for (int64_t t = 0; t < npan * mpan; t++) {
-            int64_t jp = t / mpan, ip = t % mpan;
-            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
-            const float *bpan = w->bp + jp * kc * nr;
-            float tile[MAX_MR * MAX_NR];
-            float *acc = w->acc ? w->acc + t * mr * nr : NULL;
+          for (int64_t ic = ir; ic < re; ic += mcb) {
+            int64_t mc = min64(mcb, re - ic), mpan = (mc + mr - 1) / mr;
+            int edge_packed = 0;
             if (!a_rows) {
-              uk.fn(kc, w->ap + ip * kc * mr, bpan, tile);
-            } else if (mv == mr) {
-              uk.rows(kc, (const float *)o->A + i0 * g->lda + pc, g->lda, bpan, tile);
-            } else {
-              if (!edge_packed)
-                pack_a(0, o->A, g->lda, i0, pc, mv, kc, mr, edge);
-              edge_packed = 1;
-              uk.fn(kc, edge, bpan, tile);
+              OMP(for schedule(static))
+              for (int64_t ip = 0; ip < mpan; ip++)
+                pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
+                          w->ap + ip * kc * mr);
             }
-            if (q + 1 < nk) { /* not the last slice: into the block's sums */
-              if (q == 0)
-                memcpy(acc, tile, sizeof(float) * (size_t)(mr * nr));
-              else
-                SIMD for (int x = 0; x < mr * nr; x++) acc[x] += tile[x];
-              continue;
+            OMP(for schedule(static))
+            for (int64_t t = 0; t < npan * mpan; t++) {
+              int64_t jp = t / mpan, ip = t % mpan;
+              int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+              const float *bpan = w->bp + jp * kc * nr;
+              float tile[MAX_MR * MAX_NR];
+              float *acc = w->acc ? w->acc + ((i0 - ir) / mr * npan + jp) * mr * nr : NULL; /* the run's sums */
+              if (!a_rows) {
+                uk.fn(kc, w->ap + ip * kc * mr, bpan, tile);
+              } else if (mv == mr) {
+                uk.rows(kc, (const float *)o->A + i0 * g->lda + pc, g->lda, bpan, tile);
+              } else {
+                if (!edge_packed)
+                  pack_a(0, o->A, g->lda, i0, pc, mv, kc, mr, edge);
+                edge_packed = 1;
+                uk.fn(kc, edge, bpan, tile);
+              }
+              if (q + 1 < nk) { /* not the last slice: into the run's sums */
+                if (q == 0)
+                  memcpy(acc, tile, sizeof(float) * (size_t)(mr * nr));
+                else
+                  SIMD for (int x = 0; x < mr * nr; x++) acc[x] += tile[x];
+                continue;
+              }
+              if (q > 0)
+                SIMD for (int x = 0; x < mr * nr; x++) tile[x] = acc[x] + tile[x];
+              gemm_epilogue(g, o, i0, j0, mv, nv, tile, nr);
             }
-            if (q > 0)
-              SIMD for (int x = 0; x < mr * nr; x++) tile[x] = acc[x] + tile[x];
-            gemm_epilogue(g, o, i0, j0, mv, nv, tile, nr);
           }
         }
       }
@@ -1496,6 +1574,7 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
    * 2048 x 512 x 1024 (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
   const int64_t block = mp * (sp.ncb + (p->a_rows ? 0 : p->kcb)) * (int64_t)sizeof(float);
   sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
+  plan_run(&sp, mp);
   /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
   GemmWs stack[64], *ws = gemm_ws_take(&sp, npieces, stack);
   int ok = ws != NULL;

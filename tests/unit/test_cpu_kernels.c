@@ -1769,6 +1769,29 @@ static void test_gemm(void) {
       tfree(&y1);
       tfree(&y2);
     }
+#ifdef ISA_DISPATCH
+  /* dot tiles (a few rows of f32, B transposed): the AVX-512 tile (4 x 4, its
+   * 16 sums' trees in whole vectors) and the AVX2 one (2 x 2, a sum at a
+   * time) give the same bits, K past a whole 16 lanes included */
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    static const int64_t dk[][3] = {{32, 150, 300}, {7, 64, 512}, {61, 9, 17}};
+    for (size_t k = 0; k < sizeof dk / sizeof *dk; k++) {
+      GemmCase c = {TGM_F32, 0, 1, dk[k][0], dk[k][1], dk[k][2], 1, 1, 0, 0, 1, TGM_ACT_GELU, 0, k == 1, 0, 0, 0, 0, 0};
+      T y[2];
+      for (int v = 0; v < 2; v++) {
+        uint64_t seed = rng;
+        gemm_isa = 2 - v;
+        y[v] = gemm_case(&c);
+        rng = seed;
+      }
+      gemm_isa = -1;
+      check(y[0].n == y[1].n && memcmp(y[0].p, y[1].p, sizeof(float) * (size_t)y[0].n) == 0,
+            fmt("%s: dot tiles, AVX-512 and AVX2 give the same bits", gemm_label(&c)));
+      tfree(&y[0]);
+      tfree(&y[1]);
+    }
+  }
+#endif
   /* one GEMM cut into a piece per thread (gemm_pieces): every grid the thread
    * counts give, against 1 thread and against the threads sharing one
    * blocking (gemm_shared); f32 with A read in place (its last row panel
@@ -1803,6 +1826,20 @@ static void test_gemm(void) {
               fmt("%s: in pieces at %d threads, the same bits as one shared blocking", gemm_label(&pcs[k]), nts[s]));
         tfree(&y);
       }
+      /* runs of one row block each (gemm_tiled packs B's K slice once a run), on one thread and shared by 4 */
+      for (int s = 0; s < 2; s++) {
+        omp_set_num_threads(s ? 4 : 1);
+        gemm_shared = s;
+        gemm_run_max = 1;
+        uint64_t seed = rng;
+        T y = gemm_case(&pcs[k]);
+        rng = seed;
+        gemm_run_max = GEMM_RUN_MAX;
+        check(y.n == ref.n && memcmp(y.p, ref.p, esize(pcs[k].dt) * (size_t)y.n) == 0,
+              fmt("%s: runs of one row block at %d threads, the same bits", gemm_label(&pcs[k]), s ? 4 : 1));
+        tfree(&y);
+      }
+      gemm_shared = 0;
       /* a team smaller than the pieces (OpenMP's dynamic threads give at most the cores: each thread
        * runs several pieces) */
       omp_set_dynamic(1);
