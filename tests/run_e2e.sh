@@ -48,6 +48,18 @@ if grep -qi "warning" "$work/$name.build.log"; then
   exit 1
 fi
 
+# the benchmark refuses what it does not understand before it runs anything: exit status 1 and a message
+bench="$out-build/${model}_bench"
+for bad in "--bogus" "--bogus 1" "--iters" "--iters abc" "--iters 0" "--train 2" "--threads -1"; do
+  if "$bench" $bad >"$work/$name.bench_args.log" 2>&1; then
+    echo "FAIL: ${model}_bench $bad: exit status 0"
+    exit 1
+  fi
+  grep -q "^${model}_bench: " "$work/$name.bench_args.log" ||
+    { echo "FAIL: ${model}_bench $bad: no message"; cat "$work/$name.bench_args.log"; exit 1; }
+done
+"$bench" --help >/dev/null
+
 # E2E_CTEST_EXCLUDE: emitted tests left out here (gpt2's CPU training tests
 # take minutes on 2 cores; they run on the GPU machine, and CI trains
 # gpt2_tiny and train_ops_bf16, which use the same kernels)

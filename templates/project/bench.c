@@ -1,6 +1,7 @@
 /* tgm_bench: times the forward pass, or the training step.
- *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 1] [--graphs 0|1] [--autotune 0|1]
+ *   tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 0|1] [--graphs 0|1] [--autotune 0|1]
  *             [--threads N] [--int-range N]
+ * (an unknown option, one without its value or a value out of its range is an error, exit status 1)
  * Prints the median, min and max milliseconds per call over N timed
  * iterations after the warm-up (on cuda: CUDA events around each call on the
  * bench's stream, as PyTorch is timed; the wall clock with a sync after each
@@ -21,6 +22,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "tgm_io.h"
 
+#include <errno.h>
 #include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -45,6 +47,19 @@ static void fill_ints(tgm_host *h, int k, int64_t n) {
   }
 }
 
+/* Option opt's value v as an integer in [lo, hi] into *out; 0, or -1 after saying what was wrong. */
+static int opt_int(const char *opt, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (errno || end == v || *end || n < lo || n > hi) {
+    fprintf(stderr, "tgm_bench: %s takes an integer from %lld to %lld, not '%s'\n", opt, lo, hi, v);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -58,25 +73,31 @@ int main(int argc, char **argv) {
   int nproc = 0, rank = 0;
   char rdv[4200];
 /*@end distributed@*/
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--device")) device = argv[i + 1];
-    else if (!strcmp(argv[i], "--dims")) dims = argv[i + 1];
-    else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--train")) train = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--autotune")) tune = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--int-range")) int_range = atoll(argv[i + 1]);
+  for (int i = 1; i < argc; i += 2) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    long long n = 0;
+    int rc = 0;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+      return puts("tgm_bench [--device cpu|cuda] [--dims B=...] [--iters N] [--warmup N] [--train 0|1] [--graphs 0|1] "
+                  "[--autotune 0|1] [--threads N] [--int-range N]"), 0;
+    if (!v)
+      return fprintf(stderr, "tgm_bench: %s: missing value (or unknown option)\n", a), 1;
+    if (!strcmp(a, "--device")) device = v;
+    else if (!strcmp(a, "--dims")) dims = v;
+    else if (!strcmp(a, "--iters")) rc = opt_int(a, v, 1, 100000, &n), iters = (int)n;
+    else if (!strcmp(a, "--warmup")) rc = opt_int(a, v, 0, 100000, &n), warmup = (int)n;
+    else if (!strcmp(a, "--train")) rc = opt_int(a, v, 0, 1, &n), train = (int)n;
+    else if (!strcmp(a, "--graphs")) rc = opt_int(a, v, 0, 1, &n), graphs = (int)n;
+    else if (!strcmp(a, "--autotune")) rc = opt_int(a, v, 0, 1, &n), tune = (int)n;
+    else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 0, 1024, &n), threads = (int)n;
+    else if (!strcmp(a, "--int-range")) rc = opt_int(a, v, 0, INT32_MAX, &n), int_range = n;
 /*@uses distributed@*/
-    else if (!strcmp(argv[i], "--nproc")) nproc = atoi(argv[i + 1]);
+    else if (!strcmp(a, "--nproc")) rc = opt_int(a, v, 0, 1024, &n), nproc = (int)n;
 /*@end distributed@*/
-    else return fprintf(stderr, "tgm_bench: unknown option '%s'\n", argv[i]), 1;
+    else return fprintf(stderr, "tgm_bench: unknown option '%s'\n", a), 1;
+    if (rc)
+      return 1;
   }
-  if (iters < 1 || iters > 100000)
-    iters = 20;
-  if (int_range < 0 || int_range > INT32_MAX)
-    return fprintf(stderr, "tgm_bench: --int-range N takes 1 to %d (0: integer inputs are 0)\n", INT32_MAX), 1;
   int64_t dyn[16] = {0}, sym[16] = {0};
   for (int k = 0; k < tgm_info.ndyn; k++)
     dyn[k] = tgm_info.dyn_max[k];
