@@ -1233,6 +1233,7 @@ typedef float v16f __attribute__((vector_size(64)));
 #define SH16 __builtin_shufflevector
 #define DOT_TREE16(MR, NR)                                                                                             \
   {                                                                                                                    \
+    _Static_assert((MR) * (NR) == 16, "DOT_TREE16 adds 16 sums");                                                      \
     v16f t_[16], u_[8], w_[4], y_[2], s_;                                                                              \
     UNROLL for (int q = 0; q < 16; q++) memcpy(&t_[q], acc[q / NR][q % NR], sizeof t_[q]);                             \
     UNROLL for (int q = 0; q < 8; q++) u_[q] =                                                                         \
@@ -1273,6 +1274,9 @@ __attribute__((target("avx512f,avx2,fma"))) static void dot_avx512(int64_t K, co
                                                                    float *restrict c, int64_t ldc) {
   DOT_BODY(DOT_MAX_MR, 4, fmaf, DOT_TREE16)
 }
+#endif
+#ifdef SH16
+#undef SH16
 #endif
 /* The tile for micro-kernel uk (the plan's: so the tests' choice reaches
  * it too). */
