@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--train")) rc = opt_int(a, v, 0, 1, &n), train = (int)n;
     else if (!strcmp(a, "--graphs")) rc = opt_int(a, v, 0, 1, &n), graphs = (int)n;
     else if (!strcmp(a, "--autotune")) rc = opt_int(a, v, 0, 1, &n), tune = (int)n;
-    else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 0, 1024, &n), threads = (int)n;
+    else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 0, MLP_MAX_THREADS, &n), threads = (int)n;
     else if (!strcmp(a, "--int-range")) rc = opt_int(a, v, 0, INT32_MAX, &n), int_range = n;
     else return fprintf(stderr, "mlp_bench: unknown option '%s'\n", a), 1;
     if (rc)

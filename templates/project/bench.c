@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--train")) rc = opt_int(a, v, 0, 1, &n), train = (int)n;
     else if (!strcmp(a, "--graphs")) rc = opt_int(a, v, 0, 1, &n), graphs = (int)n;
     else if (!strcmp(a, "--autotune")) rc = opt_int(a, v, 0, 1, &n), tune = (int)n;
-    else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 0, 1024, &n), threads = (int)n;
+    else if (!strcmp(a, "--threads")) rc = opt_int(a, v, 0, TGM_MAX_THREADS, &n), threads = (int)n;
     else if (!strcmp(a, "--int-range")) rc = opt_int(a, v, 0, INT32_MAX, &n), int_range = n;
 /*@uses distributed@*/
     else if (!strcmp(a, "--nproc")) rc = opt_int(a, v, 0, 1024, &n), nproc = (int)n;
