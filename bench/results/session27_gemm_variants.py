@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Several builds of bench/cpu_gemm.c (name=lib.so) and torch.mm called in turn on each shape, one call each
 a turn. Prints per build the median GFLOP/s, the median per-turn ratio to torch, and / torch's sgemm 2048^3.
-A build with exp_prof (EXP_PROF) also reports the share of its threads' cycles spent packing."""
+A build that exports exp_prof[64][4] (rdtsc cycles per thread: [0] packing A, [1] micro-tiles, [2] packing B, added around
+those phases of gemm_tiled: the session's scratch hooks, not in the runtime) also reports the share of cycles spent packing.
+Usage: T=16 ITERS=30 [WORK=mlp_blocks_cpu] [PLAIN=1] python3 session27_gemm_variants.py name=lib.so ...
+(each lib: gcc -O3 -fopenmp -DCPU_GEMM_LIB -shared -fPIC bench/cpu_gemm.c -lm -o lib.so)."""
 import ctypes, os, statistics, sys, time
 threads = int(os.environ.get("T", "16"))
 os.environ["OMP_NUM_THREADS"] = str(threads)
