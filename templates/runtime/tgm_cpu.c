@@ -1571,11 +1571,12 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
   sp.ncb = min64(p->ncb, np);
-  /* With several K slices, each row block packs B's slice again (gemm_tiled): a piece whose block
-   * scratch fits GEMM_BLOCK_MAX is then one row block, so that B is packed once, as gemm_grid's cost
-   * assumes. H100 machine, 16 threads, against torch.mm in turn: 1024 x 512 x 2048 (pieces 1024 x 32,
-   * six row blocks before) 1.04 -> 1.13 of torch's rate with B transposed, 0.76 -> 1.01 without; dW's
-   * 2048 x 512 x 1024 (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
+  /* With several K slices, a piece whose block scratch fits GEMM_BLOCK_MAX is one row block. Made
+   * when each row block packed B's slice again (runs now pack it once a run either way), it still
+   * keeps the piece's B panels under all its rows rather than a short last block: H100 machine, 16
+   * threads, against torch.mm in turn: 1024 x 512 x 2048 (pieces 1024 x 32, six row blocks before)
+   * 1.04 -> 1.13 of torch's rate with B transposed, 0.76 -> 1.01 without; dW's 2048 x 512 x 1024
+   * (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
   const int64_t block = mp * (sp.ncb + (p->a_rows ? 0 : p->kcb)) * (int64_t)sizeof(float);
   sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
   plan_run(&sp, mp);
