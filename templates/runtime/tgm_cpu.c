@@ -1556,18 +1556,54 @@ static void gemm_run(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, int6
  * cut into a piece per thread (gemm_pieces). (Benchmarks set it.) */
 static int gemm_shared = 0;
 
-/* A packed GEMM over nt threads as at most nt rectangles of C, each thread running
- * its own serially with its own scratch: no barriers, at the price of
- * packing some of B (or A) more than once. The grid (pr x pc pieces) is the
- * one whose piece costs least: its multiply-adds plus the packing it does
- * (a transposing pack of B or A about 16 times a multiply-add's cost per
- * element, a copy 4). Each output's sum is formed as in one piece: the same
- * bits for any grid. Returns 0 when the plan's scratch cannot be had. */
+/* Pieces per thread (gemm_pieces) for a GEMM of `work` multiply-adds over
+ * nt threads. With one piece a thread the GEMM ends when its slowest thread
+ * does: on the GPU machine's 16 Xeon cores (a VM) the busiest thread took
+ * 1.13-1.36 times the mean's cycles on the MLP blocks' products, 1.10-1.24
+ * on 8 threads, 1.03-1.16 on 4, the pieces being the same size
+ * (bench/results/h100_gpu_session27.txt). Smaller pieces taken in turn from
+ * a shared counter let the faster threads run more of them; each piece
+ * packs its own rows of A and columns of B, so more pieces pack more. With
+ * A read in place, six a thread; with A packed (transposed, or from
+ * bf16/f16), whose packing costs more (a weight gradient's A^T 13-21% of
+ * its cycles at 16 threads), four, and only from 8 threads. Against torch.mm
+ * in turn on the same shapes (bench/results/h100_gpu_session28.txt, call
+ * 5), as a share of torch's rate: 16 threads, three rounds, the four
+ * products with A in place 0.86-1.02 -> 0.93-1.16, the two weight gradients
+ * 0.79-0.89 -> 0.83-0.95; 8 threads 0.80-0.99 -> 0.89-1.08 and 0.78-0.87 ->
+ * 0.86-0.87; 4 threads (A in place) 0.74-0.80 -> 0.85-0.90; mlp_blocks_cpu's
+ * step with the built-in GEMM on 16 threads 33.7-35.3 -> 31.1-33.0 ms. Six
+ * a thread on the weight gradients (call 4): 8 threads 0.79 and 0.87
+ * (four: 0.85, 0.87), 4 threads 2-11% slower than one. Not under 4 threads
+ * (this 2-core machine, three a thread: 0-7% slower), nor for pieces under
+ * GEMM_PIECE_MIN multiply-adds (GPT blocks' 128 x 384 x 512 product on 16
+ * threads, four a thread: 0.75 of the one-piece rate). gemm_over > 0
+ * (tests) forces it. */
+#define GEMM_PIECE_MIN 4194304.0
+static int gemm_over = 0;
+static int gemm_per_thread(const GemmPlan *p, int nt, double work) {
+  int f = gemm_over > 0 ? gemm_over : nt < 4 ? 1 : p->a_rows ? 6 : nt < 8 ? 1 : 4;
+  while (gemm_over <= 0 && f > 1 && work < GEMM_PIECE_MIN * nt * f)
+    f--;
+  return f;
+}
+
+/* A packed GEMM over nt threads as rectangles of C (pieces), each run
+ * serially by one thread with its own scratch: no barriers, at the price of
+ * packing some of B (or A) more than once. With one piece a thread (at
+ * most nt), thread i runs piece i; with more (gemm_per_thread), the
+ * threads take them in turn from a shared counter. The grid (pr x pc
+ * pieces) is the one whose piece costs least: its multiply-adds plus the
+ * packing it does (a transposing pack of B or A about 16 times a
+ * multiply-add's cost per element, a copy 4). Each output's sum is formed
+ * as in one piece: the same bits for any grid and any thread taking it.
+ * Returns 0 when the plan's scratch cannot be had. */
 static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   const int64_t mr = p->uk.mr, nr = p->uk.nr, M = g->M, N = g->N, K = g->K;
+  const int per = gemm_per_thread(p, nt, (double)M * (double)N * (double)K);
   int pr, pcn;
-  gemm_grid(nt, M, N, K, mr, nr, 1, p->a_rows ? 0.0 : g->ta ? 4.0 : 16.0, g->tb ? 16.0 : 4.0, &pr, &pcn);
-  const int npieces = pr * pcn;
+  gemm_grid(nt * per, M, N, K, mr, nr, 1, p->a_rows ? 0.0 : g->ta ? 4.0 : 16.0, g->tb ? 16.0 : 4.0, &pr, &pcn);
+  const int npieces = pr * pcn, nw = npieces < nt ? npieces : nt;
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
   sp.ncb = min64(p->ncb, np);
@@ -1581,12 +1617,14 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
   plan_run(&sp, mp);
   /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
-  GemmWs stack[64], *ws = gemm_ws_take(&sp, npieces, stack);
+  GemmWs stack[64], *ws = gemm_ws_take(&sp, nw, stack);
   int ok = ws != NULL;
-  for (int i = 0; ok && i < npieces; i++)
+  for (int i = 0; ok && i < nw; i++)
     ok = ws[i].ap != NULL;
   if (ok) {
-    OMP(parallel num_threads(npieces))
+    atomic_int next = 0;    /* the next piece to take, when there are more pieces than threads */
+    const int shared = npieces > nw; /* (a grid may have fewer pieces than asked: one a thread) */
+    OMP(parallel num_threads(nw))
     {
 #ifdef _OPENMP
       const int id = omp_get_thread_num(), team = omp_get_num_threads(); /* (the team may be smaller than asked) */
@@ -1594,14 +1632,16 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
       const int id = 0, team = 1;
 #endif
       const GemmOne o = gemm_one(g, 0);
-      for (int q = id; q < npieces; q += team) {
+#define NEXT_PIECE(q) (shared ? atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) : (q) + team)
+      for (int q = shared ? NEXT_PIECE(0) : id; q < npieces; q = NEXT_PIECE(q)) {
         GemmPiece pc = {q / pcn * mp, min64(M, (q / pcn + 1) * mp), q % pcn * np, min64(N, (q % pcn + 1) * np)};
         if (pc.m0 < pc.m1 && pc.n0 < pc.n1)
           gemm_tiled(g, &sp, &ws[id], &o, 0, &pc);
       }
+#undef NEXT_PIECE
     }
   }
-  gemm_ws_give(ws, npieces, stack);
+  gemm_ws_give(ws, nw, stack);
   return ok;
 }
 

@@ -1852,8 +1852,55 @@ static void test_gemm(void) {
             fmt("%s: 64 pieces on a dynamic team, the same bits", gemm_label(&pcs[k])));
       tfree(&y);
       gemm_shared = 0;
+      /* several pieces a thread, taken in turn from the shared counter (gemm_per_thread; forced here,
+       * the pieces being small), on full teams and on a dynamic one */
+      for (int s = 0; s < 4; s++) {
+        static const int per[] = {3, 7, 2, 5}, nt[] = {2, 5, 16, 64};
+        omp_set_dynamic(nt[s] == 64);
+        omp_set_num_threads(nt[s]);
+        gemm_over = per[s];
+        seed = rng;
+        y = gemm_case(&pcs[k]);
+        rng = seed;
+        gemm_over = 0;
+        omp_set_dynamic(0);
+        check(y.n == ref.n && memcmp(y.p, ref.p, esize(pcs[k].dt) * (size_t)y.n) == 0,
+              fmt("%s: %d pieces a thread at %d threads%s, the same bits", gemm_label(&pcs[k]), per[s], nt[s],
+                  nt[s] == 64 ? " (a dynamic team)" : ""));
+        tfree(&y);
+      }
       rng += 1;
       tfree(&ref);
+    }
+    /* the pieces per thread chosen: one under 4 threads or for small pieces; six with A read in
+     * place, four with A packed from 8 threads; and a GEMM large enough for them (512 x 520 x 520 at
+     * 8 threads: four a thread with A in place, GEMM_PIECE_MIN capping the six) against 1 thread */
+    {
+      GemmPlan in_place = {0}, packed = {0};
+      in_place.a_rows = 1;
+      const double big = 1e10;
+      check(gemm_per_thread(&in_place, 2, big) == 1 && gemm_per_thread(&in_place, 4, big) == 6 &&
+                gemm_per_thread(&in_place, 16, big) == 6 && gemm_per_thread(&packed, 4, big) == 1 &&
+                gemm_per_thread(&packed, 8, big) == 4 && gemm_per_thread(&packed, 16, big) == 4 &&
+                gemm_per_thread(&in_place, 16, GEMM_PIECE_MIN * 16 * 2.5) == 2 &&
+                gemm_per_thread(&in_place, 16, GEMM_PIECE_MIN * 16 - 1) == 1,
+            "gemm_per_thread: the pieces a thread by threads, A's packing and size");
+      const GemmCase big_case = {TGM_F32, 0, 1, 512, 520, 520, 1, 1, 0, 0, 0, TGM_ACT_NONE, 0, 0, 0, 0, 0, 0, 0};
+      T one = {0};
+      for (int s = 0; s < 2; s++) {
+        omp_set_num_threads(s ? 8 : 1);
+        uint64_t seed = rng;
+        T y = gemm_case(&big_case);
+        rng = seed;
+        if (!s)
+          one = y;
+        else {
+          check(y.n == one.n && memcmp(y.p, one.p, sizeof(float) * (size_t)y.n) == 0,
+                fmt("%s: four pieces a thread at 8 threads, the same bits as 1 thread", gemm_label(&big_case)));
+          tfree(&y);
+        }
+      }
+      tfree(&one);
     }
 #ifdef TGM_HAVE_CBLAS
     gemm_no_blas = !via;
