@@ -1164,9 +1164,15 @@ static int gemm_shared = 0;
  * (this 2-core machine, three a thread: 0-7% slower), nor for pieces under
  * GEMM_PIECE_MIN multiply-adds (GPT blocks' 128 x 384 x 512 product on 16
  * threads, four a thread: 0.75 of the one-piece rate). gemm_over > 0
- * (tests) forces it. */
+ * (tests; -DGEMM_OVER=n in a benchmark's build) forces it. cblas_split keeps
+ * one piece a thread: OpenBLAS's pieces at 2, 4 or 6 a thread were slower
+ * than at one in 49 of 54 shape-rounds on those shapes, by up to 25% (16 and
+ * 8 threads, call 6). */
 #define GEMM_PIECE_MIN 4194304.0
-static int gemm_over = 0;
+#ifndef GEMM_OVER
+#define GEMM_OVER 0
+#endif
+static int gemm_over = GEMM_OVER;
 static int gemm_per_thread(const GemmPlan *p, int nt, double work) {
   int f = gemm_over > 0 ? gemm_over : nt < 4 ? 1 : p->a_rows ? 6 : nt < 8 ? 1 : 4;
   while (gemm_over <= 0 && f > 1 && work < GEMM_PIECE_MIN * nt * f)
