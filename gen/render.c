@@ -2824,12 +2824,18 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       buf_printf(&f->kernels, "    %s_OMP(ordered)\n    for (int64_t j = 0; j < %lld; j++)\n      tot[j] += part[j];\n  }\n",
                  f->NAME, nc);
       buf_printf(&f->kernels, "%s}\n", fbody);
-    } else if (r->leaf) { /* the kernel: each thread runs the loop over its share */
-      const char *bad = r->has_bad ? "bad = " : "", *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
+    } else if (r->leaf) { /* the kernel: the threads run the loop over the chunks they take in turn */
+      const char *cond = k->nreds ? "n_o * n_r > 16384" : "n > 16384";
       buf_printf(&f->kernels, "%s %s %s(%s) {\n%s%s", f->d->qual, ret, kn, isig, size, r->has_bad ? "  int64_t bad = INT64_MAX;\n" : "");
-      buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    %s_share(%s, %d, &lo, &hi);\n    %s%s_part(lo, hi%s%s);\n  }\n",
+      buf_printf(&f->kernels, "  int64_t next = 0;  /* the next chunk the threads take (%s_chunk) */\n", f->name);
+      buf_printf(&f->kernels, "  %s_OMP(parallel if (%s)%s)\n  {\n    int64_t lo, hi;\n    while (%s_chunk(&next, %s, %d, &lo, &hi))",
                  f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
-                 !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1, bad, kn, first ? "" : ", ", iargs);
+                 !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1);
+      const char *part = arena_printf(f->a, "%s_part(lo, hi%s%s)", kn, first ? "" : ", ", iargs);
+      if (r->has_bad)
+        buf_printf(&f->kernels, " {\n      const int64_t b = %s;\n      bad = b < bad ? b : bad;\n    }\n  }\n", part);
+      else
+        buf_printf(&f->kernels, "\n      %s;\n  }\n", part);
       buf_printf(&f->kernels, "%s}\n", r->has_bad ? "  return bad == INT64_MAX ? -1 : bad;\n" : "");
     }
   }

@@ -66,11 +66,14 @@ MLP_CLONES static int64_t k1_cross_entropy_part(int64_t lo, int64_t hi, int64_t 
 static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, const int32_t *restrict y, float *restrict loss_where) {
   const int64_t n_o = dim_B, n_r = 10;
   int64_t bad = INT64_MAX;
+  int64_t next = 0;  /* the next chunk the threads take (mlp_chunk) */
   MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
   {
     int64_t lo, hi;
-    mlp_share(n_o, 1, &lo, &hi);
-    bad = k1_cross_entropy_part(lo, hi, dim_B, logits, y, loss_where);
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi)) {
+      const int64_t b = k1_cross_entropy_part(lo, hi, dim_B, logits, y, loss_where);
+      bad = b < bad ? b : bad;
+    }
   }
   return bad == INT64_MAX ? -1 : bad;
 }
@@ -100,11 +103,12 @@ MLP_CLONES static void k2_cross_entropy_part(int64_t lo, int64_t hi, int64_t dim
 }
 static void k2_cross_entropy(int64_t dim_B, const float *restrict loss_where, const int32_t *restrict y, float *restrict loss) {
   const int64_t n_o = 1, n_r = dim_B;
+  int64_t next = 0;  /* the next chunk the threads take (mlp_chunk) */
   MLP_OMP(parallel if (n_o * n_r > 16384))
   {
     int64_t lo, hi;
-    mlp_share(n_o, 1, &lo, &hi);
-    k2_cross_entropy_part(lo, hi, dim_B, loss_where, y, loss);
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi))
+      k2_cross_entropy_part(lo, hi, dim_B, loss_where, y, loss);
   }
 }
 
@@ -128,11 +132,12 @@ MLP_CLONES static void k3_sum_part(int64_t lo, int64_t hi, int64_t dim_B, const 
 }
 static void k3_sum(int64_t dim_B, const int32_t *restrict y, float *restrict d_loss_sum) {
   const int64_t n_o = 1, n_r = dim_B;
+  int64_t next = 0;  /* the next chunk the threads take (mlp_chunk) */
   MLP_OMP(parallel if (n_o * n_r > 16384))
   {
     int64_t lo, hi;
-    mlp_share(n_o, 1, &lo, &hi);
-    k3_sum_part(lo, hi, dim_B, y, d_loss_sum);
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi))
+      k3_sum_part(lo, hi, dim_B, y, d_loss_sum);
   }
 }
 
@@ -197,11 +202,14 @@ MLP_CLONES static int64_t k4_cross_entropy_mul_part(int64_t lo, int64_t hi, int6
 static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *restrict loss_amax, float *restrict loss_sum, const int32_t *restrict y, float *restrict loss_where, const float *restrict d_loss_sum, float *d_loss /* in place of logits */) {
   const int64_t n_o = dim_B, n_r = 10;
   int64_t bad = INT64_MAX;
+  int64_t next = 0;  /* the next chunk the threads take (mlp_chunk) */
   MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
   {
     int64_t lo, hi;
-    mlp_share(n_o, 1, &lo, &hi);
-    bad = k4_cross_entropy_mul_part(lo, hi, dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi)) {
+      const int64_t b = k4_cross_entropy_mul_part(lo, hi, dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
+      bad = b < bad ? b : bad;
+    }
   }
   return bad == INT64_MAX ? -1 : bad;
 }

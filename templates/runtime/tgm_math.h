@@ -54,19 +54,39 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-/* [*lo, *hi): the calling OpenMP thread's share of [0, n), in whole units of
- * `unit` elements but the last, in thread order (as schedule(static) splits
- * a loop); all of it outside a parallel region. The generated CPU kernels run
- * their loops (leaf functions, for TGM_CLONES) over it. */
-TGM_FN void tgm_share(int64_t n, int64_t unit, int64_t *lo, int64_t *hi) {
+/* The next chunk [*lo, *hi) of [0, n) for the calling OpenMP thread, in
+ * whole units of `unit` elements but the last: the team's threads take the
+ * chunks in turn from *next (shared, 0 before the region), from 4 threads
+ * about four a thread, so that a thread slower than the others runs fewer
+ * of them (one a thread under 4). On the GPU machine's 16 Xeon cores, where
+ * the threads' speeds differ (tgm_cpu.c's gemm_per_thread), tinyops_cpu's
+ * one loop took 2.45-3.23 ms (median of six rounds 2.55) against
+ * 2.65-3.39 (3.20) with each thread's fixed share; gpt2_cpu's and
+ * mlp_blocks_cpu's steps the same within their noise
+ * (bench/results/h100_gpu_session28.txt calls 10-11). Returns 0 when none
+ * is left; outside a parallel region one thread takes them all. The
+ * generated CPU kernels run their loops (leaf functions, for TGM_CLONES)
+ * over the chunks: each output element is computed within one chunk, so
+ * the bits do not depend on who takes which. */
+TGM_FN int tgm_chunk(int64_t *next, int64_t n, int64_t unit, int64_t *lo, int64_t *hi) {
 #ifdef _OPENMP
-  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  const int64_t nt = omp_get_num_threads();
 #else
-  const int64_t t = 0, nt = 1;
+  const int64_t nt = 1;
 #endif
-  const int64_t units = (n + unit - 1) / unit, h = units * (t + 1) / nt * unit;
-  *lo = units * t / nt * unit;
-  *hi = h < n ? h : n;
+  const int64_t nc = nt < 4 ? nt : 4 * nt; /* chunks */
+  const int64_t units = (n + unit - 1) / unit, per = (units + nc - 1) / nc * unit;
+  int64_t c;
+  TGM_OMP(atomic capture)
+  {
+    c = *next;
+    *next += per;
+  }
+  if (c >= n)
+    return 0;
+  *lo = c;
+  *hi = n - c < per ? n : c + per;
+  return 1;
 }
 #endif
 

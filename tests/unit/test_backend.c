@@ -874,7 +874,7 @@ static void cuda_mapping(void) {
     expect_text(cpu, "tinyops CPU", "_vec<", 0);
     expect_text(cpu, "tinyops CPU: 64-bit indices", "for (int64_t i = lo; i < hi; i++)", 1);
     expect_text(cpu, "tinyops CPU: the loop a leaf compiled per ISA", "TINYOPS_CLONES static void k1_div_part(int64_t lo, int64_t hi, ", 1);
-    expect_text(cpu, "tinyops CPU: each thread's share, in units of 16", "tinyops_share(n, 16, &lo, &hi);", 1);
+    expect_text(cpu, "tinyops CPU: chunks the threads take in turn, in units of 16", "while (tinyops_chunk(&next, n, 16, &lo, &hi))", 1);
   }
   const char *dims = "  B: {dynamic: true, max: 64}\n  D: 48";
   /* a broadcast operand stays a scalar load */
@@ -1175,13 +1175,13 @@ static void repeated_blocks(void) {
 
 /* The CPU kernels' loops are leaf functions compiled per ISA (NAME_CLONES):
  * no parallel region inside one (its body would not be cloned), and every
- * parallel region of a kernel is one that calls a leaf on a thread's share,
+ * parallel region of a kernel is one that calls a leaf on the chunks its threads take,
  * but the chunks of a split reduction (few outputs of many elements). */
 static void cpu_leaves(const char *path) {
   Arena a = {.fail_after = -1};
   char *src = slurp(&a, path);
   const char *cpu = src ? forward_text(&a, path, src, 0, NULL) : "";
-  int leaves = 0, shares = count_text(cpu, "_share(");
+  int leaves = 0, shares = count_text(cpu, "_chunk(&next, ");
   for (const char *t = strstr(cpu, "_CLONES static "); t; t = strstr(t + 1, "_CLONES static ")) {
     const char *end = strstr(t, "\n}\n"), *par = strstr(t, "_OMP(parallel");
     check(end && (!par || par > end), "CPU: no parallel region in a leaf", path);

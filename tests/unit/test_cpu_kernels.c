@@ -688,6 +688,56 @@ static void test_gemm_direct(void) {
 /* sgemm at 4 and 12 threads on shapes whose pieces are a grid in both
  * dims (with a CBLAS, cblas_split's 2 x 2, 3 x 4, ...; built in, the
  * blocked GEMM's), against the product in double. */
+/* tgm_chunk: the chunks the team's threads take tile [0, n) exactly, each
+ * starting on a whole unit, at 1-16 threads and outside a parallel region;
+ * at most one a thread under 4 threads, four a thread from 4 (which thread
+ * takes how many is the scheduler's affair). */
+static void test_chunks(void) {
+  snprintf(ctx, sizeof ctx, "tgm_chunk");
+  static const int64_t ns[] = {0, 1, 15, 16, 17, 1000, 16384 * 3 + 5}, units[] = {1, 16, 64};
+  static char seen[16384 * 3 + 5];
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+    for (size_t b = 0; b < sizeof units / sizeof *units; b++)
+      for (int nt = 0; nt <= 16; nt++) { /* 0: outside a parallel region */
+        const int64_t n = ns[a], unit = units[b];
+        memset(seen, 0, sizeof seen);
+        int64_t next = 0, taken = 0, bad = 0, chunks = 0;
+#ifdef _OPENMP
+        if (nt)
+          omp_set_num_threads(nt);
+#pragma omp parallel if (nt > 0) reduction(+ : taken, bad, chunks)
+#endif
+        {
+          int64_t lo, hi;
+          while (tgm_chunk(&next, n, unit, &lo, &hi)) {
+            bad += lo % unit != 0 || lo >= hi || hi > n;
+            for (int64_t i = lo; i < hi && i < n; i++) {
+              char was;
+#ifdef _OPENMP
+#pragma omp atomic capture
+#endif
+              was = seen[i]++;
+              bad += was != 0;
+            }
+            taken += hi - lo;
+            chunks++;
+          }
+        }
+        check(taken == n && !bad, fmt("n %lld, unit %lld, %d threads: the chunks tile [0, n) once each",
+                                      (long long)n, (long long)unit, nt));
+        const int64_t units_n = (n + unit - 1) / unit, most_chunks = nt < 4 ? (nt ? nt : 1) : 4 * nt;
+        check(chunks <= most_chunks && (n == 0 || chunks >= (units_n < most_chunks ? units_n : most_chunks) / 2),
+              fmt("n %lld, unit %lld, %d threads: %lld chunks (at most %lld)", (long long)n, (long long)unit, nt,
+                  (long long)chunks, (long long)most_chunks));
+      }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+}
+
 static void test_gemm_grid(void) {
 #ifdef _OPENMP
   static const int64_t cs[][3] = {{256, 320, 40}, {130, 700, 33}, {700, 130, 65}};
@@ -1962,6 +2012,7 @@ static void test_gemm_rounding(void) {
 static void run_gemm(void) {
   test_gemm_rounding();
   test_gemm_direct();
+  test_chunks();
   test_gemm_grid();
   test_matmul();
   test_linear();
