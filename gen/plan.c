@@ -49,14 +49,32 @@
 
 #define ALIGN(n) (((n) + 255) & ~(int64_t)255)
 
+/* Is s `pre` followed by digits alone (a renderer's numbered local: s3, acc0)? */
+static int numbered(const char *s, const char *pre) {
+  size_t n = strlen(pre);
+  if (strncmp(s, pre, n) || !s[n])
+    return 0;
+  for (s += n; *s; s++)
+    if (!isdigit((unsigned char)*s))
+      return 0;
+  return 1;
+}
+
 /* A name a kernel's locals and parameters cannot take: the C names of
- * c_reserved, and the emitted code's own locals. */
+ * c_reserved, and the emitted code's own locals (a CPU kernel's chunk
+ * bounds and counter, lo, hi and next, and its riders' sums; the renderer's
+ * numbered values). */
 static int is_keyword(const char *s, const char *model) {
   static const char *const kw[] = {"ws", "P", "G", "m", "sym", "in", "out", "bad", "st", "i", "o", "r", "n", "n_o",
                                    "n_r", "o0", "live", "gemm", "lb", "iv", "nv", "lane", "split_part", "split_count",
-                                   "c", "nc", "rv", "nrv", "rj", "qv", "kv", "vv", "yv", "dyv", "dqv", "dkv", "dvv", NULL};
+                                   "c", "nc", "rv", "nrv", "rj", "qv", "kv", "vv", "yv", "dyv", "dqv", "dkv", "dvv",
+                                   "lo", "hi", "next", "tot", "part", "cpart", "j", NULL};
+  static const char *const pre[] = {"s", "q", "ca", "acc", "sa", "sb", "sy", "ix", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
+      return 1;
+  for (int i = 0; pre[i]; i++)
+    if (numbered(s, pre[i]))
       return 1;
   return c_reserved(s, model) || !strncmp(s, "dim_", 4) || (s[0] == 'k' && isdigit((unsigned char)s[1])) ||
          (s[0] == 'v' && isdigit((unsigned char)s[1]));
