@@ -685,9 +685,6 @@ static void test_gemm_direct(void) {
       }
 }
 
-/* sgemm at 4 and 12 threads on shapes whose pieces are a grid in both
- * dims (with a CBLAS, cblas_split's 2 x 2, 3 x 4, ...; built in, the
- * blocked GEMM's), against the product in double. */
 /* tgm_chunk: the chunks the team's threads take tile [0, n) exactly, each
  * starting on a whole unit, at 1-16 threads and outside a parallel region;
  * at most one a thread under 4 threads, four a thread from 4 (which thread
@@ -738,6 +735,9 @@ static void test_chunks(void) {
 #endif
 }
 
+/* sgemm at 4 and 12 threads on shapes whose pieces are a grid in both
+ * dims (with a CBLAS, cblas_split's 2 x 2, 3 x 4, ...; built in, the
+ * blocked GEMM's), against the product in double. */
 static void test_gemm_grid(void) {
 #ifdef _OPENMP
   static const int64_t cs[][3] = {{256, 320, 40}, {130, 700, 33}, {700, 130, 65}};
