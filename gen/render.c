@@ -2832,8 +2832,8 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
                  f->NAME, cond, r->has_bad ? " reduction(min : bad)" : "", f->name, k->nreds ? "n_o" : "n",
                  !k->nreds ? 16 : r->mode == M_CTILE ? CTILE : 1);
       const char *part = arena_printf(f->a, "%s_part(lo, hi%s%s)", kn, first ? "" : ", ", iargs);
-      if (r->has_bad)
-        buf_printf(&f->kernels, " {\n      const int64_t b = %s;\n      bad = b < bad ? b : bad;\n    }\n  }\n", part);
+      if (r->has_bad) /* (no local for the part's result: it could shadow a parameter) */
+        buf_printf(&f->kernels, "\n      bad = %s_min64(bad, %s);\n  }\n", f->name, part);
       else
         buf_printf(&f->kernels, "\n      %s;\n  }\n", part);
       buf_printf(&f->kernels, "%s}\n", r->has_bad ? "  return bad == INT64_MAX ? -1 : bad;\n" : "");

@@ -70,10 +70,8 @@ static int64_t k1_cross_entropy(int64_t dim_B, const float *restrict logits, con
   MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
   {
     int64_t lo, hi;
-    while (mlp_chunk(&next, n_o, 1, &lo, &hi)) {
-      const int64_t b = k1_cross_entropy_part(lo, hi, dim_B, logits, y, loss_where);
-      bad = b < bad ? b : bad;
-    }
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi))
+      bad = mlp_min64(bad, k1_cross_entropy_part(lo, hi, dim_B, logits, y, loss_where));
   }
   return bad == INT64_MAX ? -1 : bad;
 }
@@ -206,10 +204,8 @@ static int64_t k4_cross_entropy_mul(int64_t dim_B, const float *logits, float *r
   MLP_OMP(parallel if (n_o * n_r > 16384) reduction(min : bad))
   {
     int64_t lo, hi;
-    while (mlp_chunk(&next, n_o, 1, &lo, &hi)) {
-      const int64_t b = k4_cross_entropy_mul_part(lo, hi, dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss);
-      bad = b < bad ? b : bad;
-    }
+    while (mlp_chunk(&next, n_o, 1, &lo, &hi))
+      bad = mlp_min64(bad, k4_cross_entropy_mul_part(lo, hi, dim_B, logits, loss_amax, loss_sum, y, loss_where, d_loss_sum, d_loss));
   }
   return bad == INT64_MAX ? -1 : bad;
 }

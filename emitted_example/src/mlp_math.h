@@ -54,6 +54,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+/* The smaller of two indices (a kernel's first bad one over its chunks). */
+MLP_FN int64_t mlp_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* The next chunk [*lo, *hi) of [0, n) for the calling OpenMP thread, in
  * whole units of `unit` elements but the last: the team's threads take the
  * chunks in turn from *next (shared, 0 before the region), from 4 threads
