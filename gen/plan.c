@@ -62,13 +62,14 @@ static int numbered(const char *s, const char *pre) {
 
 /* A name a kernel's locals and parameters cannot take: the C names of
  * c_reserved, and the emitted code's own locals (a CPU kernel's chunk
- * bounds and counter, lo, hi and next, and its riders' sums; a CUDA riders'
- * column kernel's count of partials, nb; the renderer's numbered values). */
+ * bounds and counter, lo, hi and next, and its riders' sums; a CUDA row
+ * kernel's riders' sums, csum and rsum, and its column kernel's count of
+ * partials, nb; the renderer's numbered values). */
 static int is_keyword(const char *s, const char *model) {
   static const char *const kw[] = {"ws", "P", "G", "m", "sym", "in", "out", "bad", "st", "i", "o", "r", "n", "n_o",
                                    "n_r", "o0", "live", "gemm", "lb", "iv", "nv", "lane", "split_part", "split_count",
                                    "c", "nc", "rv", "nrv", "rj", "qv", "kv", "vv", "yv", "dyv", "dqv", "dkv", "dvv",
-                                   "lo", "hi", "next", "tot", "part", "cpart", "j", "nb", NULL};
+                                   "lo", "hi", "next", "tot", "part", "cpart", "j", "nb", "csum", "rsum", NULL};
   static const char *const pre[] = {"s", "q", "ca", "acc", "sa", "sb", "sy", "ix", NULL};
   for (int i = 0; kw[i]; i++)
     if (!strcmp(s, kw[i]))
