@@ -104,7 +104,6 @@ static int nthreads(void) { return 1; }
 /* f32 scratch blocks (elements) for bf16/f16 pointwise work. */
 #define BLK 256
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static size_t esize(int dt) { return dt == MLP_BF16 || dt == MLP_F16 ? 2 : dt == MLP_BOOL ? 1 : 4; }
 static int is_half(int dt) { return dt == MLP_BF16 || dt == MLP_F16; }
@@ -182,14 +181,14 @@ void mlp_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t c = 0; c < nb; c++) {
-    int64_t lo = c * 4096, m = min64(4096, n - lo);
+    int64_t lo = c * 4096, m = mlp_min64(4096, n - lo);
     const char *xs = (const char *)x + lo * (int64_t)esize(dt_in);
     char *ys = (char *)y + lo * (int64_t)esize(dt_out);
     int fin = dt_in == MLP_F32 || is_half(dt_in), fout = dt_out == MLP_F32 || is_half(dt_out);
     if (fin && fout) { /* through f32: the fast, common casts */
       float buf[BLK];
       for (int64_t i0 = 0; i0 < m; i0 += BLK) {
-        int64_t k = min64(BLK, m - i0);
+        int64_t k = mlp_min64(BLK, m - i0);
         const char *xp = xs + i0 * (int64_t)esize(dt_in);
         char *yp = ys + i0 * (int64_t)esize(dt_out);
         if (dt_in == MLP_F32) {
@@ -740,7 +739,7 @@ static void gemm_direct(const mlp_gemm *g, const GemmOne *o, int par) {
   for (int64_t m = 0; m < M; m++) {
     float t[BLK];
     for (int64_t j0 = 0; j0 < N; j0 += BLK) {
-      int64_t nv = min64(BLK, N - j0);
+      int64_t nv = mlp_min64(BLK, N - j0);
       for (int64_t j = 0; j < nv; j++)
         t[j] = 0;
       for (int64_t k = 0; k < K; k++) {
@@ -885,10 +884,11 @@ static void gemm_dot(const mlp_gemm *g, const char *uk, const GemmOne *o, int pa
   (void)par;
   OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= GEMM_PAR_MIN))
   for (int64_t t = 0; t < mb * nb; t++) {
-    const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS, mv = min64(d.mr, M - i0), nc = min64(DOT_COLS, N - j0);
+    const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS;
+    const int64_t mv = mlp_min64(d.mr, M - i0), nc = mlp_min64(DOT_COLS, N - j0);
     float tile[DOT_MAX_MR * DOT_COLS];
     for (int64_t j = 0; j < nc; j += d.nr)
-      d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)min64(d.nr, nc - j), tile + j, DOT_COLS);
+      d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)mlp_min64(d.nr, nc - j), tile + j, DOT_COLS);
     gemm_epilogue(g, o, i0, j0, mv, nc, tile, DOT_COLS);
   }
 }
@@ -921,9 +921,9 @@ static GemmPlan gemm_plan(const mlp_gemm *g) {
   p.dot = !p.direct && g->dt == MLP_F32 && !g->ta && g->tb && g->M <= DOT_MAX_M && g->K >= DOT_VL;
   if (!p.direct && !p.dot) {
     int mr = p.uk.mr, nr = p.uk.nr;
-    p.kcb = min64(g->K, g->ta ? GEMM_KC_TA : GEMM_KC);
-    p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
-    p.mcb = min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+    p.kcb = mlp_min64(g->K, g->ta ? GEMM_KC_TA : GEMM_KC);
+    p.ncb = mlp_min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
+    p.mcb = mlp_min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
     p.nk = (g->K + p.kcb - 1) / p.kcb;
     plan_run(&p, g->M);
     p.a_rows = g->dt == MLP_F32 && !g->ta;
@@ -1054,30 +1054,30 @@ static void gemm_tiled(const mlp_gemm *g, const GemmPlan *p, const GemmWs *w, co
   {
     float edge[MAX_MR * GEMM_KC]; /* a_rows: the block's last panel when it has fewer than mr rows */
     for (int64_t jc = pc_->n0; jc < N; jc += ncb) {
-      int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
+      int64_t nc = mlp_min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
       for (int64_t ir = pc_->m0; ir < M; ir += p->run) {
-        const int64_t re = min64(M, ir + p->run);
+        const int64_t re = mlp_min64(M, ir + p->run);
         for (int64_t q = 0; q < nk; q++) {
-          int64_t pc = q * kcb, kc = min64(kcb, K - pc);
+          int64_t pc = q * kcb, kc = mlp_min64(kcb, K - pc);
           if (nk > 1 || ir == pc_->m0) {
             OMP(for schedule(static))
             for (int64_t jp = 0; jp < npan; jp++)
-              pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr,
+              pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, mlp_min64(nr, nc - jp * nr), kc, nr,
                         w->bp + jp * kc * nr);
           }
           for (int64_t ic = ir; ic < re; ic += mcb) {
-            int64_t mc = min64(mcb, re - ic), mpan = (mc + mr - 1) / mr;
+            int64_t mc = mlp_min64(mcb, re - ic), mpan = (mc + mr - 1) / mr;
             int edge_packed = 0;
             if (!a_rows) {
               OMP(for schedule(static))
               for (int64_t ip = 0; ip < mpan; ip++)
-                pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
+                pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, mlp_min64(mr, mc - ip * mr), kc, mr,
                           w->ap + ip * kc * mr);
             }
             OMP(for schedule(static))
             for (int64_t t = 0; t < npan * mpan; t++) {
               int64_t jp = t / mpan, ip = t % mpan;
-              int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+              int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = mlp_min64(mr, M - i0), nv = mlp_min64(nr, N - j0);
               const float *bpan = w->bp + jp * kc * nr;
               float tile[MAX_MR * MAX_NR];
               float *acc = w->acc ? w->acc + ((i0 - ir) / mr * npan + jp) * mr * nr : NULL; /* the run's sums */
@@ -1193,7 +1193,7 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
   const int npieces = pr * pcn, nw = npieces < nt ? npieces : nt;
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
-  sp.ncb = min64(p->ncb, np);
+  sp.ncb = mlp_min64(p->ncb, np);
   /* With several K slices, a piece whose block scratch fits GEMM_BLOCK_MAX is one row block. Made
    * when each row block packed B's slice again (runs now pack it once a run either way), it still
    * keeps the piece's B panels under all its rows rather than a short last block: H100 machine, 16
@@ -1201,7 +1201,7 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
    * 1.04 -> 1.13 of torch's rate with B transposed, 0.76 -> 1.01 without; dW's 2048 x 512 x 1024
    * (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
   const int64_t block = mp * (sp.ncb + (p->a_rows ? 0 : p->kcb)) * (int64_t)sizeof(float);
-  sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
+  sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : mlp_min64(p->mcb, mp);
   plan_run(&sp, mp);
   /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
   GemmWs stack[64], *ws = gemm_ws_take(&sp, nw, stack);
@@ -1221,7 +1221,7 @@ static int gemm_pieces(const mlp_gemm *g, const GemmPlan *p, int nt) {
       const GemmOne o = gemm_one(g, 0);
 #define NEXT_PIECE(q) (shared ? atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) : (q) + team)
       for (int q = shared ? NEXT_PIECE(0) : id; q < npieces; q = NEXT_PIECE(q)) {
-        GemmPiece pc = {q / pcn * mp, min64(M, (q / pcn + 1) * mp), q % pcn * np, min64(N, (q % pcn + 1) * np)};
+        GemmPiece pc = {q / pcn * mp, mlp_min64(M, (q / pcn + 1) * mp), q % pcn * np, mlp_min64(N, (q % pcn + 1) * np)};
         if (pc.m0 < pc.m1 && pc.n0 < pc.n1)
           gemm_tiled(g, &sp, &ws[id], &o, 0, &pc);
       }
@@ -1256,7 +1256,7 @@ static int gemm_cblas(const mlp_gemm *g) {
     for (int64_t m = 0; m < g->M; m++) {
       float t[BLK];
       for (int64_t j0 = 0; j0 < g->N; j0 += BLK) {
-        int64_t nv = min64(BLK, g->N - j0);
+        int64_t nv = mlp_min64(BLK, g->N - j0);
         memcpy(t, (const float *)o.C + m * g->ldc + j0, sizeof(float) * (size_t)nv);
         gemm_epilogue(g, &o, m, j0, 1, nv, t, nv);
       }
@@ -1298,7 +1298,7 @@ static void gemm_bgrad(const mlp_gemm *g) {
   void *y = g->bgrad;
   OMP(parallel for schedule(static) if (M * K >= PAR_MIN))
   for (int64_t m0 = 0; m0 < M; m0 += 64) {
-    const int64_t nm = min64(64, M - m0);
+    const int64_t nm = mlp_min64(64, M - m0);
     double acc[64] = {0};
 #define M_(LD, ST)                                                                                                     \
   if (g->ta && nm == 64) { /* a whole tile of contiguous rows: its sums stay in registers */                           \
@@ -1339,7 +1339,7 @@ int mlp_cpu_gemm(const mlp_gemm *g0) {
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
     /* scratch for the threads that get a GEMM (one without runs direct) */
-    const int nt = nthreads(), nw = (int)min64(nt, g->batch);
+    const int nt = nthreads(), nw = (int)mlp_min64(nt, g->batch);
     GemmWs stack[64], *ws = gemm_ws_take(&p, nw, stack);
     OMP(parallel num_threads(nt))
     {

@@ -104,7 +104,6 @@ static int nthreads(void) { return 1; }
 /* f32 scratch blocks (elements) for bf16/f16 pointwise work. */
 #define BLK 256
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static size_t esize(int dt) { return dt == TGM_BF16 || dt == TGM_F16 ? 2 : dt == TGM_BOOL ? 1 : 4; }
 static int is_half(int dt) { return dt == TGM_BF16 || dt == TGM_F16; }
@@ -173,7 +172,7 @@ static void to_f32_par(int dt, const void *x, float *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t b = 0; b < nb; b++)
-    to_f32(dt, (const char *)x + b * 4096 * (int64_t)esize(dt), y + b * 4096, min64(4096, n - b * 4096));
+    to_f32(dt, (const char *)x + b * 4096 * (int64_t)esize(dt), y + b * 4096, tgm_min64(4096, n - b * 4096));
 }
 /*@end matmul linear@*/
 /*@uses matmul@*/
@@ -181,7 +180,7 @@ static void from_f32_par(int dt, const float *x, void *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t b = 0; b < nb; b++)
-    from_f32(dt, x + b * 4096, (char *)y + b * 4096 * (int64_t)esize(dt), min64(4096, n - b * 4096));
+    from_f32(dt, x + b * 4096, (char *)y + b * 4096 * (int64_t)esize(dt), tgm_min64(4096, n - b * 4096));
 }
 /*@end matmul@*/
 
@@ -208,14 +207,14 @@ void tgm_cpu_cast(int dt_in, int dt_out, const void *x, void *y, int64_t n) {
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN))
   for (int64_t c = 0; c < nb; c++) {
-    int64_t lo = c * 4096, m = min64(4096, n - lo);
+    int64_t lo = c * 4096, m = tgm_min64(4096, n - lo);
     const char *xs = (const char *)x + lo * (int64_t)esize(dt_in);
     char *ys = (char *)y + lo * (int64_t)esize(dt_out);
     int fin = dt_in == TGM_F32 || is_half(dt_in), fout = dt_out == TGM_F32 || is_half(dt_out);
     if (fin && fout) { /* through f32: the fast, common casts */
       float buf[BLK];
       for (int64_t i0 = 0; i0 < m; i0 += BLK) {
-        int64_t k = min64(BLK, m - i0);
+        int64_t k = tgm_min64(BLK, m - i0);
         const char *xp = xs + i0 * (int64_t)esize(dt_in);
         char *yp = ys + i0 * (int64_t)esize(dt_out);
         if (dt_in == TGM_F32) {
@@ -287,7 +286,7 @@ void tgm_cpu_dropout(int dt, const void *x, void *y, int64_t n, double p, uint64
   int64_t nb = (n + 4095) / 4096;
   OMP(parallel for schedule(static) if (n >= PAR_MIN / 8))
   for (int64_t b = 0; b < nb; b++)
-    dropout_run(dt, x, y, b * 4096, min64(n, (b + 1) * 4096), t, s, k0, k1, s0, s1);
+    dropout_run(dt, x, y, b * 4096, tgm_min64(n, (b + 1) * 4096), t, s, k0, k1, s0, s1);
 }
 /*@end dropout@*/
 
@@ -350,7 +349,7 @@ CLONES static void emb_bwd_row(int dt, const void *dy, int64_t D, const int64_t 
   size_t es = esize(dt);
   float acc[BLK];
   for (int64_t c0 = 0; c0 < D; c0 += BLK) {
-    int64_t w = min64(BLK, D - c0);
+    int64_t w = tgm_min64(BLK, D - c0);
     for (int64_t j = 0; j < w; j++)
       acc[j] = 0.0f;
     for (int64_t k = 0; k < m; k++) {
@@ -695,8 +694,8 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
   }
   const Ukernel uk = pick_ukernel();
   const int mr = uk.mr, nr = uk.nr;
-  int64_t kcb = min64(K, GEMM_KC), ncb = min64((N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
-  int64_t mcb = min64((M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+  int64_t kcb = tgm_min64(K, GEMM_KC), ncb = tgm_min64((N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
+  int64_t mcb = tgm_min64((M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
   float *bp = malloc(sizeof(float) * (size_t)(kcb * ncb)), *ap = malloc(sizeof(float) * (size_t)(mcb * kcb));
   if (!bp || !ap) {
     free(bp);
@@ -709,22 +708,22 @@ static void gemm_blocked(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
   OMP(parallel if (usepar))
   {
     for (int64_t jc = 0; jc < N; jc += ncb) {
-      int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
+      int64_t nc = tgm_min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
       for (int64_t pc = 0; pc < K; pc += kcb) {
-        int64_t kc = min64(kcb, K - pc);
+        int64_t kc = tgm_min64(kcb, K - pc);
         const float bt = pc == 0 ? beta : 1.0f;
         OMP(for schedule(static))
         for (int64_t jp = 0; jp < npan; jp++)
-          pack_b(tb, B, ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr, bp + jp * kc * nr);
+          pack_b(tb, B, ldb, pc, jc + jp * nr, tgm_min64(nr, nc - jp * nr), kc, nr, bp + jp * kc * nr);
         for (int64_t ic = 0; ic < M; ic += mcb) {
-          int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
+          int64_t mc = tgm_min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
           OMP(for schedule(static))
           for (int64_t ip = 0; ip < mpan; ip++)
-            pack_a(ta, A, lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr, ap + ip * kc * mr);
+            pack_a(ta, A, lda, ic + ip * mr, pc, tgm_min64(mr, mc - ip * mr), kc, mr, ap + ip * kc * mr);
           OMP(for schedule(static))
           for (int64_t t = 0; t < npan * mpan; t++) {
             int64_t jp = t / mpan, ip = t % mpan;
-            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = tgm_min64(mr, M - i0), nv = tgm_min64(nr, N - j0);
             float tile[MAX_MR * MAX_NR];
             uk.fn(kc, ap + ip * kc * mr, bp + jp * kc * nr, tile);
             tile_store(C + i0 * ldc + j0, ldc, tile, nr, mv, nv, alpha, bt);
@@ -975,7 +974,7 @@ void tgm_cpu_linear(int dt, const void *x, const void *w, const void *b, void *y
       if (b) {
         float bb[BLK];
         for (int64_t j0 = 0; j0 < out; j0 += BLK) {
-          int64_t m = min64(BLK, out - j0);
+          int64_t m = tgm_min64(BLK, out - j0);
           to_f32(dt, (const uint16_t *)b + j0, bb, m);
           SIMD for (int64_t j = 0; j < m; j++) yr[j0 + j] += bb[j];
         }
@@ -1154,7 +1153,7 @@ static void gemm_direct(const tgm_gemm *g, const GemmOne *o, int par) {
   for (int64_t m = 0; m < M; m++) {
     float t[BLK];
     for (int64_t j0 = 0; j0 < N; j0 += BLK) {
-      int64_t nv = min64(BLK, N - j0);
+      int64_t nv = tgm_min64(BLK, N - j0);
       for (int64_t j = 0; j < nv; j++)
         t[j] = 0;
       for (int64_t k = 0; k < K; k++) {
@@ -1299,10 +1298,11 @@ static void gemm_dot(const tgm_gemm *g, const char *uk, const GemmOne *o, int pa
   (void)par;
   OMP(parallel for schedule(static) if (par && (double)M * (double)N * (double)K >= GEMM_PAR_MIN))
   for (int64_t t = 0; t < mb * nb; t++) {
-    const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS, mv = min64(d.mr, M - i0), nc = min64(DOT_COLS, N - j0);
+    const int64_t i0 = t % mb * d.mr, j0 = t / mb * DOT_COLS;
+    const int64_t mv = tgm_min64(d.mr, M - i0), nc = tgm_min64(DOT_COLS, N - j0);
     float tile[DOT_MAX_MR * DOT_COLS];
     for (int64_t j = 0; j < nc; j += d.nr)
-      d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)min64(d.nr, nc - j), tile + j, DOT_COLS);
+      d.fn(K, A + i0 * lda, lda, (int)mv, B + (j0 + j) * ldb, ldb, (int)tgm_min64(d.nr, nc - j), tile + j, DOT_COLS);
     gemm_epilogue(g, o, i0, j0, mv, nc, tile, DOT_COLS);
   }
 }
@@ -1335,9 +1335,9 @@ static GemmPlan gemm_plan(const tgm_gemm *g) {
   p.dot = !p.direct && g->dt == TGM_F32 && !g->ta && g->tb && g->M <= DOT_MAX_M && g->K >= DOT_VL;
   if (!p.direct && !p.dot) {
     int mr = p.uk.mr, nr = p.uk.nr;
-    p.kcb = min64(g->K, g->ta ? GEMM_KC_TA : GEMM_KC);
-    p.ncb = min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
-    p.mcb = min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+    p.kcb = tgm_min64(g->K, g->ta ? GEMM_KC_TA : GEMM_KC);
+    p.ncb = tgm_min64((g->N + nr - 1) / nr * nr, GEMM_NC / nr * nr);
+    p.mcb = tgm_min64((g->M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
     p.nk = (g->K + p.kcb - 1) / p.kcb;
     plan_run(&p, g->M);
     p.a_rows = g->dt == TGM_F32 && !g->ta;
@@ -1468,30 +1468,30 @@ static void gemm_tiled(const tgm_gemm *g, const GemmPlan *p, const GemmWs *w, co
   {
     float edge[MAX_MR * GEMM_KC]; /* a_rows: the block's last panel when it has fewer than mr rows */
     for (int64_t jc = pc_->n0; jc < N; jc += ncb) {
-      int64_t nc = min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
+      int64_t nc = tgm_min64(ncb, N - jc), npan = (nc + nr - 1) / nr;
       for (int64_t ir = pc_->m0; ir < M; ir += p->run) {
-        const int64_t re = min64(M, ir + p->run);
+        const int64_t re = tgm_min64(M, ir + p->run);
         for (int64_t q = 0; q < nk; q++) {
-          int64_t pc = q * kcb, kc = min64(kcb, K - pc);
+          int64_t pc = q * kcb, kc = tgm_min64(kcb, K - pc);
           if (nk > 1 || ir == pc_->m0) {
             OMP(for schedule(static))
             for (int64_t jp = 0; jp < npan; jp++)
-              pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, min64(nr, nc - jp * nr), kc, nr,
+              pack_b_dt(g->dt, g->tb, o->B, g->ldb, pc, jc + jp * nr, tgm_min64(nr, nc - jp * nr), kc, nr,
                         w->bp + jp * kc * nr);
           }
           for (int64_t ic = ir; ic < re; ic += mcb) {
-            int64_t mc = min64(mcb, re - ic), mpan = (mc + mr - 1) / mr;
+            int64_t mc = tgm_min64(mcb, re - ic), mpan = (mc + mr - 1) / mr;
             int edge_packed = 0;
             if (!a_rows) {
               OMP(for schedule(static))
               for (int64_t ip = 0; ip < mpan; ip++)
-                pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr,
+                pack_a_dt(g->dt, g->ta, o->A, g->lda, ic + ip * mr, pc, tgm_min64(mr, mc - ip * mr), kc, mr,
                           w->ap + ip * kc * mr);
             }
             OMP(for schedule(static))
             for (int64_t t = 0; t < npan * mpan; t++) {
               int64_t jp = t / mpan, ip = t % mpan;
-              int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+              int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = tgm_min64(mr, M - i0), nv = tgm_min64(nr, N - j0);
               const float *bpan = w->bp + jp * kc * nr;
               float tile[MAX_MR * MAX_NR];
               float *acc = w->acc ? w->acc + ((i0 - ir) / mr * npan + jp) * mr * nr : NULL; /* the run's sums */
@@ -1607,7 +1607,7 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
   const int npieces = pr * pcn, nw = npieces < nt ? npieces : nt;
   const int64_t mp = ((M + pr - 1) / pr + mr - 1) / mr * mr, np = ((N + pcn - 1) / pcn + nr - 1) / nr * nr;
   GemmPlan sp = *p; /* the same K slices; blocks no larger than a piece */
-  sp.ncb = min64(p->ncb, np);
+  sp.ncb = tgm_min64(p->ncb, np);
   /* With several K slices, a piece whose block scratch fits GEMM_BLOCK_MAX is one row block. Made
    * when each row block packed B's slice again (runs now pack it once a run either way), it still
    * keeps the piece's B panels under all its rows rather than a short last block: H100 machine, 16
@@ -1615,7 +1615,7 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
    * 1.04 -> 1.13 of torch's rate with B transposed, 0.76 -> 1.01 without; dW's 2048 x 512 x 1024
    * (pieces 256 x 256) 0.74 -> 0.82 (bench/results/h100_gpu_session21.txt). */
   const int64_t block = mp * (sp.ncb + (p->a_rows ? 0 : p->kcb)) * (int64_t)sizeof(float);
-  sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : min64(p->mcb, mp);
+  sp.mcb = p->nk > 1 && block <= GEMM_BLOCK_MAX ? mp : tgm_min64(p->mcb, mp);
   plan_run(&sp, mp);
   /* every thread's scratch had before any piece runs, so a failure leaves C as it was */
   GemmWs stack[64], *ws = gemm_ws_take(&sp, nw, stack);
@@ -1635,7 +1635,7 @@ static int gemm_pieces(const tgm_gemm *g, const GemmPlan *p, int nt) {
       const GemmOne o = gemm_one(g, 0);
 #define NEXT_PIECE(q) (shared ? atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) : (q) + team)
       for (int q = shared ? NEXT_PIECE(0) : id; q < npieces; q = NEXT_PIECE(q)) {
-        GemmPiece pc = {q / pcn * mp, min64(M, (q / pcn + 1) * mp), q % pcn * np, min64(N, (q % pcn + 1) * np)};
+        GemmPiece pc = {q / pcn * mp, tgm_min64(M, (q / pcn + 1) * mp), q % pcn * np, tgm_min64(N, (q % pcn + 1) * np)};
         if (pc.m0 < pc.m1 && pc.n0 < pc.n1)
           gemm_tiled(g, &sp, &ws[id], &o, 0, &pc);
       }
@@ -1670,7 +1670,7 @@ static int gemm_cblas(const tgm_gemm *g) {
     for (int64_t m = 0; m < g->M; m++) {
       float t[BLK];
       for (int64_t j0 = 0; j0 < g->N; j0 += BLK) {
-        int64_t nv = min64(BLK, g->N - j0);
+        int64_t nv = tgm_min64(BLK, g->N - j0);
         memcpy(t, (const float *)o.C + m * g->ldc + j0, sizeof(float) * (size_t)nv);
         gemm_epilogue(g, &o, m, j0, 1, nv, t, nv);
       }
@@ -1712,7 +1712,7 @@ static void gemm_bgrad(const tgm_gemm *g) {
   void *y = g->bgrad;
   OMP(parallel for schedule(static) if (M * K >= PAR_MIN))
   for (int64_t m0 = 0; m0 < M; m0 += 64) {
-    const int64_t nm = min64(64, M - m0);
+    const int64_t nm = tgm_min64(64, M - m0);
     double acc[64] = {0};
 #define M_(LD, ST)                                                                                                     \
   if (g->ta && nm == 64) { /* a whole tile of contiguous rows: its sums stay in registers */                           \
@@ -1753,7 +1753,7 @@ int tgm_cpu_gemm(const tgm_gemm *g0) {
 #endif
   if (g->batch > 1 && nthreads() > 1 && (small || g->batch >= 4 * nthreads())) {
     /* scratch for the threads that get a GEMM (one without runs direct) */
-    const int nt = nthreads(), nw = (int)min64(nt, g->batch);
+    const int nt = nthreads(), nw = (int)tgm_min64(nt, g->batch);
     GemmWs stack[64], *ws = gemm_ws_take(&p, nw, stack);
     OMP(parallel num_threads(nt))
     {
@@ -1866,7 +1866,7 @@ static void att_round(int dt, const float *f, int64_t fld, void *dst, int64_t ld
 }
 
 /* The keys query row i sees: all, or (causal) the first min(i + 1, Tk). */
-static int64_t att_keys(const Att *a, int64_t i) { return a->causal ? min64(i + 1, a->Tk) : a->Tk; }
+static int64_t att_keys(const Att *a, int64_t i) { return a->causal ? tgm_min64(i + 1, a->Tk) : a->Tk; }
 
 /* The row stride of a score block: Tk rounded up to 16 floats, so that with
  * att_alloc every row starts 64-byte aligned and its vectorised loops split
@@ -1891,10 +1891,10 @@ static void att_pack(int dt, int tb, const void *B, int64_t ldb, int64_t K, int6
   (void)par;
   OMP(parallel for schedule(static) if (par && K * N >= PAR_MIN))
   for (int64_t jp = 0; jp < nsl; jp++) {
-    const int64_t j0 = jp * nr, jc = j0 / ncb * ncb, ncr = (min64(ncb, N - jc) + nr - 1) / nr * nr;
+    const int64_t j0 = jp * nr, jc = j0 / ncb * ncb, ncr = (tgm_min64(ncb, N - jc) + nr - 1) / nr * nr;
     for (int64_t pc = 0; pc < K; pc += GEMM_KC) {
-      int64_t kc = min64(GEMM_KC, K - pc);
-      pack_b_dt(dt, tb, B, ldb, pc, j0, min64(nr, N - j0), kc, nr, dst + K * jc + pc * ncr + (j0 - jc) * kc);
+      int64_t kc = tgm_min64(GEMM_KC, K - pc);
+      pack_b_dt(dt, tb, B, ldb, pc, j0, tgm_min64(nr, N - j0), kc, nr, dst + K * jc + pc * ncr + (j0 - jc) * kc);
     }
   }
 }
@@ -1961,26 +1961,26 @@ static void att_gemm(const Ukernel *uk, int adt, int ta, const void *A, int64_t 
     return;
   }
   const int mr = uk->mr, nr = uk->nr;
-  const int64_t ncb = GEMM_NC / nr * nr, mcb = min64((M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
+  const int64_t ncb = GEMM_NC / nr * nr, mcb = tgm_min64((M + mr - 1) / mr * mr, GEMM_MC / mr * mr);
   int usepar = par && nthreads() > 1 && (double)M * (double)N * (double)K >= GEMM_PAR_MIN;
   (void)usepar;
   OMP(parallel if (usepar))
   {
     for (int64_t jc = 0; jc < N; jc += ncb) {
-      int64_t npan = (min64(ncb, N - jc) + nr - 1) / nr, ncr = (min64(ncb, N0 - jc) + nr - 1) / nr * nr;
+      int64_t npan = (tgm_min64(ncb, N - jc) + nr - 1) / nr, ncr = (tgm_min64(ncb, N0 - jc) + nr - 1) / nr * nr;
       for (int64_t pc = 0; pc < K; pc += GEMM_KC) {
-        int64_t kc = min64(GEMM_KC, K - pc), kf = min64(GEMM_KC, K0 - pc);
+        int64_t kc = tgm_min64(GEMM_KC, K - pc), kf = tgm_min64(GEMM_KC, K0 - pc);
         const float *bp = B + K0 * jc + pc * ncr;
         const float bt = pc == 0 ? beta : 1.0f;
         for (int64_t ic = 0; ic < M; ic += mcb) {
-          int64_t mc = min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
+          int64_t mc = tgm_min64(mcb, M - ic), mpan = (mc + mr - 1) / mr;
           OMP(for schedule(static))
           for (int64_t ip = 0; ip < mpan; ip++)
-            pack_a_dt(adt, ta, A, lda, ic + ip * mr, pc, min64(mr, mc - ip * mr), kc, mr, ap + ip * kc * mr);
+            pack_a_dt(adt, ta, A, lda, ic + ip * mr, pc, tgm_min64(mr, mc - ip * mr), kc, mr, ap + ip * kc * mr);
           OMP(for schedule(static))
           for (int64_t t = 0; t < npan * mpan; t++) {
             int64_t jp = t / mpan, ip = t % mpan;
-            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = min64(mr, M - i0), nv = min64(nr, N - j0);
+            int64_t i0 = ic + ip * mr, j0 = jc + jp * nr, mv = tgm_min64(mr, M - i0), nv = tgm_min64(nr, N - j0);
             float tile[MAX_MR * MAX_NR];
             uk->fn(kc, ap + ip * kc * mr, bp + jp * kf * nr, tile);
             tile_store(C + i0 * ldc + j0, ldc, tile, nr, mv, nv, alpha, bt);
@@ -2053,7 +2053,7 @@ static void attention_noscratch(const Att *a, int64_t b, int64_t i0, int64_t nr,
   for (int64_t i = 0; i < nr; i++) {
     const char *q = att_at(a, &a->q, b, i0 + i);
     char *y = a->y.p ? att_at(a, &a->y, b, i0 + i) : NULL;
-    int64_t n = a->causal ? min64(i0 + i + 1, Tk) : Tk;
+    int64_t n = a->causal ? tgm_min64(i0 + i + 1, Tk) : Tk;
     float m = -INFINITY;
     double sum = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -2070,7 +2070,7 @@ static void attention_noscratch(const Att *a, int64_t b, int64_t i0, int64_t nr,
       lse[b * a->Tq + i0 + i] = (float)((double)m + log(sum));
     for (int64_t e0 = 0; y && e0 < Dv; e0 += 64) {
       float acc[64] = {0};
-      int64_t w = min64(64, Dv - e0);
+      int64_t w = tgm_min64(64, Dv - e0);
       for (int64_t j = 0; j < n; j++) {
         float d = 0;
         for (int64_t e = 0; e < D; e++)
@@ -2100,12 +2100,12 @@ static int64_t att_fwd_ws(const Att *a) {
  * no-scratch rows); `par` lets the GEMMs and the rows use the threads, with
  * the same results. */
 static void att_fwd_block(const Att *a, int64_t b, int64_t i0, const AttPk *pk, float *ws, float *lse, int par) {
-  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), bq = min64(ATT_QB, Tq - i0);
+  const int64_t Tq = a->Tq, Tk = a->Tk, D = a->D, Dv = a->Dv, ld = att_ld(Tk), bq = tgm_min64(ATT_QB, Tq - i0);
   if (!pk || !ws) {
     attention_noscratch(a, b, i0, bq, lse);
     return;
   }
-  const int64_t n = a->causal ? min64(i0 + bq, Tk) : Tk;
+  const int64_t n = a->causal ? tgm_min64(i0 + bq, Tk) : Tk;
   float *s = ws, *ap = s + ATT_QB * ld, *l = lse ? lse + b * Tq + i0 : NULL;
   att_gemm(&a->uk, a->dt, 0, att_at(a, &a->q, b, i0), a->q.ld, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, s, ld, ap,
            par);
@@ -2232,7 +2232,7 @@ static void att_bwd_noscratch(const Att *a, const float *lse, const float *delta
   for (int64_t i = 0; dq && i < Tq; i++) /* dq[i] = scale sum_j dS[i, j] k[j] */
     for (int64_t e0 = 0; e0 < D; e0 += 64) {
       float acc[64] = {0}, ds;
-      int64_t w = min64(64, D - e0);
+      int64_t w = tgm_min64(64, D - e0);
       for (int64_t j = 0; j < att_keys(a, i); j++) {
         att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
         for (int64_t e = 0; e < w; e++)
@@ -2245,7 +2245,7 @@ static void att_bwd_noscratch(const Att *a, const float *lse, const float *delta
     int64_t ilo = a->causal ? j : 0;
     for (int64_t e0 = 0; dk && e0 < D; e0 += 64) {
       float acc[64] = {0}, ds;
-      int64_t w = min64(64, D - e0);
+      int64_t w = tgm_min64(64, D - e0);
       for (int64_t i = ilo; i < Tq; i++) {
         att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, &ds);
         for (int64_t e = 0; e < w; e++)
@@ -2256,7 +2256,7 @@ static void att_bwd_noscratch(const Att *a, const float *lse, const float *delta
     }
     for (int64_t e0 = 0; dv && e0 < Dv; e0 += 64) {
       float acc[64] = {0};
-      int64_t w = min64(64, Dv - e0);
+      int64_t w = tgm_min64(64, Dv - e0);
       for (int64_t i = ilo; i < Tq; i++) {
         float p = att_pair(a, q, k, v, dy, lse[i], delta[i], i, j, NULL);
         for (int64_t e = 0; e < w; e++)
@@ -2314,7 +2314,7 @@ static void att_bwd_one(const Att *a, const AttPk *pk, const float *lse, const f
   if (fv)
     att_zero(fv, lfv, Tk, Dv, sizeof(float));
   for (int64_t i0 = 0; i0 < Tq; i0 += ATT_QB) {
-    const int64_t bq = min64(ATT_QB, Tq - i0), n = a->causal ? min64(i0 + bq, Tk) : Tk;
+    const int64_t bq = tgm_min64(ATT_QB, Tq - i0), n = a->causal ? tgm_min64(i0 + bq, Tk) : Tk;
     const char *qb = q + i0 * a->q.ld * es, *dyb = dy + i0 * a->y.ld * es;
     att_gemm(uk, dt, 0, qb, a->q.ld, pk->kt, D, Tk, bq, n, D, a->scale, 0.0f, p, ld, ap, par);
     OMP(parallel for schedule(static) if (par && bq * n >= PAR_MIN))
