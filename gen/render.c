@@ -582,14 +582,20 @@ enum { SROW_MAX = 112 << 10, SROW_BLOCK = 512 };
  * took 35.5 ms against 34.7, in shared memory 34.7); after its rows each block adds
  * its lane groups' sums in order into a row of partials, and the finish
  * kernel (rider_finish) adds the rows, RIDE_SPLIT blocks a tile of
- * columns. At most RIDE_BLOCKS blocks (H100, GPT-2: 264, 512, 660, 1024
- * and 2048 blocks took 35.1, 34.7, 35.1, 35.5 and 36.7 ms a step with a
- * finish of one block a tile, one load at a time; 512 and 600 the same
- * with the split finish; session 23, with room for 2M partials: 528 blocks
- * (4 an SM) took the layer-norm backwards 56.3 -> 53.3 us but gelu's
- * gradient with c_fc's bias 144.5 -> 165.2, 396 blocks 57.3 and 139.9,
- * the step the same or slower). */
-enum { RIDE_BLOCKS = 512, RIDE_SPLIT = 16 };
+ * columns. The blocks: whole rounds of RIDE_SMS multiprocessors (H100 and
+ * H200: 132), 4 blocks an SM (GPT-2's layer-norm backwards: WARP_BLOCK
+ * threads of 126 registers, 4 blocks resident), or for one-row blocks of more
+ * than 288 threads, 1152 threads' worth (its gelu gradient: 384 threads, 3 an
+ * SM); fewer where the partials' room is short. H200, session 29, GPT-2's step: 528 and 396 blocks
+ * against 439 and 325 (the old cap of 512 and 1M partials) took the layer-norm
+ * backwards 52.8 -> 48.5 us, the gelu gradient 120.5 -> 107.1 and the step
+ * 29.93-30.17 -> 29.72-29.83 ms (three rounds in turn); two rounds of blocks
+ * (1056, 792) 51.7 and 108.6 us with a slower finish. (H100, before: 264, 512,
+ * 660, 1024 and 2048 blocks took 35.1, 34.7, 35.1, 35.5 and 36.7 ms a step;
+ * session 23's 528 and 396 gave the older kernels 56.3 -> 53.3 us and
+ * 144.5 -> 139.9.) The count is a constant of the printed code, so the sums'
+ * order, and their bits, do not depend on the GPU. */
+enum { RIDE_SMS = 132, RIDE_SPLIT = 16 };
 
 static const char *row_cache(R *r, const Node *n, const char *p) {
   const char *key = arena_printf(r->a, "rcache|%s", p), *v = memo_get(r, key);
@@ -2238,7 +2244,7 @@ static int split_sizes(R *r, int64_t *no, int64_t *nr) {
 }
 
 /* The runtime's room for split partials (tgm_rt.h's TGM_CUDA_SPLIT_PARTS). */
-#define SPLIT_PARTS ((int64_t)1 << 20)
+#define SPLIT_PARTS ((int64_t)1 << 21)
 
 /* CUDA: a block or column reduction with few tiles (at most 256: a block's
  * worth of output elements, or 32 columns, 32 cvec) and many reduced
@@ -2672,14 +2678,16 @@ static const char *rider_finish(File *f, Arena *ka, BPass *p, const Kernel *k, c
   return prune(ka, q->lv[0].p);
 }
 
-/* The blocks of a CUDA row kernel with riders: at most RIDE_BLOCKS, and no
- * more than the runtime's partials hold (a constant: the sums' order, so
- * their bits, do not depend on the GPU). */
-static int ride_blocks(const Kernel *k) {
+/* The blocks of a CUDA row kernel with riders (above): whole rounds of
+ * RIDE_SMS where the runtime's partials hold them, else as many as they
+ * hold. */
+static int ride_blocks(const R *r, const Kernel *k) {
   int64_t nr = 1;
   dim_is_const(&k->rnum, &nr);
-  int64_t b = SPLIT_PARTS / (k->ncols * nr) - RIDE_SPLIT; /* (and the finish's rows) */
-  return (int)(b < RIDE_BLOCKS ? b : RIDE_BLOCKS);
+  const int64_t room = SPLIT_PARTS / (k->ncols * nr) - RIDE_SPLIT; /* (and the finish's rows) */
+  const int64_t per_sm = r->mode == M_BLOCK && r->rthreads > 288 ? 1152 / r->rthreads : 4;
+  const int64_t want = RIDE_SMS * per_sm;
+  return (int)(room >= want ? want : room >= RIDE_SMS ? room / RIDE_SMS * RIDE_SMS : room);
 }
 
 /* Print loop kernel k (once per file: an identical kernel, of another pass
@@ -2858,7 +2866,7 @@ static void loop_kernel(File *f, BPass *p, Kernel *k, Buf *call) {
       int64_t nr = 0;
       dim_is_const(&k->rnum, &nr);
       const char *nb = arena_printf(f->a, "%s_blocks_most(%s, %d, %d)", f->name, n, r->mode == M_BLOCK ? 1 : WARP_BLOCK / r->grp,
-                                    ride_blocks(k));
+                                    ride_blocks(r, k));
       buf_printf(call, "  %s<<<%s, %d, 0, st>>>(%s);\n", kn, nb, r->mode == M_BLOCK ? r->rthreads : WARP_BLOCK, args.p);
       buf_printf(call, "  %s_cols<<<dim3(%s_blocks(%lld, 32), %d), 256, 0, st>>>((int)%s, %s_cuda_split_part(m->cx), "
                        "%s_cuda_split_count(m->cx)%s);\n",

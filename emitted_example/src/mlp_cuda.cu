@@ -466,8 +466,8 @@ int mlp_train_cuda(struct mlp_model *m, const int64_t *sym, const void *const *i
                        d_logits_matmul, 128, (dim_B) * (128), NULL, MLP_ACT_NONE, NULL, NULL, 0, 0, NULL};
     CK(mlp_cuda_gemm(m->cx, &gemm));
   }
-  k5_relu_mul_sum<<<mlp_blocks_most(dim_B, 1, 512), 32, 0, st>>>(dim_B, d_logits_matmul, h_linear, h, d_h, mlp_cuda_split_part(m->cx));
-  k5_relu_mul_sum_cols<<<dim3(mlp_blocks(128, 32), 16), 256, 0, st>>>((int)mlp_blocks_most(dim_B, 1, 512), mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx), d_b1);
+  k5_relu_mul_sum<<<mlp_blocks_most(dim_B, 1, 528), 32, 0, st>>>(dim_B, d_logits_matmul, h_linear, h, d_h, mlp_cuda_split_part(m->cx));
+  k5_relu_mul_sum_cols<<<dim3(mlp_blocks(128, 32), 16), 256, 0, st>>>((int)mlp_blocks_most(dim_B, 1, 528), mlp_cuda_split_part(m->cx), mlp_cuda_split_count(m->cx), d_b1);
   {  /* matmul, and the sum over k of op(A) (a bias's gradient) */
     const mlp_gemm gemm = {MLP_F32, 1, 0, 10, 128, dim_B, 1,
                        d_loss, 10, 0, h, 128, 0,

@@ -330,7 +330,7 @@ unsigned long long *mlp_cuda_bad_ptr(mlp_cuda_ctx *cx); /* d_bad, for generated 
  * output tile (tgen keeps every kernel within these sizes): the blocks'
  * partials, and per tile a count of the blocks done, zero between kernels
  * (the last block resets it). Only the context's stream uses them. */
-#define MLP_CUDA_SPLIT_PARTS (1 << 20) /* gen/render.c's SPLIT_PARTS */
+#define MLP_CUDA_SPLIT_PARTS (1 << 21) /* gen/render.c's SPLIT_PARTS */
 #define MLP_CUDA_SPLIT_TILES 1024
 float *mlp_cuda_split_part(mlp_cuda_ctx *cx);
 unsigned *mlp_cuda_split_count(mlp_cuda_ctx *cx);

@@ -396,7 +396,7 @@ unsigned long long *tgm_cuda_bad_ptr(tgm_cuda_ctx *cx); /* d_bad, for generated 
  * output tile (tgen keeps every kernel within these sizes): the blocks'
  * partials, and per tile a count of the blocks done, zero between kernels
  * (the last block resets it). Only the context's stream uses them. */
-#define TGM_CUDA_SPLIT_PARTS (1 << 20) /* gen/render.c's SPLIT_PARTS */
+#define TGM_CUDA_SPLIT_PARTS (1 << 21) /* gen/render.c's SPLIT_PARTS */
 #define TGM_CUDA_SPLIT_TILES 1024
 float *tgm_cuda_split_part(tgm_cuda_ctx *cx);
 unsigned *tgm_cuda_split_count(tgm_cuda_ctx *cx);

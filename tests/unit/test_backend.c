@@ -1100,7 +1100,7 @@ static void riders(void) {
     expect_text(cu, "riders (CUDA): so does the loop past the vectors", "csum[(24 + rk) * 128 + threadIdx.x] += ", 1);
     expect_text(cu, "riders (CUDA): a block's lane groups in order, then a row of partials",
                 "split_part[blockIdx.x * 1536 + j] = a;", 1);
-    expect_text(cu, "riders (CUDA): at most 512 blocks", "_blocks_most(dim_B, 4, 512), 128, 0, st>>>", 1);
+    expect_text(cu, "riders (CUDA): whole rounds of 132 SMs, 4 warp blocks an SM", "_blocks_most(dim_B, 4, 528), 128, 0, st>>>", 1);
     expect_text(cu, "riders (CUDA): the finish over 16 blocks a tile of 32 columns", "_cols<<<dim3(t_blocks(768, 32), 16), 256", 1);
     expect_text(cu, "riders (CUDA): the finish's tile's last block adds the 16 blocks' sums",
                 "if (!t_split_last(&split_count[o0 / 32]))", 1);
@@ -1108,6 +1108,18 @@ static void riders(void) {
     expect_text(cpu, "riders (CPU): the chunks in order", "_OMP(parallel for ordered schedule(static, 1)", 1);
     expect_text(cpu, "riders (CPU): the totals", "double tot[1536];", 1);
   }
+  /* one-row blocks of 384 threads (GPT-2's gelu gradient with its bias's): 3 an SM, 396 blocks */
+  const char *src = arena_printf(&a, "dtype: bf16\n%soutputs: [y]\ntrain:\n  loss: loss\n  optimizer: {sgd: {lr: 0.1}}\n",
+                                 spec(&a, "  B: {dynamic: true, max: 64}\n  D: 768\n  H: 3072", "  x: [B, D]",
+                                      "  w: [H, D]\n  b: [H]\n  w2: [D, H]",
+                                      "  - y: linear(gelu(linear(x, w, b), approximate='tanh'), w2)\n"
+                                      "  - loss: mean(y * y)"));
+  Plan pl = {0};
+  BPass *ps[NPASS] = {0};
+  Graph *g = train_passes(&a, "riders_block", src, 0, &pl, ps);
+  const char *cu = g ? render_file(g, ps, 1, "riders_block") : "";
+  expect_text(cu, "riders (CUDA): one-row blocks of 384 threads, 3 an SM of 132", "_blocks_most(dim_B, 1, 396), 384, 0, st>>>",
+              1);
   arena_free(&a);
 }
 
