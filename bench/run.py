@@ -50,7 +50,8 @@ row of the table, never the end of the run):
               CUDA); GPT-2: f32 params under bf16 autocast, as PERF.md measures.
 Floor = max(bytes / copy bandwidth, FLOPs / GEMM ceiling of the dtype) from the
 shapes (GPU: PERF.md's H100 numbers, 2965 GB/s, f32 51.7, bf16/f16 738 TFLOP/s;
-CPU: measured here). "% of floor" = tgen ms / floor ms x 100 (100% = at the floor).
+on an H200 its copy and bf16 rates measured in this workplace, 4300 GB/s and
+788 TFLOP/s; CPU: measured here). "% of floor" = tgen ms / floor ms x 100 (100% = at the floor).
 
 Output in --out: bench.md (the table), bench.json (every number), bench.png
 (matplotlib, if importable), logs.tgz (build and run logs). The table and the
@@ -79,6 +80,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # PERF.md, measured on the H100 80GB HBM3 with torch 2.11
 GPU_CEIL = {"copy": 2965e9, "f32": 51.7e12, "tf32": 395e12, "bf16": 738e12, "f16": 738e12}
+# The H200 (the H100's chip with faster memory), as this workplace measured it with torch (the device
+# library's KINDS.md, 2026-10-28/11-04: a device-to-device copy ~4.3 TB/s counting bytes read and written,
+# 8192^3 bf16 matmul 769-798 TFLOP/s on random data); f32 and tf32 the H100's (same multiprocessors, clocks)
+GPU_CEIL_H200 = {"copy": 4300e9, "f32": 51.7e12, "tf32": 395e12, "bf16": 788e12, "f16": 788e12,
+                 "source": "the H200's copy and bf16 rates measured in this workplace; f32, tf32 PERF.md's"}
 # PERF.md's CPU anchors (16-core Xeon, 16 threads); replaced by the measured ones when measured
 CPU_CEIL = {"copy": 80e9, "f32": 1454e9, "bf16": 1454e9, "f16": 1454e9}
 
@@ -813,7 +819,8 @@ def write_report(a, names, results, ceil, envl, t_start, final=False):
     md += [f"- {ln}" for ln in envl]
     cs = ", ".join(f"{k} {v / 1e9:.0f} {'GB/s' if k == 'copy' else 'GFLOP/s'}" for k, v in ceil.items()
                    if isinstance(v, float))
-    md.append(f"- ceilings for the floors{' (measured here)' if ceil.get('measured') else ' (PERF.md)'}: {cs}")
+    src = "measured here" if ceil.get("measured") else ceil.get("source", "PERF.md")
+    md.append(f"- ceilings for the floors ({src}): {cs}")
     builds = sorted({f"{WORKLOADS[n]['project']}: {results[n]['build']}" for n in names
                      if n in results and results[n].get("build")})
     if builds:
@@ -993,7 +1000,7 @@ def main(argv=None):
     if futs:
         concurrent.futures.wait(list(futs.values()), timeout=max(1.0, a.budget - (time.time() - t_start)))
         say(f"== builds done after {time.time() - t_start:.0f} s")
-    ceil = dict(GPU_CEIL)
+    ceil = dict(GPU_CEIL_H200 if any(ln.startswith("gpu:") and "H200" in ln for ln in envl) else GPU_CEIL)
     results = {}
     if a.cpu:
         ceil = dict(CPU_CEIL)
