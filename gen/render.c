@@ -584,17 +584,18 @@ enum { SROW_MAX = 112 << 10, SROW_BLOCK = 512 };
  * kernel (rider_finish) adds the rows, RIDE_SPLIT blocks a tile of
  * columns. The blocks: whole rounds of RIDE_SMS multiprocessors (H100 and
  * H200: 132), 4 blocks an SM (GPT-2's layer-norm backwards: WARP_BLOCK
- * threads of 126 registers, 4 blocks resident), or for one-row blocks of more
- * than 288 threads, 1152 threads' worth (its gelu gradient: 384 threads, 3 an
- * SM); fewer where the partials' room is short. H200, session 29, GPT-2's step: 528 and 396 blocks
- * against 439 and 325 (the old cap of 512 and 1M partials) took the layer-norm
- * backwards 52.8 -> 48.5 us, the gelu gradient 120.5 -> 107.1 and the step
- * 29.93-30.17 -> 29.72-29.83 ms (three rounds in turn); two rounds of blocks
- * (1056, 792) 51.7 and 108.6 us with a slower finish. (H100, before: 264, 512,
- * 660, 1024 and 2048 blocks took 35.1, 34.7, 35.1, 35.5 and 36.7 ms a step;
- * session 23's 528 and 396 gave the older kernels 56.3 -> 53.3 us and
- * 144.5 -> 139.9.) The count is a constant of the printed code, so the sums'
- * order, and their bits, do not depend on the GPU. */
+ * threads of 126 registers, 4 blocks resident), or for one-row blocks of
+ * more than 288 threads, 1152 threads' worth (its gelu gradient: 384
+ * threads, 3 an SM); fewer where the partials' room is short. H200, session
+ * 29, GPT-2: 528 and 396 blocks against 439 and 325 (the old cap of 512 and
+ * 1M partials) took the layer-norm backwards 52.8 -> 48.5 us and the gelu
+ * gradient 120.5 -> 107.1 (ncu), the step 29.71-29.79 -> 29.38-29.48 ms (four
+ * rounds in turn); two rounds of blocks (1056, 792) 51.7 and 108.6 us with a
+ * slower finish. (H100, before: 264, 512, 660, 1024 and 2048 blocks took
+ * 35.1, 34.7, 35.1, 35.5 and 36.7 ms a step; session 23's 528 and 396 gave
+ * the older kernels 56.3 -> 53.3 us and 144.5 -> 139.9.) The count is a
+ * constant of the printed code, so the sums' order, and their bits, do not
+ * depend on the GPU. */
 enum { RIDE_SMS = 132, RIDE_SPLIT = 16 };
 
 static const char *row_cache(R *r, const Node *n, const char *p) {
