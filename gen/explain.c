@@ -18,17 +18,28 @@
  *          Attention its two GEMMs, 2*batch*Tq*Tk*(D + Dv) (no softmax, no
  *          causal discount); dropout 1 per element; embedding 0; its
  *          backward 1 per gradient element added.
- * The floor is max(bytes / copy bandwidth, FLOPs / rate) on the measured H100
- * ceilings: copy 2965 GB/s, bf16/f16 GEMM (and attention) 738 TFLOP/s,
- * everything else at the f32 rate, 51.7 TFLOP/s. */
+ * The floor is max(bytes / copy bandwidth, FLOPs / rate) on a GPU's measured
+ * ceilings (--gpu): the H100's by default (PERF.md: copy 2965 GB/s, bf16/f16
+ * GEMM and attention 738 TFLOP/s, everything else at the f32 rate, 51.7
+ * TFLOP/s), or the H200's (copy 4300 GB/s and bf16 788 TFLOP/s as measured
+ * on the lent H200s with torch; f32 the H100's: the same multiprocessors and
+ * clocks). */
 #include "ir.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define COPY_BPS 2965e9
-#define GEMM16_FLOPS 738e12
-#define F32_FLOPS 51.7e12
+static const GpuCeilings gpus[] = {
+    {"h100", "H100", 2965e9, 738e12, 51.7e12},
+    {"h200", "H200", 4300e9, 788e12, 51.7e12},
+};
+
+const GpuCeilings *gpu_ceilings(const char *name) {
+  for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++)
+    if (!strcmp(gpus[i].key, name))
+      return &gpus[i];
+  return NULL;
+}
 
 static double dimv(const BPass *p, const Dim *d) {
   int64_t v;
@@ -150,10 +161,10 @@ static const char *kname(const BPass *p, const Kernel *k) {
                       k->act ? op_info[k->act->op].name : "", k->add ? "+add" : "", k->bgrad ? "+bias_grad" : "");
 }
 
-static double floor_us(const Kernel *k, double bytes, double flops) {
+static double floor_us(const GpuCeilings *c, const Kernel *k, double bytes, double flops) {
   DType t = k->anchor ? k->anchor->dtype : DT_F32;
   int mma = (k->kind == K_GEMM || (k->anchor && is_attention(k->anchor))) && (t == DT_BF16 || t == DT_F16);
-  double tb = bytes / COPY_BPS, tf = flops / (mma ? GEMM16_FLOPS : F32_FLOPS);
+  double tb = bytes / c->copy, tf = flops / (mma ? c->gemm16 : c->f32);
   return 1e6 * (tb > tf ? tb : tf);
 }
 
@@ -209,7 +220,7 @@ static void json_kv(Buf *b, const char *key, const char *s, int comma) {
   buf_printf(b, comma ? ", " : "");
 }
 
-void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b) {
+void explain(Graph *g, BPass **ps, const char *spec, int json, const GpuCeilings *gpu, Buf *b) {
   Arena *a = g->arena;
   const BPass *p0 = ps[PASS_FORWARD];
   Buf dims;
@@ -225,13 +236,13 @@ void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b) {
     buf_printf(b, "{");
     json_kv(b, "model", g->spec->name, 1);
     json_kv(b, "spec", spec, 1);
-    buf_printf(b, "\"dims\": {%s}, \"ceilings\": {\"copy_bytes_per_s\": %g, \"gemm_16bit_flops\": %g, "
+    buf_printf(b, "\"dims\": {%s}, \"ceilings\": {\"gpu\": \"%s\", \"copy_bytes_per_s\": %g, \"gemm_16bit_flops\": %g, "
                   "\"f32_flops\": %g},\n \"passes\": [",
-               first ? "" : dims.p, COPY_BPS, GEMM16_FLOPS, F32_FLOPS);
+               first ? "" : dims.p, gpu->name, gpu->copy, gpu->gemm16, gpu->f32);
   } else {
     buf_printf(b, "model %s (%s)%s%s\n", g->spec->name, spec, first ? "" : " at ", first ? "" : dims.p);
-    buf_printf(b, "floor = max(bytes / 2965 GB/s, FLOPs / 738 TFLOP/s for bf16/f16 GEMMs, else 51.7 TFLOP/s)"
-                  " (H100)\n");
+    buf_printf(b, "floor = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s for bf16/f16 GEMMs, else %.1f TFLOP/s) (%s)\n",
+               gpu->copy / 1e9, gpu->gemm16 / 1e12, gpu->f32 / 1e12, gpu->name);
   }
   int firstp = 1;
   for (int pk = 0; pk < NPASS; pk++) {
@@ -265,7 +276,7 @@ void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b) {
         break;
       double by, fl;
       kernel_cost(p, k, &by, &fl);
-      double fu = floor_us(k, by, fl);
+      double fu = floor_us(gpu, k, by, fl);
       tb += by, tf += fl, tt += fu;
       nk++;
       if (json) {

@@ -437,7 +437,13 @@ void kernel_cost(const BPass *p, const Kernel *k, double *bytes, double *flops);
 /* tgen explain: each pass's kernels (ps[k], planned; render_file named them)
  * with what they cover, cost and floor at p->sym, where fusion stopped and
  * why values are stored; as text or JSON. */
-void explain(Graph *g, BPass **ps, const char *spec, int json, Buf *b);
+/* A GPU's measured ceilings for explain's floors (key: --gpu's value). */
+typedef struct {
+  const char *key, *name;
+  double copy, gemm16, f32; /* bytes/s; bf16/f16 GEMM and attention FLOP/s; everything else */
+} GpuCeilings;
+const GpuCeilings *gpu_ceilings(const char *key); /* "h100", "h200"; NULL if unknown */
+void explain(Graph *g, BPass **ps, const char *spec, int json, const GpuCeilings *c, Buf *b);
 
 /* ---------------------------------------------------------------- emit.c */
 

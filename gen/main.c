@@ -15,7 +15,7 @@ static const char usage[] =
     "                 [--remat min-cut|save-all|recompute-all] [--memory-budget BYTES] [--distributed nccl|none]\n"
     "       tgen check MODEL.yaml [--dump | --json] [--remat STRATEGY] [--memory-budget BYTES]\n"
     "       tgen explain MODEL.yaml [--dims B=4,T=64] [--json] [--no-fuse] [--remat STRATEGY]\n"
-    "                 [--memory-budget BYTES]\n"
+    "                 [--memory-budget BYTES] [--gpu h100|h200]\n"
     "       tgen eval MODEL.yaml [--dims B=4,T=64] [--seed N | --params P.safetensors] [--inputs I.safetensors]\n"
     "                 [--set NAME=v1,v2,...]... [--grad] [--out O.safetensors [--out-dtype f32|f64]] [--max N]\n"
     "       tgen --help | --version\n"
@@ -39,8 +39,8 @@ static const char usage[] =
     "          tensors; --json prints the graph as JSON instead (for other tools)\n"
     "  explain for each pass (forward, loss, train), every kernel in order: its name,\n"
     "          kind, the spec lines it covers, bytes moved and FLOPs at --dims (default:\n"
-    "          each dynamic dim's max), its floor time on the H100's measured\n"
-    "          ceilings, why it stores each value and why the next kernel does not\n"
+    "          each dynamic dim's max), its floor time on the measured ceilings of\n"
+    "          --gpu (default h100), why it stores each value and why the next kernel does not\n"
     "          fuse into it; then the pass's totals and arena. --json: the same as JSON\n"
     "  eval    run the model's forward pass in the double-precision reference\n"
     "          interpreter: params from the seed (the spec's by default), inputs\n"
@@ -304,12 +304,18 @@ static int cmd_explain(int argc, char **argv) {
   int json = 0, nofuse = 0, given = 0, r;
   Remat remat = REMAT_MIN_CUT;
   int64_t budget = -1;
+  const GpuCeilings *gpu = gpu_ceilings("h100");
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--json"))
       json = 1;
     else if (!strcmp(argv[i], "--no-fuse"))
       nofuse = 1;
-    else if (!strcmp(argv[i], "--dims")) {
+    else if (!strcmp(argv[i], "--gpu")) {
+      if (i + 1 >= argc)
+        return usage_error("explain: %s needs a value", argv[i]);
+      if (!(gpu = gpu_ceilings(argv[++i])))
+        return usage_error("explain: --gpu: unknown GPU '%s' (h100, h200)", argv[i]);
+    } else if (!strcmp(argv[i], "--dims")) {
       if (i + 1 >= argc)
         return usage_error("explain: %s needs a value", argv[i]);
       dims = argv[++i];
@@ -374,7 +380,7 @@ static int cmd_explain(int argc, char **argv) {
       memcpy(ps[k]->sym, at, sizeof at);
   Buf b;
   buf_init(&b, &a);
-  explain(g, ps, path, json, &b);
+  explain(g, ps, path, json, gpu, &b);
   fputs(b.p, stdout);
   arena_free(&a);
   return 0;
