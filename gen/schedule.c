@@ -1169,7 +1169,8 @@ void schedule(BPass *p, int fuse) {
         sib = p->k[c];
     if (sib) {
       Node **o = arena_alloc(s->a, sizeof(Node *) * (size_t)(sib->nouts + 1));
-      memcpy(o, sib->outs, sizeof(Node *) * (size_t)sib->nouts);
+      if (sib->nouts)
+        memcpy(o, sib->outs, sizeof(Node *) * (size_t)sib->nouts);
       o[sib->nouts++] = n;
       sib->outs = o;
       p->kern[i] = p->kern[sib->anchor->id];
@@ -1251,8 +1252,10 @@ void schedule(BPass *p, int fuse) {
         continue;
       Node **cols = arena_alloc(s->a, sizeof(Node *) * (size_t)(r->ncols + 1));
       Node **outs = arena_alloc(s->a, sizeof(Node *) * (size_t)(r->nouts + 1));
-      memcpy(cols, r->cols, sizeof(Node *) * (size_t)r->ncols);
-      memcpy(outs, r->outs, sizeof(Node *) * (size_t)r->nouts);
+      if (r->ncols) /* (a kernel with none may have no array: memcpy's pointers must not be NULL) */
+        memcpy(cols, r->cols, sizeof(Node *) * (size_t)r->ncols);
+      if (r->nouts)
+        memcpy(outs, r->outs, sizeof(Node *) * (size_t)r->nouts);
       Kernel *m = arena_alloc(s->a, sizeof(Kernel));
       *m = *r;
       m->cols = cols, m->outs = outs;
