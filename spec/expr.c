@@ -174,6 +174,8 @@ static Expr *atom(Lexer *L) {
     e->is_int = strpbrk(tmp, ".eE") == NULL;
     errno = 0;
     if (e->is_int) {
+      if (tmp[0] == '0' && tmp[1]) /* YAML 1.1 tools (PyYAML, ...) read 010 as octal 8: no silent guess either way */
+        error_at(e->loc, "integer %s has a leading zero (YAML 1.1 reads that as octal): write it without", tmp);
       char *end;
       unsigned long long v = strtoull(tmp, &end, 10);
       if (errno == ERANGE || v > (unsigned long long)INT64_MAX)

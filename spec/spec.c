@@ -86,6 +86,9 @@ static int64_t scalar_int(const YNode *y, const char *what) {
   long long v = strtoll(y->str, &end, 10);
   if (y->quoted || !y->str[0] || *end)
     error_at(y->loc, "%s must be an integer, found %s", what, kind_name(y));
+  const char *d = y->str + (y->str[0] == '-' || y->str[0] == '+');
+  if (d[0] == '0' && d[1])
+    error_at(y->loc, "%s: %s has a leading zero (YAML 1.1 reads that as octal): write it without", what, y->str);
   if (errno == ERANGE)
     error_at(y->loc, "%s: %s is out of range", what, y->str);
   return v;
