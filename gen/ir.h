@@ -443,7 +443,7 @@ typedef struct {
   double copy, gemm16, f32; /* bytes/s; bf16/f16 GEMM and attention FLOP/s; everything else */
 } GpuCeilings;
 const GpuCeilings *gpu_ceilings(const char *key); /* "h100", "h200"; NULL if unknown */
-void explain(Graph *g, BPass **ps, const char *spec, int json, const GpuCeilings *c, Buf *b);
+void explain(Graph *g, BPass **ps, const char *spec, int json, const GpuCeilings *gpu, Buf *b);
 
 /* ---------------------------------------------------------------- emit.c */
 

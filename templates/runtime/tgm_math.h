@@ -54,7 +54,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-/* The smaller of two indices (a kernel's first bad one over its chunks). */
+/* The smaller of two int64_t (chunk and tile bounds; a kernel's first bad index over its chunks). */
 TGM_FN int64_t tgm_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* The next chunk [*lo, *hi) of [0, n) for the calling OpenMP thread, in
  * whole units of `unit` elements but the last: the team's threads take the
